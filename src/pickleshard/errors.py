@@ -1,0 +1,179 @@
+"""The one exception hierarchy of pickleshard.
+
+Every error raised on bad input derives from :class:`PickleshardError` and also from the builtin
+that matches it (``FileNotFoundError``, ``ValueError``, ``OSError``), so ``except ValueError``
+still works for callers that know nothing of pickleshard. Each message starts with the file it is
+about and says what was expected there.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+__all__ = [
+    "CorruptPickleError",
+    "DatasetNotFoundError",
+    "EmptyPickleError",
+    "FieldLengthMismatchError",
+    "IndexFormatError",
+    "NoPickleFilesError",
+    "NotAPickleError",
+    "PickleshardError",
+    "StaleIndexError",
+    "TruncatedPickleError",
+    "UnreadableFileError",
+    "UnsafePickleError",
+    "UnsupportedLayoutError",
+]
+
+
+def _where(path: str | os.PathLike[str], offset: int | None, sample: int | None) -> str:
+    where = os.fspath(path)
+    if offset is not None:
+        where += f" at byte {offset}"
+    if sample is not None:
+        where += f" (sample {sample})"
+    return where
+
+
+class PickleshardError(Exception):
+    """Root of every error pickleshard raises on bad input or bad state."""
+
+
+class FileProblem(PickleshardError):
+    """An error about one file; ``path``, ``offset`` and ``sample`` say where."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        message: str,
+        *,
+        offset: int | None = None,
+        sample: int | None = None,
+    ) -> None:
+        self.path = os.fspath(path)
+        self.offset = offset
+        self.sample = sample
+        super().__init__(f"{_where(path, offset, sample)}: {message}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Errors cross process boundaries (index workers): keep the keyword arguments.
+        return (_rebuild, (type(self), self.args[0], self.path, self.offset, self.sample))
+
+
+def _rebuild(
+    cls: type[FileProblem], text: str, path: str, offset: int | None, sample: int | None
+) -> FileProblem:
+    err = cls.__new__(cls)
+    Exception.__init__(err, text)
+    err.path, err.offset, err.sample = path, offset, sample
+    return err
+
+
+class DatasetNotFoundError(PickleshardError, FileNotFoundError):
+    """The dataset source (directory, glob or file) does not exist."""
+
+    def __init__(self, source: str | os.PathLike[str], what: str = "directory") -> None:
+        self.path = os.fspath(source)
+        super().__init__(f"{self.path}: no such {what}; expected a directory of pickle files")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.path,))
+
+
+class NoPickleFilesError(PickleshardError, FileNotFoundError):
+    """The source exists but holds no pickle files."""
+
+    def __init__(self, source: str | os.PathLike[str], patterns: Iterable[str]) -> None:
+        self.path = os.fspath(source)
+        self.patterns = tuple(patterns)
+        super().__init__(
+            f"{self.path}: no pickle files found; expected files matching "
+            + ", ".join(self.patterns)
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.path, self.patterns))
+
+
+class UnreadableFileError(FileProblem, OSError):
+    """The file exists but cannot be opened or read (permissions, I/O error, a directory)."""
+
+
+class CorruptPickleError(FileProblem, ValueError):
+    """The bytes are not a valid pickle stream of the kind expected."""
+
+
+class EmptyPickleError(CorruptPickleError):
+    """The file has zero bytes."""
+
+
+class NotAPickleError(CorruptPickleError):
+    """The file does not start with a pickle opcode stream (text, zip, noise...)."""
+
+
+class TruncatedPickleError(CorruptPickleError):
+    """The pickle stream ends before its STOP opcode or inside a payload."""
+
+
+class UnsupportedLayoutError(FileProblem, ValueError):
+    """The file unpickles, but its top-level object is not a layout pickleshard can index."""
+
+
+class FieldLengthMismatchError(UnsupportedLayoutError):
+    """A columns layout whose fields have different lengths, e.g. ``len(x) != len(y)``."""
+
+
+class UnsafePickleError(FileProblem):
+    """The pickle references a global outside the allowlist."""
+
+
+class StaleIndexError(PickleshardError):
+    """The index no longer describes the files on disk."""
+
+    def __init__(
+        self,
+        index_path: str | os.PathLike[str],
+        *,
+        changed: Iterable[str] = (),
+        removed: Iterable[str] = (),
+        added: Iterable[str] = (),
+    ) -> None:
+        self.path = os.fspath(index_path)
+        self.changed = tuple(changed)
+        self.removed = tuple(removed)
+        self.added = tuple(added)
+        parts = []
+        for label, names in (
+            ("changed", self.changed),
+            ("removed", self.removed),
+            ("added", self.added),
+        ):
+            if names:
+                shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+                parts.append(f"{label}: {shown}")
+        super().__init__(
+            f"{self.path}: index is stale ({'; '.join(parts)}); "
+            "rebuild it with `pickleshard index` or pass rebuild='auto'"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_stale, (self.path, self.changed, self.removed, self.added))
+
+
+def _rebuild_stale(
+    path: str, changed: tuple[str, ...], removed: tuple[str, ...], added: tuple[str, ...]
+) -> StaleIndexError:
+    return StaleIndexError(path, changed=changed, removed=removed, added=added)
+
+
+class IndexFormatError(PickleshardError, ValueError):
+    """An index directory exists but cannot be read (unknown version, missing arrays)."""
+
+    def __init__(self, index_path: str | os.PathLike[str], message: str) -> None:
+        self.path = os.fspath(index_path)
+        super().__init__(f"{self.path}: {message}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.path, self.args[0].split(": ", 1)[-1]))

@@ -1,0 +1,186 @@
+"""Whole-file mode: unpickle a file at once, classify what went wrong, and cache decoded files.
+
+This is the fallback path for files that cannot be span-indexed, and the reference the span
+reader is tested against.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import (
+    CorruptPickleError,
+    EmptyPickleError,
+    NotAPickleError,
+    PickleshardError,
+    TruncatedPickleError,
+    UnreadableFileError,
+)
+from .layouts import DecodedLayout, decode_layout
+
+__all__ = ["CacheStats", "WholeFileCache", "estimate_nbytes", "load_file", "load_layout"]
+
+_PROTO = 0x80
+_SAMPLE = 64
+_ARRAY_HEADER = 112
+
+
+def load_file(path: str | os.PathLike[str], *, encoding: str = "ASCII") -> Any:
+    """Unpickle the whole of ``path``; every failure becomes a :class:`PickleshardError`.
+
+    ``encoding`` is passed to the unpickler as in :func:`pickle.load` (``"latin1"`` reads
+    Python 2 pickles of numpy arrays).
+    """
+    where = os.fspath(path)
+    try:
+        fh = open(where, "rb")  # noqa: SIM115 - closed below; errors classified separately
+    except OSError as exc:
+        raise UnreadableFileError(where, f"cannot open: {exc.strerror or exc}") from None
+    with fh:
+        try:
+            head = fh.read(2)
+            size = os.fstat(fh.fileno()).st_size
+        except OSError as exc:
+            raise UnreadableFileError(where, f"cannot read: {exc.strerror or exc}") from None
+        if not head:
+            raise EmptyPickleError(where, "file is empty; expected a pickle stream", offset=0)
+        framed = head[0] == _PROTO
+        if framed and (len(head) < 2 or head[1] > pickle.HIGHEST_PROTOCOL):
+            raise NotAPickleError(where, f"PROTO opcode names unknown protocol {head[1:2]!r}", offset=1)
+        fh.seek(0)
+        try:
+            return pickle.Unpickler(fh, encoding=encoding).load()
+        except PickleshardError:
+            raise
+        except MemoryError:
+            raise CorruptPickleError(where, "a length in the stream exceeds available memory") from None
+        except Exception as exc:  # the unpickler raises many types on bad bytes
+            offset = fh.tell()
+            if not framed:
+                raise NotAPickleError(
+                    where, f"not a pickle stream (protocol 0-5 expected): {type(exc).__name__}: {exc}", offset=0
+                ) from None
+            if isinstance(exc, EOFError) or "truncated" in str(exc) or offset >= size:
+                raise TruncatedPickleError(
+                    where, f"stream ends before STOP ({size} bytes): {exc}", offset=min(offset, size)
+                ) from None
+            raise CorruptPickleError(where, f"{type(exc).__name__}: {exc}", offset=offset) from None
+
+
+def load_layout(path: str | os.PathLike[str], *, encoding: str = "ASCII") -> DecodedLayout:
+    """Unpickle ``path`` and return its samples as columns (see :mod:`pickleshard.layouts`)."""
+    return decode_layout(load_file(path, encoding=encoding), path)
+
+
+def estimate_nbytes(obj: object, _depth: int = 0) -> int:
+    """Estimate the memory an unpickled object holds, in bytes.
+
+    Arrays count their ``nbytes`` plus the object header; containers count themselves and their
+    items, extrapolating from the first 64 items when there are more. An estimate, not a
+    measurement: it bounds the cache's accounting, not the allocator's.
+    """
+    if isinstance(obj, np.ndarray):
+        # getsizeof leaves out data the array does not own (protocol 5 arrays view a buffer).
+        return obj.nbytes + _ARRAY_HEADER
+    if _depth > 6:
+        return sys.getsizeof(obj)
+    if isinstance(obj, (list, tuple)):
+        n = len(obj)
+        head = obj[:_SAMPLE]
+        items = sum(estimate_nbytes(v, _depth + 1) for v in head)
+        if n > len(head):
+            items = items * n // len(head)
+        return sys.getsizeof(obj) + items
+    if isinstance(obj, dict):
+        keys = list(obj)[:_SAMPLE]
+        items = sum(estimate_nbytes(k, _depth + 1) + estimate_nbytes(obj[k], _depth + 1) for k in keys)
+        if len(obj) > len(keys):
+            items = items * len(obj) // len(keys)
+        return sys.getsizeof(obj) + items
+    return sys.getsizeof(obj)
+
+
+@dataclass
+class CacheStats:
+    """Counters of a :class:`WholeFileCache`; ``loads`` counts files actually unpickled."""
+
+    hits: int = 0
+    misses: int = 0
+    loads: int = 0
+    evictions: int = 0
+    bytes_used: int = 0
+    peak_bytes: int = 0
+
+
+class WholeFileCache:
+    """LRU cache of decoded files bounded by a byte budget.
+
+    Holds at most ``max_bytes`` of estimated decoded size (see :func:`estimate_nbytes`), except
+    that a single file larger than the budget is still held alone while it is the most recent:
+    resident bytes <= ``max(max_bytes, largest file)``. Before loading a file whose expected
+    size is known, entries are evicted first, so the budget holds during the load too.
+
+    One cache per process: a forked child (DataLoader worker) starts empty instead of touching
+    the parent's objects, which would copy their pages. Thread-safe.
+    """
+
+    def __init__(self, max_bytes: int, loader: Callable[[str], DecodedLayout]) -> None:
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        self.max_bytes = max_bytes
+        self._loader = loader
+        self._entries: OrderedDict[str, tuple[DecodedLayout, int]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self.stats = CacheStats()
+
+    def _reset_after_fork(self) -> None:
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._entries = OrderedDict()
+            self._lock = threading.Lock()
+            self.stats = CacheStats()
+
+    def _evict_for(self, incoming: int) -> None:
+        while self._entries and self.stats.bytes_used + incoming > self.max_bytes:
+            _, (_, size) = self._entries.popitem(last=False)
+            self.stats.bytes_used -= size
+            self.stats.evictions += 1
+
+    def get(self, path: str, expected_nbytes: int = 0) -> DecodedLayout:
+        """Return the decoded file at ``path``, loading it (and evicting LRU entries) on a miss."""
+        self._reset_after_fork()
+        with self._lock:
+            entry = self._entries.get(path)
+            if entry is not None:
+                self._entries.move_to_end(path)
+                self.stats.hits += 1
+                return entry[0]
+            self.stats.misses += 1
+            self._evict_for(expected_nbytes)
+            decoded = self._loader(path)
+            size = expected_nbytes or estimate_nbytes(decoded.columns)
+            self.stats.loads += 1
+            self._evict_for(size)
+            self._entries[path] = (decoded, size)
+            self.stats.bytes_used += size
+            self.stats.peak_bytes = max(self.stats.peak_bytes, self.stats.bytes_used)
+            return decoded
+
+    def clear(self) -> None:
+        self._reset_after_fork()
+        with self._lock:
+            self._entries.clear()
+            self.stats.bytes_used = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
