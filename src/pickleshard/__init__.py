@@ -1,12 +1,32 @@
 """pickleshard: train on folders of pickle files without loading them whole."""
 
-from .dataset import DEFAULT_CACHE_BYTES, PickleDataset
-from .errors import PickleshardError, StaleIndexError
-from .index import DatasetIndex, build_index, open_index
-from .sampling import BlockShuffleSampler
-from .synth import write_synthetic
+from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
+from .errors import PickleshardError, StaleIndexError
+from .index import DatasetIndex, build_index, open_index
+from .synth import write_synthetic
+
+if TYPE_CHECKING:
+    from .dataset import DEFAULT_CACHE_BYTES, PickleDataset
+    from .sampling import BlockShuffleSampler
+
+# These import torch (when installed): load them on first use so `pickleshard index` and
+# `pickleshard inspect` start fast.
+_LAZY = {
+    "DEFAULT_CACHE_BYTES": "dataset",
+    "PickleDataset": "dataset",
+    "BlockShuffleSampler": "sampling",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",

@@ -13,7 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from .index import DatasetIndex, Rebuild, open_index
+try:  # a real torch Dataset when torch is there (isinstance checks, typing); plain class if not
+    from torch.utils.data import Dataset as _DatasetBase
+except ImportError:  # pragma: no cover - exercised only without torch
+    _DatasetBase = object  # type: ignore[assignment,misc]
+
+from .index import Rebuild, open_index
 from .layouts import DecodedLayout
 from .sources import Source
 from .wholefile import CacheStats, WholeFileCache, load_layout
@@ -34,7 +39,7 @@ def _worker_count() -> int:
     return 1 if info is None else int(info.num_workers)
 
 
-class PickleDataset:
+class PickleDataset(_DatasetBase[Any]):
     """Samples of every pickle file under ``source``, by global index.
 
     ``source`` is a directory (searched recursively for ``*.pkl``, ``*.pickle``, ``*.pk``,

@@ -151,7 +151,9 @@ class StaleIndexError(PickleshardError):
             ("added", self.added),
         ):
             if names:
-                shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+                shown = ", ".join(names[:10]) + (
+                    f" and {len(names) - 10} more" if len(names) > 10 else ""
+                )
                 parts.append(f"{label}: {shown}")
         super().__init__(
             f"{self.path}: index is stale ({'; '.join(parts)}); "

@@ -111,7 +111,9 @@ def describe_file(root: str, rel: str, encoding: str = "ASCII") -> FileEntry:
 class DatasetIndex:
     """An opened index: header, files table and the per-sample arrays (memory-mapped)."""
 
-    def __init__(self, path: Path, header: dict[str, Any], files: list[FileEntry], samples: np.ndarray) -> None:
+    def __init__(
+        self, path: Path, header: dict[str, Any], files: list[FileEntry], samples: np.ndarray
+    ) -> None:
         self.path = path
         self.header = header
         self.files = files
@@ -147,7 +149,9 @@ class DatasetIndex:
         try:
             header = json.loads(header_path.read_text())
         except FileNotFoundError:
-            raise IndexFormatError(where, "no index.json; build one with `pickleshard index`") from None
+            raise IndexFormatError(
+                where, "no index.json; build one with `pickleshard index`"
+            ) from None
         except (OSError, ValueError) as exc:
             raise IndexFormatError(where, f"cannot read index.json: {exc}") from None
         if header.get("format") != FORMAT_NAME or header.get("version") != FORMAT_VERSION:
@@ -162,7 +166,9 @@ class DatasetIndex:
         except (OSError, ValueError, KeyError) as exc:
             raise IndexFormatError(where, f"cannot open per-sample arrays: {exc}") from None
         if samples.dtype != SAMPLES_DTYPE or len(samples) != header["num_samples"]:
-            raise IndexFormatError(where, "per-sample array does not match the header; rebuild the index")
+            raise IndexFormatError(
+                where, "per-sample array does not match the header; rebuild the index"
+            )
         return cls(where, header, files, samples)
 
     def stale_files(self, source: ResolvedSource) -> tuple[list[str], list[str], list[str]]:
@@ -209,7 +215,9 @@ def _pool_context() -> BaseContext:
     return get_context("fork" if "fork" in methods else "spawn")
 
 
-def _describe_all(source: ResolvedSource, jobs: int, progress: bool, encoding: str) -> Iterator[FileEntry]:
+def _describe_all(
+    source: ResolvedSource, jobs: int, progress: bool, encoding: str
+) -> Iterator[FileEntry]:
     root = os.fspath(source.root)
     bar = tqdm(total=len(source.files), unit="file", desc="index", disable=not progress)
     with bar:
@@ -328,7 +336,12 @@ def open_index(
         raise ValueError(f"rebuild must be 'missing', 'auto' or 'never', got {rebuild!r}")
     resolved = resolve_source(source)
     index_dir = Path(index) if index is not None else default_index_path(resolved)
-    kwargs: dict[str, Any] = {"index": index_dir, "jobs": jobs, "progress": progress, "encoding": encoding}
+    kwargs: dict[str, Any] = {
+        "index": index_dir,
+        "jobs": jobs,
+        "progress": progress,
+        "encoding": encoding,
+    }
     if not (index_dir / "index.json").exists() and rebuild != "never":
         return build_index(source, **kwargs), resolved
     opened = DatasetIndex.open(index_dir)

@@ -75,7 +75,7 @@ def _describe(obj: object) -> str:
 def _check_lengths(path: str, fields: Sequence[str], columns: Columns) -> None:
     lengths = [len(c) for c in columns]
     if len(set(lengths)) > 1:
-        detail = ", ".join(f"len({f}) = {n}" for f, n in zip(fields, lengths))
+        detail = ", ".join(f"len({f}) = {n}" for f, n in zip(fields, lengths, strict=True))
         raise FieldLengthMismatchError(path, f"fields have different lengths: {detail}")
 
 
@@ -92,7 +92,9 @@ def decode_layout(obj: object, path: str | os.PathLike[str]) -> DecodedLayout:
             columns = tuple(obj.values())
             _check_lengths(where, fields, columns)
             return DecodedLayout("dict_columns", fields, columns)
-        raise UnsupportedLayoutError(where, f"top-level dict whose values are not all sequences; {_EXPECTED}")
+        raise UnsupportedLayoutError(
+            where, f"top-level dict whose values are not all sequences; {_EXPECTED}"
+        )
     if isinstance(obj, tuple) and obj and all(_is_field(v) for v in obj):
         fields = default_field_names(len(obj))
         _check_lengths(where, fields, obj)
@@ -105,14 +107,16 @@ def decode_layout(obj: object, path: str | os.PathLike[str]) -> DecodedLayout:
             and all(isinstance(r, tuple) and len(r) == len(first) for r in obj)
         ):
             fields = default_field_names(len(first))
-            return DecodedLayout("rows", fields, tuple(zip(*obj)))
+            return DecodedLayout("rows", fields, tuple(zip(*obj, strict=True)))
         if isinstance(first, dict) and all(isinstance(r, dict) for r in obj):
             keys = tuple(first)
             fields = tuple(str(k) for k in keys)
             try:
                 columns = tuple([r[k] for r in obj] for k in keys)
             except KeyError as exc:
-                raise UnsupportedLayoutError(where, f"per-sample dicts with different keys (missing {exc}); {_EXPECTED}") from None
+                raise UnsupportedLayoutError(
+                    where, f"per-sample dicts with different keys (missing {exc}); {_EXPECTED}"
+                ) from None
             return DecodedLayout("dict_rows", fields, columns)
         if len(obj) <= MAX_LIST_FIELDS and all(_is_field(v) for v in obj):
             fields = default_field_names(len(obj))

@@ -28,6 +28,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
+try:  # a real torch Sampler when torch is there (isinstance checks, typing); plain class if not
+    from torch.utils.data import Sampler as _SamplerBase
+except ImportError:  # pragma: no cover - exercised only without torch
+    _SamplerBase = object  # type: ignore[assignment,misc]
+
 __all__ = ["BlockShuffleSampler", "distributed_rank_and_world"]
 
 
@@ -61,9 +66,14 @@ def distributed_rank_and_world(rank: int | None, world_size: int | None) -> tupl
                 auto_rank, auto_world = dist.get_rank(), dist.get_world_size()
         except ImportError:
             pass
-        resolved = (auto_rank if rank is None else rank, auto_world if world_size is None else world_size)
+        resolved = (
+            auto_rank if rank is None else rank,
+            auto_world if world_size is None else world_size,
+        )
     if resolved[1] < 1 or not 0 <= resolved[0] < resolved[1]:
-        raise ValueError(f"need 0 <= rank < world_size, got rank={resolved[0]}, world_size={resolved[1]}")
+        raise ValueError(
+            f"need 0 <= rank < world_size, got rank={resolved[0]}, world_size={resolved[1]}"
+        )
     return resolved
 
 
@@ -83,7 +93,7 @@ def _cut(segments: Sequence[_Segment], total: int, start: int, stop: int) -> lis
     return out
 
 
-class BlockShuffleSampler:
+class BlockShuffleSampler(_SamplerBase[int]):
     """Shuffle files, then samples within windows of files that fit the cache budget.
 
     Pass it as ``DataLoader(ds, sampler=..., batch_size=B, num_workers=W)`` with the same
@@ -111,7 +121,9 @@ class BlockShuffleSampler:
         drop_last: bool = False,
     ) -> None:
         if batch_size < 1 or num_workers < 0:
-            raise ValueError(f"need batch_size >= 1 and num_workers >= 0, got {batch_size}, {num_workers}")
+            raise ValueError(
+                f"need batch_size >= 1 and num_workers >= 0, got {batch_size}, {num_workers}"
+            )
         index = dataset.index
         self.batch_size = batch_size
         self.num_workers = num_workers
@@ -137,7 +149,9 @@ class BlockShuffleSampler:
     def _rank_segments(self, rng: np.random.Generator) -> list[_Segment]:
         files = rng.permutation(len(self._counts)) if self.shuffle else np.arange(len(self._counts))
         segments = [
-            _Segment(int(f), int(self._starts[f]), int(self._counts[f])) for f in files if self._counts[f] > 0
+            _Segment(int(f), int(self._starts[f]), int(self._counts[f]))
+            for f in files
+            if self._counts[f] > 0
         ]
         n = len(self)
         if n == 0 or not segments:
@@ -152,14 +166,18 @@ class BlockShuffleSampler:
             sizes[(batches - 1) % workers] -= batches * self.batch_size - n
         return sizes
 
-    def _windows(self, segments: Sequence[_Segment], rng: np.random.Generator) -> Iterator[np.ndarray]:
+    def _windows(
+        self, segments: Sequence[_Segment], rng: np.random.Generator
+    ) -> Iterator[np.ndarray]:
         budget = self.cache_bytes // max(1, self.num_workers)
         window: list[_Segment] = []
         used = 0
         for seg in [*segments, None]:
             size = 0 if seg is None else int(self._nbytes[seg.file])
             if window and (seg is None or used + size > budget):
-                idx = np.concatenate([np.arange(s.start, s.start + s.count, dtype=np.int64) for s in window])
+                idx = np.concatenate(
+                    [np.arange(s.start, s.start + s.count, dtype=np.int64) for s in window]
+                )
                 if self.shuffle:
                     rng.shuffle(idx)
                 yield idx

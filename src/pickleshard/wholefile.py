@@ -55,23 +55,31 @@ def load_file(path: str | os.PathLike[str], *, encoding: str = "ASCII") -> Any:
             raise EmptyPickleError(where, "file is empty; expected a pickle stream", offset=0)
         framed = head[0] == _PROTO
         if framed and (len(head) < 2 or head[1] > pickle.HIGHEST_PROTOCOL):
-            raise NotAPickleError(where, f"PROTO opcode names unknown protocol {head[1:2]!r}", offset=1)
+            raise NotAPickleError(
+                where, f"PROTO opcode names unknown protocol {head[1:2]!r}", offset=1
+            )
         fh.seek(0)
         try:
             return pickle.Unpickler(fh, encoding=encoding).load()
         except PickleshardError:
             raise
         except MemoryError:
-            raise CorruptPickleError(where, "a length in the stream exceeds available memory") from None
+            raise CorruptPickleError(
+                where, "a length in the stream exceeds available memory"
+            ) from None
         except Exception as exc:  # the unpickler raises many types on bad bytes
             offset = fh.tell()
             if not framed:
                 raise NotAPickleError(
-                    where, f"not a pickle stream (protocol 0-5 expected): {type(exc).__name__}: {exc}", offset=0
+                    where,
+                    f"not a pickle stream (protocol 0-5 expected): {type(exc).__name__}: {exc}",
+                    offset=0,
                 ) from None
             if isinstance(exc, EOFError) or "truncated" in str(exc) or offset >= size:
                 raise TruncatedPickleError(
-                    where, f"stream ends before STOP ({size} bytes): {exc}", offset=min(offset, size)
+                    where,
+                    f"stream ends before STOP ({size} bytes): {exc}",
+                    offset=min(offset, size),
                 ) from None
             raise CorruptPickleError(where, f"{type(exc).__name__}: {exc}", offset=offset) from None
 
@@ -102,7 +110,9 @@ def estimate_nbytes(obj: object, _depth: int = 0) -> int:
         return sys.getsizeof(obj) + items
     if isinstance(obj, dict):
         keys = list(obj)[:_SAMPLE]
-        items = sum(estimate_nbytes(k, _depth + 1) + estimate_nbytes(obj[k], _depth + 1) for k in keys)
+        items = sum(
+            estimate_nbytes(k, _depth + 1) + estimate_nbytes(obj[k], _depth + 1) for k in keys
+        )
         if len(obj) > len(keys):
             items = items * len(obj) // len(keys)
         return sys.getsizeof(obj) + items
