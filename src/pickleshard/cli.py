@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import PickleshardError
+from .safety import UnpicklePolicy
 
 __all__ = ["main"]
 
@@ -51,11 +52,34 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_safety_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("safety (unpickling runs code; only allowlisted globals load)")
+    g.add_argument(
+        "--trusted", action="store_true", help="load any global: only for files you trust"
+    )
+    g.add_argument(
+        "--allow-global",
+        action="append",
+        default=[],
+        metavar="MODULE.NAME",
+        help="also allow this global (repeatable)",
+    )
+    g.add_argument("--encoding", default="ASCII", help="text encoding for Python 2 pickles")
+
+
+def _policy(args: argparse.Namespace) -> UnpicklePolicy:
+    return UnpicklePolicy.from_args(
+        trusted=args.trusted, allow_globals=args.allow_global, encoding=args.encoding
+    )
+
+
 def _cmd_index(args: argparse.Namespace) -> int:
     from .index import build_index
 
     t0 = time.perf_counter()
-    idx = build_index(args.source, index=args.index, jobs=args.jobs, progress=not args.json)
+    idx = build_index(
+        args.source, index=args.index, jobs=args.jobs, progress=not args.json, policy=_policy(args)
+    )
     elapsed = time.perf_counter() - t0
     summary: dict[str, Any] = {
         "index": str(idx.path),
@@ -120,6 +144,7 @@ def _parser() -> argparse.ArgumentParser:
         "--jobs", type=int, default=None, help="files decoded at once (default: CPUs, max 8)"
     )
     s.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
+    _add_safety_flags(s)
     s.set_defaults(handler=_cmd_index)
 
     s = sub.add_parser("demo", help="synthesise ~200 MB, index it, train a tiny model one epoch")

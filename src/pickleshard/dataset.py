@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,6 +20,7 @@ except ImportError:  # pragma: no cover - exercised only without torch
 
 from .index import Rebuild, open_index
 from .layouts import DecodedLayout
+from .safety import UnpicklePolicy
 from .sources import Source
 from .wholefile import CacheStats, WholeFileCache, load_layout
 
@@ -48,7 +49,14 @@ class PickleDataset(_DatasetBase[Any]):
     :func:`pickleshard.open_index` for ``rebuild``.
 
     ``ds[i]`` returns a tuple with one element per field, ``(x, y)`` for the common layout;
-    ``transform``, if given, is applied to that tuple. ``__getitems__`` fetches a batch, touching
+    ``transform``, if given, is applied to that tuple.
+
+    Unpickling is restricted to an allowlist of globals (builtin containers, numpy arrays,
+    torch tensors; see :mod:`pickleshard.safety`): anything else raises
+    :class:`~pickleshard.errors.UnsafePickleError`. ``trusted=True`` lifts the restriction,
+    ``allow_globals=["module.name"]`` extends it. ``encoding`` is as in :func:`pickle.load`.
+
+    ``__getitems__`` fetches a batch, touching
     each file once.
 
     Whole-file mode keeps decoded files in an LRU cache bounded by ``cache_bytes`` of estimated
@@ -65,18 +73,22 @@ class PickleDataset(_DatasetBase[Any]):
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         rebuild: Rebuild = "missing",
         transform: Callable[[Sample], Any] | None = None,
+        trusted: bool = False,
+        allow_globals: Iterable[str] = (),
         encoding: str = "ASCII",
         jobs: int | None = None,
         progress: bool = False,
     ) -> None:
         if cache_bytes < 0:
             raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes}")
+        self.policy = UnpicklePolicy.from_args(
+            trusted=trusted, allow_globals=allow_globals, encoding=encoding
+        )
         self.index, self.source = open_index(
-            source, index=index, rebuild=rebuild, jobs=jobs, progress=progress, encoding=encoding
+            source, index=index, rebuild=rebuild, jobs=jobs, progress=progress, policy=self.policy
         )
         self.cache_bytes = cache_bytes
         self.transform = transform
-        self.encoding = encoding
         self._paths = [os.fspath(self.source.absolute(f.path)) for f in self.index.files]
         self._cache: WholeFileCache | None = None
 
@@ -88,7 +100,7 @@ class PickleDataset(_DatasetBase[Any]):
         return self.index.num_samples
 
     def _load(self, path: str) -> DecodedLayout:
-        return load_layout(path, encoding=self.encoding)
+        return load_layout(path, self.policy)
 
     @property
     def cache(self) -> WholeFileCache:

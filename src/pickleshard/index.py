@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from ._version import __version__
 from .errors import IndexFormatError, StaleIndexError, UnreadableFileError, UnsupportedLayoutError
+from .safety import DEFAULT_POLICY, UnpicklePolicy
 from .sources import INDEX_DIRNAME, ResolvedSource, Source, resolve_source
 from .wholefile import estimate_nbytes, load_layout
 
@@ -88,14 +89,14 @@ class FileEntry:
         return cls(**{**obj, "fields": tuple(obj["fields"])})
 
 
-def describe_file(root: str, rel: str, encoding: str = "ASCII") -> FileEntry:
+def describe_file(root: str, rel: str, policy: UnpicklePolicy = DEFAULT_POLICY) -> FileEntry:
     """Read one file and return its files-table row (run in an index worker process)."""
     path = os.path.join(root, rel)
     try:
         st = os.stat(path)
     except OSError as exc:
         raise UnreadableFileError(path, f"cannot stat: {exc.strerror or exc}") from None
-    decoded = load_layout(path, encoding=encoding)
+    decoded = load_layout(path, policy)
     return FileEntry(
         path=rel,
         size=st.st_size,
@@ -216,20 +217,20 @@ def _pool_context() -> BaseContext:
 
 
 def _describe_all(
-    source: ResolvedSource, jobs: int, progress: bool, encoding: str
+    source: ResolvedSource, jobs: int, progress: bool, policy: UnpicklePolicy
 ) -> Iterator[FileEntry]:
     root = os.fspath(source.root)
     bar = tqdm(total=len(source.files), unit="file", desc="index", disable=not progress)
     with bar:
         if jobs <= 1 or len(source.files) == 1:
             for rel in source.files:
-                yield describe_file(root, rel, encoding)
+                yield describe_file(root, rel, policy)
                 bar.update()
             return
         # fork where available (as DataLoader does): spawn and forkserver re-run the caller's
-        # __main__, which breaks notebooks' cousins, stdin scripts and unguarded scripts.
+        # __main__, which breaks stdin scripts and scripts without a __main__ guard.
         with ProcessPoolExecutor(max_workers=jobs, mp_context=_pool_context()) as pool:
-            futures = {pool.submit(describe_file, root, rel, encoding): rel for rel in source.files}
+            futures = {pool.submit(describe_file, root, rel, policy): rel for rel in source.files}
             try:
                 for fut in as_completed(futures):
                     yield fut.result()
@@ -300,18 +301,19 @@ def build_index(
     index: str | os.PathLike[str] | None = None,
     jobs: int | None = None,
     progress: bool = False,
-    encoding: str = "ASCII",
+    policy: UnpicklePolicy = DEFAULT_POLICY,
 ) -> DatasetIndex:
     """Index every pickle file of ``source`` and save the index; return it opened.
 
     ``index`` is the index directory (default: see :func:`default_index_path`). At most ``jobs``
     files are decoded at once, each in its own process (default: the number of CPUs, at most 8).
+    ``policy`` says which globals may load while files are read (default: the allowlist).
     Raises the :class:`~pickleshard.errors.PickleshardError` of the first bad file found.
     """
     resolved = resolve_source(source)
     index_dir = Path(index) if index is not None else default_index_path(resolved)
     n_jobs = jobs if jobs is not None else min(os.cpu_count() or 1, 8)
-    by_path = {e.path: e for e in _describe_all(resolved, n_jobs, progress, encoding)}
+    by_path = {e.path: e for e in _describe_all(resolved, n_jobs, progress, policy)}
     entries = [by_path[rel] for rel in resolved.files]
     _write(index_dir, resolved, entries)
     return DatasetIndex.open(index_dir)
@@ -324,7 +326,7 @@ def open_index(
     rebuild: Rebuild = "missing",
     jobs: int | None = None,
     progress: bool = False,
-    encoding: str = "ASCII",
+    policy: UnpicklePolicy = DEFAULT_POLICY,
 ) -> tuple[DatasetIndex, ResolvedSource]:
     """Open the index of ``source``, checking it against the files on disk.
 
@@ -340,7 +342,7 @@ def open_index(
         "index": index_dir,
         "jobs": jobs,
         "progress": progress,
-        "encoding": encoding,
+        "policy": policy,
     }
     if not (index_dir / "index.json").exists() and rebuild != "never":
         return build_index(source, **kwargs), resolved

@@ -26,19 +26,20 @@ from .errors import (
     UnreadableFileError,
 )
 from .layouts import DecodedLayout, decode_layout
+from .safety import DEFAULT_POLICY, UnpicklePolicy
 
 __all__ = ["CacheStats", "WholeFileCache", "estimate_nbytes", "load_file", "load_layout"]
 
 _PROTO = 0x80
+_UNFRAMED_OPENERS = (b"(", b"]", b"}", b")")  # MARK, EMPTY_LIST, EMPTY_DICT, EMPTY_TUPLE
 _SAMPLE = 64
 _ARRAY_HEADER = 112
 
 
-def load_file(path: str | os.PathLike[str], *, encoding: str = "ASCII") -> Any:
+def load_file(path: str | os.PathLike[str], policy: UnpicklePolicy = DEFAULT_POLICY) -> Any:
     """Unpickle the whole of ``path``; every failure becomes a :class:`PickleshardError`.
 
-    ``encoding`` is passed to the unpickler as in :func:`pickle.load` (``"latin1"`` reads
-    Python 2 pickles of numpy arrays).
+    ``policy`` decides which globals may load (default: the allowlist) and the text encoding.
     """
     where = os.fspath(path)
     try:
@@ -54,13 +55,15 @@ def load_file(path: str | os.PathLike[str], *, encoding: str = "ASCII") -> Any:
         if not head:
             raise EmptyPickleError(where, "file is empty; expected a pickle stream", offset=0)
         framed = head[0] == _PROTO
-        if framed and (len(head) < 2 or head[1] > pickle.HIGHEST_PROTOCOL):
+        if framed and len(head) < 2:
+            raise TruncatedPickleError(where, "stream ends inside its PROTO opcode", offset=1)
+        if framed and head[1] > pickle.HIGHEST_PROTOCOL:
             raise NotAPickleError(
                 where, f"PROTO opcode names unknown protocol {head[1:2]!r}", offset=1
             )
         fh.seek(0)
         try:
-            return pickle.Unpickler(fh, encoding=encoding).load()
+            return policy.unpickler(fh, where).load()
         except PickleshardError:
             raise
         except MemoryError:
@@ -69,13 +72,16 @@ def load_file(path: str | os.PathLike[str], *, encoding: str = "ASCII") -> Any:
             ) from None
         except Exception as exc:  # the unpickler raises many types on bad bytes
             offset = fh.tell()
-            if not framed:
+            ran_out = isinstance(exc, EOFError) or "truncated" in str(exc)
+            # Protocol 0-1 streams have no PROTO header; one that opens a container and runs out
+            # of bytes is a cut-short pickle, anything else unframed is not a pickle at all.
+            if not framed and not (ran_out and head[:1] in _UNFRAMED_OPENERS):
                 raise NotAPickleError(
                     where,
                     f"not a pickle stream (protocol 0-5 expected): {type(exc).__name__}: {exc}",
                     offset=0,
                 ) from None
-            if isinstance(exc, EOFError) or "truncated" in str(exc) or offset >= size:
+            if ran_out or offset >= size:
                 raise TruncatedPickleError(
                     where,
                     f"stream ends before STOP ({size} bytes): {exc}",
@@ -84,9 +90,11 @@ def load_file(path: str | os.PathLike[str], *, encoding: str = "ASCII") -> Any:
             raise CorruptPickleError(where, f"{type(exc).__name__}: {exc}", offset=offset) from None
 
 
-def load_layout(path: str | os.PathLike[str], *, encoding: str = "ASCII") -> DecodedLayout:
+def load_layout(
+    path: str | os.PathLike[str], policy: UnpicklePolicy = DEFAULT_POLICY
+) -> DecodedLayout:
     """Unpickle ``path`` and return its samples as columns (see :mod:`pickleshard.layouts`)."""
-    return decode_layout(load_file(path, encoding=encoding), path)
+    return decode_layout(load_file(path, policy), path)
 
 
 def estimate_nbytes(obj: object, _depth: int = 0) -> int:

@@ -1,0 +1,222 @@
+"""Restricted unpickling: only allowlisted globals load unless the caller says otherwise.
+
+Unpickling runs code: ``REDUCE`` calls whatever callable ``GLOBAL``/``STACK_GLOBAL`` (or an
+``EXT`` code) named. Every callable and class a pickle can reach passes through
+:meth:`pickle.Unpickler.find_class`, so restricting it restricts what a file can run. The
+default allowlist is what training data needs: builtin containers and scalars,
+``collections.OrderedDict``, numpy array/scalar/dtype reconstruction under both numpy 1.x
+(``numpy.core``) and 2.x (``numpy._core``) module paths, and torch tensor rebuild functions.
+
+Two ways out, both explicit arguments (there is no global switch): ``trusted=True`` loads
+everything, ``allow_globals=["module.name", ...]`` adds named globals.
+
+``torch.storage._load_from_bytes`` (how ``pickle.dump`` writes a tensor's storage) calls
+``torch.load(weights_only=False)``; it is mapped to a ``torch.load(weights_only=True)`` load.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import IO, Any, Literal
+
+from .errors import UnsafePickleError
+
+__all__ = [
+    "ALLOWED_GLOBALS",
+    "DEFAULT_POLICY",
+    "UnpicklePolicy",
+    "Verdict",
+    "classify_global",
+    "parse_allow_globals",
+]
+
+_BUILTINS: tuple[str, ...] = (
+    "list",
+    "dict",
+    "tuple",
+    "set",
+    "frozenset",
+    "bytearray",
+    "bytes",
+    "str",
+    "int",
+)
+_BUILTINS += ("float", "complex", "bool", "slice", "range")
+_NUMPY = [
+    (mod, name)
+    for core in ("numpy.core", "numpy._core")
+    for mod, name in (
+        (f"{core}.multiarray", "_reconstruct"),
+        (f"{core}.multiarray", "scalar"),
+        (f"{core}.numeric", "_frombuffer"),
+    )
+] + [("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.dtypes", "StringDType")]
+_TORCH = [
+    ("torch._utils", n)
+    for n in (
+        "_rebuild_tensor",
+        "_rebuild_tensor_v2",
+        "_rebuild_tensor_v3",
+        "_rebuild_parameter",
+        "_rebuild_parameter_with_state",
+        "_rebuild_device_tensor_from_numpy",
+    )
+] + [
+    ("torch._tensor", "_rebuild_from_type_v2"),
+    ("torch.storage", "_load_from_bytes"),
+    ("torch", "Tensor"),
+    ("torch", "Size"),
+    ("torch", "device"),
+    ("torch.nn.parameter", "Parameter"),
+]
+
+ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset(
+    [("builtins", n) for n in _BUILTINS]
+    + [("__builtin__", n) for n in _BUILTINS]  # Python 2 pickles
+    + [("collections", "OrderedDict"), ("_codecs", "encode")]
+    + _NUMPY
+    + _TORCH
+)
+
+# Modules and names whose only use in a data file is to run code. The audit names them.
+_DANGEROUS_MODULES: tuple[str, ...] = (
+    "os",
+    "posix",
+    "nt",
+    "subprocess",
+    "sys",
+    "shutil",
+    "importlib",
+    "runpy",
+)
+_DANGEROUS_MODULES += ("socket", "pty", "ctypes", "marshal", "code", "webbrowser", "pickle")
+_DANGEROUS_MODULES += ("_pickle", "types", "commands", "multiprocessing", "signal")
+_DANGEROUS_BUILTINS: tuple[str, ...] = (
+    "eval",
+    "exec",
+    "compile",
+    "__import__",
+    "open",
+    "getattr",
+    "setattr",
+)
+_DANGEROUS_BUILTINS += ("delattr", "globals", "locals", "vars", "breakpoint", "input")
+
+Verdict = Literal["allowed", "not allowed", "dangerous"]
+
+
+def classify_global(module: str, name: str, extra: Iterable[tuple[str, str]] = ()) -> Verdict:
+    """Verdict on a global a pickle references, by name only: nothing is imported."""
+    if (module, name) in ALLOWED_GLOBALS or (module, name) in set(extra):
+        return "allowed"
+    top = module.split(".", 1)[0]
+    if top in _DANGEROUS_MODULES or (
+        module in ("builtins", "__builtin__") and name in _DANGEROUS_BUILTINS
+    ):
+        return "dangerous"
+    return "not allowed"
+
+
+def parse_allow_globals(names: Iterable[str]) -> frozenset[tuple[str, str]]:
+    """Turn ``["module.name", "pkg.mod:Class.attr"]`` into ``(module, name)`` pairs.
+
+    ``module:qualname`` separates a nested qualname explicitly; otherwise the last dot splits.
+    """
+    out = set()
+    for text in names:
+        module, sep, name = text.partition(":") if ":" in text else text.rpartition(".")
+        if not sep or not module or not name:
+            raise ValueError(f"allow_globals entries look like 'module.name', got {text!r}")
+        out.add((module, name))
+    return frozenset(out)
+
+
+def _torch_load_from_bytes(data: bytes) -> Any:
+    import torch
+
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """A C unpickler whose ``find_class`` admits only the allowlist (plus ``extra``)."""
+
+    def __init__(
+        self,
+        file: IO[bytes],
+        *,
+        path: str,
+        extra: frozenset[tuple[str, str]] = frozenset(),
+        encoding: str = "ASCII",
+        buffers: Iterable[Any] | None = None,
+        sample: int | None = None,
+    ) -> None:
+        super().__init__(file, encoding=encoding, buffers=buffers)
+        self._path = path
+        self._extra = extra
+        self._file = file
+        self._sample = sample
+
+    def find_class(self, module: str, name: str) -> Any:
+        key = (module, name)
+        if key == ("torch.storage", "_load_from_bytes"):
+            return _torch_load_from_bytes
+        if key in ALLOWED_GLOBALS or key in self._extra:
+            return super().find_class(module, name)
+        verdict = classify_global(module, name)
+        offset = self._file.tell() if hasattr(self._file, "tell") else None
+        raise UnsafePickleError(
+            self._path,
+            f"refuses to load global {module}.{name} ({verdict}); only allowlisted globals load "
+            f"by default. If you trust this file, pass trusted=True (CLI: --trusted), or allow "
+            f"just this global with allow_globals=['{module}.{name}'] "
+            f"(CLI: --allow-global {module}.{name})",
+            offset=offset,
+            sample=self._sample,
+        )
+
+
+@dataclass(frozen=True)
+class UnpicklePolicy:
+    """How every read path unpickles: which globals may load, and the text ``encoding``.
+
+    Built from the public arguments ``trusted``, ``allow_globals`` and ``encoding`` (as in
+    :func:`pickle.load`; ``"latin1"`` reads Python 2 pickles of numpy arrays) with
+    :meth:`from_args`. Picklable, so it travels to index and DataLoader workers.
+    """
+
+    trusted: bool = False
+    allow_globals: frozenset[tuple[str, str]] = field(default_factory=frozenset)
+    encoding: str = "ASCII"
+
+    @classmethod
+    def from_args(
+        cls, *, trusted: bool = False, allow_globals: Iterable[str] = (), encoding: str = "ASCII"
+    ) -> UnpicklePolicy:
+        return cls(trusted, parse_allow_globals(allow_globals), encoding)
+
+    def unpickler(
+        self,
+        file: IO[bytes],
+        path: str | os.PathLike[str],
+        *,
+        buffers: Iterable[Any] | None = None,
+        sample: int | None = None,
+    ) -> pickle.Unpickler:
+        """The one place pickleshard constructs an unpickler: restricted unless ``trusted``."""
+        if self.trusted:
+            return pickle.Unpickler(file, encoding=self.encoding, buffers=buffers)
+        return RestrictedUnpickler(
+            file,
+            path=os.fspath(path),
+            extra=self.allow_globals,
+            encoding=self.encoding,
+            buffers=buffers,
+            sample=sample,
+        )
+
+
+DEFAULT_POLICY = UnpicklePolicy()
