@@ -76,10 +76,11 @@ class DatasetNotFoundError(PickleshardError, FileNotFoundError):
 
     def __init__(self, source: str | os.PathLike[str], what: str = "directory") -> None:
         self.path = os.fspath(source)
+        self.what = what
         super().__init__(f"{self.path}: no such {what}; expected a directory of pickle files")
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.path,))
+        return (type(self), (self.path, self.what))
 
 
 class NoPickleFilesError(PickleshardError, FileNotFoundError):
@@ -175,7 +176,8 @@ class IndexFormatError(PickleshardError, ValueError):
 
     def __init__(self, index_path: str | os.PathLike[str], message: str) -> None:
         self.path = os.fspath(index_path)
+        self.message = message
         super().__init__(f"{self.path}: {message}")
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.path, self.args[0].split(": ", 1)[-1]))
+        return (type(self), (self.path, self.message))
