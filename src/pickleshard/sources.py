@@ -60,7 +60,9 @@ def resolve_source(source: Source) -> ResolvedSource:
             if not files:
                 raise NoPickleFilesError(path, PICKLE_PATTERNS)
             root = path.resolve()
-            rel = sorted(os.path.relpath(f.resolve(), root) for f in files)
+            # Relative to the directory as walked, not to resolved targets: a symlinked file
+            # keeps its own name (and a dangling one is reported by that name).
+            rel = sorted(os.path.relpath(f, path) for f in files)
             return ResolvedSource(root, tuple(rel), True)
         if _has_magic(text):
             matches = [Path(m) for m in glob.glob(text, recursive=True) if Path(m).is_file()]

@@ -1,0 +1,101 @@
+"""Layout recognition: each supported top-level shape becomes columns; anything else is refused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import assert_deep_equal
+from pickleshard.errors import FieldLengthMismatchError, UnsupportedLayoutError
+from pickleshard.layouts import MAX_LIST_FIELDS, decode_layout, default_field_names
+
+XS = [np.full((2, 2), i, dtype=np.float32) for i in range(4)]
+YS = [3, 1, 4, 1]
+SAMPLES = list(zip(XS, YS, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("obj", "layout", "fields"),
+    [
+        ((XS, YS), "columns", ("x", "y")),
+        ([XS, YS], "columns", ("x", "y")),
+        ((tuple(XS), tuple(YS)), "columns", ("x", "y")),
+        ({"image": XS, "label": YS}, "dict_columns", ("image", "label")),
+        ([(x, y) for x, y in SAMPLES], "rows", ("x", "y")),
+        ([{"image": x, "label": y} for x, y in SAMPLES], "dict_rows", ("image", "label")),
+        ((np.stack(XS), np.array(YS)), "columns", ("x", "y")),
+    ],
+    ids=["tuple", "list", "tuple_of_tuples", "dict", "rows", "dict_rows", "ndarray_fields"],
+)
+def test_layouts_decode_to_samples(obj: Any, layout: str, fields: tuple[str, ...]) -> None:
+    decoded = decode_layout(obj, "f.pkl")
+    assert (decoded.layout, decoded.fields, decoded.num_samples) == (layout, fields, 4)
+    for i, (x, y) in enumerate(SAMPLES):
+        got = tuple(col[i] for col in decoded.columns)
+        assert np.array_equal(got[0], x)
+        assert got[1] == y
+
+
+def test_more_than_two_fields_are_named_after_x_and_y() -> None:
+    assert default_field_names(4) == ("x", "y", "f2", "f3")
+    decoded = decode_layout(([1, 2], ["a", "b"], [0.5, 0.25], [None, None]), "f.pkl")
+    assert decoded.fields == ("x", "y", "f2", "f3")
+    assert_deep_equal(tuple(c[1] for c in decoded.columns), (2, "b", 0.25, None))
+
+
+def test_zero_sample_columns_are_a_valid_file() -> None:
+    decoded = decode_layout(([], []), "f.pkl")
+    assert (decoded.layout, decoded.num_samples) == ("columns", 0)
+
+
+def test_a_long_list_of_lists_is_not_read_as_columns() -> None:
+    rows = [[i, i + 1] for i in range(MAX_LIST_FIELDS + 1)]
+    with pytest.raises(UnsupportedLayoutError, match=r"list of length 65"):
+        decode_layout(rows, "f.pkl")
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        7,
+        None,
+        "text",
+        {"a": 1, "b": 2},
+        {},
+        [],
+        (),
+        [1, 2, 3],
+        (np.float32(1.0), [1]),
+        np.zeros((3, 2)),
+        [(1, 2)] * (MAX_LIST_FIELDS + 1) + [(3,)],
+        [{"x": 1, "y": 2}, {"x": 3, "z": 4}],
+    ],
+    ids=repr,
+)
+def test_unsupported_top_level_objects_name_the_file(obj: Any) -> None:
+    with pytest.raises(UnsupportedLayoutError) as info:
+        decode_layout(obj, "/data/odd.pkl")
+    assert str(info.value).startswith("/data/odd.pkl")
+    assert "expected" in str(info.value)
+    assert not isinstance(info.value, FieldLengthMismatchError)
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        (list(range(5)), list(range(3))),
+        [list(range(5)), list(range(3))],
+        {"x": list(range(5)), "y": list(range(3))},
+        (np.zeros((5, 2)), np.zeros(3)),
+    ],
+    ids=["tuple", "list", "dict", "ndarray"],
+)
+def test_field_length_mismatch_names_both_lengths(obj: Any) -> None:
+    with pytest.raises(FieldLengthMismatchError) as info:
+        decode_layout(obj, "/data/mismatch.pkl")
+    message = str(info.value)
+    assert message.startswith("/data/mismatch.pkl")
+    assert "= 5" in message
+    assert "= 3" in message
