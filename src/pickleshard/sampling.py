@@ -156,7 +156,13 @@ class BlockShuffleSampler(_SamplerBase[int]):
         n = len(self)
         if n == 0 or not segments:
             return []
-        return _cut(segments, self._total, self.rank * n, (self.rank + 1) * n)
+        part = _cut(segments, self._total, self.rank * n, (self.rank + 1) * n)
+        # Padding wraps around to the start of the order and can bring back a file this part
+        # already holds: keep a file's pieces next to each other so a worker visits it once.
+        first: dict[int, int] = {}
+        for k, seg in enumerate(part):
+            first.setdefault(seg.file, k)
+        return sorted(part, key=lambda seg: first[seg.file])
 
     def _worker_sizes(self, n: int) -> list[int]:
         workers = max(1, self.num_workers)
@@ -173,6 +179,9 @@ class BlockShuffleSampler(_SamplerBase[int]):
         window: list[_Segment] = []
         used = 0
         for seg in [*segments, None]:
+            if seg is not None and window and window[-1].file == seg.file:
+                window.append(seg)  # another piece of a file the window holds: no new bytes
+                continue
             size = 0 if seg is None else int(self._nbytes[seg.file])
             if window and (seg is None or used + size > budget):
                 idx = np.concatenate(
