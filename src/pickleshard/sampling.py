@@ -21,6 +21,7 @@ that: the shuffle is global over files and local over samples.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -105,6 +106,14 @@ class BlockShuffleSampler(_SamplerBase[int]):
     ``drop_last=False`` each rank gets ``ceil(N / world_size)`` samples, the last ones padded by
     wrapping around the epoch's order; with ``drop_last=True``, ``N // world_size``. Call
     :meth:`set_epoch` before each epoch for a new order.
+
+    Resume: :meth:`state_dict` is ``{"seed", "epoch", "samples_seen", "settings"}``, where
+    ``samples_seen`` counts the samples this rank's pass has yielded and ``settings`` the
+    arguments that shape the order. :meth:`load_state_dict` makes the next pass resume there and
+    raises ValueError if this sampler's settings differ (same world size, batch size, workers and
+    cache budget: for another world size use :class:`pickleshard.ShuffleSampler`); it does not
+    change :attr:`epoch`. This is what ``torchdata``'s ``StatefulDataLoader`` needs. The hooks
+    are torchdata.nodes': :meth:`reset`, :meth:`next`, :meth:`get_state`.
     """
 
     def __init__(
@@ -133,6 +142,10 @@ class BlockShuffleSampler(_SamplerBase[int]):
         self.rank, self.world_size = distributed_rank_and_world(rank, world_size)
         self.drop_last = drop_last
         self.epoch = 0
+        self._pending: dict[str, Any] | None = None
+        self._pass: Iterator[int] | None = None
+        self._pass_epoch = 0
+        self._seen = 0
         self._counts = np.array([f.num_samples for f in index.files], dtype=np.int64)
         self._nbytes = np.array([f.decoded_nbytes for f in index.files], dtype=np.int64)
         self._starts = np.asarray(index.file_starts[:-1], dtype=np.int64)
@@ -145,6 +158,81 @@ class BlockShuffleSampler(_SamplerBase[int]):
         if self.drop_last:
             return self._total // self.world_size
         return math.ceil(self._total / self.world_size)
+
+    def _settings(self) -> dict[str, Any]:
+        return {
+            "world_size": self.world_size,
+            "batch_size": self.batch_size,
+            "num_workers": self.num_workers,
+            "cache_bytes": self.cache_bytes,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "num_samples": self._total,
+        }
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        """Start a pass at ``initial_state`` (its seed, epoch and position), else at epoch start."""
+        if initial_state is not None:
+            state = self._checked(initial_state)
+            self.seed = state["seed"]
+            epoch, seen = state["epoch"], state["samples_seen"]
+        else:
+            epoch, seen = self.epoch, 0
+        self._pass_epoch, self._seen = epoch, seen
+        self._pass = itertools.islice(self._stream(epoch), seen, None)
+
+    def next(self) -> int:
+        """The next sample index of the current pass; StopIteration when it is done."""
+        if self._pass is None:
+            self.reset()
+        assert self._pass is not None
+        i = next(self._pass)
+        self._seen += 1
+        return i
+
+    def get_state(self) -> dict[str, Any]:
+        """The current pass's ``{"seed", "epoch", "samples_seen", "settings"}``."""
+        epoch = self.epoch if self._pass is None else self._pass_epoch
+        return {
+            "seed": self.seed,
+            "epoch": epoch,
+            "samples_seen": self._seen,
+            "settings": self._settings(),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loaded state if no pass has started since, else :meth:`get_state`."""
+        return dict(self._pending) if self._pending is not None else self.get_state()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Make the next pass resume at ``state_dict``; ValueError if it cannot be resumed here."""
+        self._pending = self._checked(state_dict)
+        self.seed = self._pending["seed"]
+
+    def _checked(self, state: dict[str, Any]) -> dict[str, Any]:
+        keys = {"seed", "epoch", "samples_seen", "settings"}
+        if set(state) != keys:
+            raise ValueError(f"not a BlockShuffleSampler state: {state!r}")
+        if state["settings"] != self._settings():
+            raise ValueError(
+                f"cannot resume a BlockShuffleSampler saved with {state['settings']} "
+                f"as one with {self._settings()}: the order depends on them"
+            )
+        if not 0 <= state["samples_seen"] <= len(self):
+            raise ValueError(f"samples_seen out of range: {state['samples_seen']}")
+        return dict(state)
+
+    def __iter__(self) -> Iterator[int]:
+        self.reset(self._pending)
+        self._pending = None
+        return self._drain()
+
+    def _drain(self) -> Iterator[int]:
+        while True:
+            try:
+                yield self.next()
+            except StopIteration:
+                return
 
     def _rank_segments(self, rng: np.random.Generator) -> list[_Segment]:
         files = rng.permutation(len(self._counts)) if self.shuffle else np.arange(len(self._counts))
@@ -195,8 +283,9 @@ class BlockShuffleSampler(_SamplerBase[int]):
                 window.append(seg)
                 used += size
 
-    def __iter__(self) -> Iterator[int]:
-        rng = np.random.default_rng([self.seed, self.epoch])
+    def _stream(self, epoch: int) -> Iterator[int]:
+        """This rank's samples for ``epoch``, batches interleaved as the DataLoader deals them."""
+        rng = np.random.default_rng([self.seed, epoch])
         segments = self._rank_segments(rng)
         n = sum(s.count for s in segments)
         sizes = self._worker_sizes(n)
@@ -204,7 +293,7 @@ class BlockShuffleSampler(_SamplerBase[int]):
         offset = 0
         for w, size in enumerate(sizes):
             part = _cut(segments, n, offset, offset + size) if size else []
-            worker_rng = np.random.default_rng([self.seed, self.epoch, self.rank, w])
+            worker_rng = np.random.default_rng([self.seed, epoch, self.rank, w])
             streams.append(self._windows(part, worker_rng))
             offset += size
         pending = [np.empty(0, dtype=np.int64) for _ in streams]
