@@ -1,0 +1,214 @@
+"""The benchmark's output: a description of the machine, a Markdown table, raw numbers as JSON."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import statistics
+import subprocess
+from collections.abc import Sequence
+from dataclasses import asdict
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from .measure import MiB
+from .runner import RowResult
+
+__all__ = ["describe_machine", "markdown_report", "results_json", "table"]
+
+LABELS = {
+    "null": "null (no data: loop overhead)",
+    "naive": "naive list (load everything)",
+    "folk": "folk JSON + one-file cache",
+    "pickleshard": "PickleDataset whole-file + BlockShuffleSampler",
+}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _git_commit(repo: Path) -> str:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(repo), "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return out.stdout.strip()
+
+
+def describe_machine(command: str) -> dict[str, str]:
+    """What the numbers depend on: CPU, cores, RAM, versions, load, date, the command line.
+
+    Versions come from package metadata: importing torch here would map its libraries into the
+    parent process and lower every row's PSS by sharing their pages.
+    """
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return {
+        "CPU": _cpu_model(),
+        "cores": f"{os.cpu_count()} logical, {usable} usable by this process",
+        "RAM": f"{psutil.virtual_memory().total / (1 << 30):.1f} GiB",
+        "OS": platform.platform(),
+        "Python": platform.python_version(),
+        "torch": _version("torch"),
+        "numpy": _version("numpy"),
+        "pickleshard": f"{_version('pickleshard')} ({_git_commit(Path(__file__).parents[1])})",
+        "load average at start": load,
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": command,
+    }
+
+
+def _ref(rows: Sequence[RowResult], kind: str, order: str, workers: int) -> RowResult | None:
+    for r in rows:
+        if (r.spec.kind, r.spec.order, r.spec.workers) == (kind, order, workers):
+            return r
+    return None
+
+
+def _ratio(row: RowResult, ref: RowResult | None) -> float | None:
+    if ref is None or ref.samples_per_s <= 0:
+        return None
+    return row.samples_per_s / ref.samples_per_s
+
+
+def _fmt_ratio(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"{value:,.0f}x" if value >= 100 else f"{value:.2f}x"
+
+
+def table(rows: Sequence[RowResult]) -> str:
+    """The Markdown table, one line per row, ratios against the folk rows with the same workers."""
+    head = [
+        "dataset",
+        "order",
+        "workers",
+        "index s",
+        "samples",
+        "seconds",
+        "samples/s",
+        "vs folk sequential",
+        "vs folk shuffled",
+        "PSS before epoch MiB",
+        "peak PSS MiB",
+        "PSS growth MiB",
+        "peak alone MiB",
+        "file loads",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for r in rows:
+        w = r.spec.workers
+        cells = [
+            LABELS[r.spec.kind],
+            r.spec.order + (" (capped)" if r.capped else ""),
+            str(w),
+            "—" if r.index_s is None else f"{r.index_s:.2f}",
+            f"{r.samples:,}",
+            f"{r.seconds:.2f}",
+            f"{r.samples_per_s:,.0f}",
+            _fmt_ratio(_ratio(r, _ref(rows, "folk", "sequential", w))),
+            _fmt_ratio(_ratio(r, _ref(rows, "folk", "shuffled", w))),
+            f"{r.start_pss / MiB:,.0f}",
+            f"{r.peak_pss / MiB:,.0f}",
+            f"{(r.peak_pss - r.start_pss) / MiB:+,.0f}",
+            f"{r.peak_alone / MiB:,.0f}",
+            f"{r.file_loads:,}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def targets(rows: Sequence[RowResult], cache_bytes: int, workers: int = 2) -> list[str]:
+    """The issue's done-when figures at ``workers``, stated, not asserted."""
+    ours = _ref(rows, "pickleshard", "shuffled", workers)
+    if ours is None:
+        return [f"(no PickleDataset shuffled row at {workers} workers: targets not evaluated)"]
+    out: list[str] = []
+    for order, goal in (("sequential", 0.8), ("shuffled", 1000.0)):
+        ratio = _ratio(ours, _ref(rows, "folk", order, workers))
+        if ratio is None:
+            out.append(f"- vs folk {order}: no folk {order} row at {workers} workers")
+            continue
+        verdict = "met" if ratio >= goal else "NOT met"
+        out.append(
+            f"- shuffled PickleDataset / folk {order} rate at {workers} workers: "
+            f"{_fmt_ratio(ratio)} (target ≥ {_fmt_ratio(goal)}): {verdict}"
+        )
+    null = _ref(rows, "null", "sequential", workers)
+    folk_shuffled = _ref(rows, "folk", "shuffled", workers)
+    if null is not None and folk_shuffled is not None:
+        out.append(
+            f"- ceiling of the loop itself at {workers} workers (null row): "
+            f"{null.samples_per_s:,.0f} samples/s = "
+            f"{_fmt_ratio(_ratio(null, folk_shuffled))} folk shuffled"
+        )
+    if null is None:
+        out.append("- memory: no null row to measure the fixed overhead")
+        return out
+    for metric, mine, fixed in (
+        ("peak PSS", ours.peak_pss, null.peak_pss),
+        ("peak alone", ours.peak_alone, null.peak_alone),
+    ):
+        bound = cache_bytes + fixed
+        verdict = "met" if mine <= bound else "NOT met"
+        out.append(
+            f"- {metric} {mine / MiB:,.0f} MiB vs cache budget {cache_bytes / MiB:,.0f} MiB + fixed "
+            f"overhead {fixed / MiB:,.0f} MiB (the null row's {metric} at {workers} workers) = "
+            f"{bound / MiB:,.0f} MiB: {verdict} (margin {(bound - mine) / MiB:+,.0f} MiB)"
+        )
+    return out
+
+
+def markdown_report(
+    title: str,
+    machine: dict[str, str],
+    setup: dict[str, str],
+    rows: Sequence[RowResult],
+    cache_bytes: int,
+) -> str:
+    idle = statistics.median(r.idle_pss for r in rows) / MiB if rows else 0.0
+    parts = [f"# {title}", "", "## Machine", ""]
+    parts += [f"- {k}: {'`' + v + '`' if k == 'command' else v}" for k, v in machine.items()]
+    parts += ["", "## Setup", ""]
+    parts += [f"- {k}: {v}" for k, v in setup.items()]
+    parts += [
+        f"- idle PSS of a row's process after importing torch, before building its dataset: "
+        f"{idle:,.0f} MiB (median over rows)",
+        "",
+        "## Results",
+        "",
+        table(rows),
+        "",
+        "## Targets (num_workers=2)",
+        "",
+        *targets(rows, cache_bytes),
+        "",
+    ]
+    return "\n".join(parts)
+
+
+def results_json(machine: dict[str, str], setup: dict[str, str], rows: Sequence[RowResult]) -> Any:
+    return {"machine": machine, "setup": setup, "rows": [asdict(r) for r in rows]}
