@@ -10,6 +10,7 @@ import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pytest
@@ -205,7 +206,7 @@ def test_cache_bytes_defaults_to_the_datasets() -> None:
         {"rank": 0, "world_size": 0},
     ],
 )
-def test_bad_arguments(kwargs: dict[str, int]) -> None:
+def test_bad_arguments(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="need"):
         BlockShuffleSampler(_dataset([(1, 1)], 10), **kwargs)
 
