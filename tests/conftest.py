@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import shutil
+import tempfile
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -132,3 +134,55 @@ def dangling_link(tmp_path: Path) -> Path:
     link = folder / "broken.pkl"
     os.symlink(tmp_path / "nowhere" / "gone.pkl", link)
     return link
+
+
+@pytest.fixture
+def locked_file() -> Iterator[Path]:
+    """``b.pkl`` with mode 000 beside a readable ``a.pkl``, in a directory anyone may enter."""
+    folder = Path(tempfile.mkdtemp(prefix="pickleshard-locked-"))
+    try:
+        folder.chmod(0o755)
+        for name in ("a.pkl", "b.pkl"):
+            with open(folder / name, "wb") as fh:
+                pickle.dump(([1, 2], [3, 4]), fh)
+            (folder / name).chmod(0o644)
+        (folder / "b.pkl").chmod(0)
+        yield folder / "b.pkl"
+    finally:
+        shutil.rmtree(folder)
+
+
+def outcome_without_privileges(fn: Callable[[], object]) -> BaseException | None:
+    """Run ``fn`` as an unprivileged user and return the exception it raised (None if none).
+
+    Tests run as root in CI, and root reads any file whatever its mode: as root, ``fn`` runs in a
+    forked child that first drops to uid/gid 65534 ("nobody"); the exception comes back pickled.
+    """
+    if os.geteuid() != 0:
+        try:
+            fn()
+        except BaseException as exc:
+            return exc
+        return None
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            try:
+                fn()
+                result: BaseException | None = None
+            except BaseException as exc:
+                result = exc
+            os.write(write_end, pickle.dumps(result))
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as fh:
+        data = fh.read()
+    os.waitpid(pid, 0)
+    assert data, "the unprivileged child reported nothing"
+    result = pickle.loads(data)
+    assert result is None or isinstance(result, BaseException)
+    return result

@@ -22,6 +22,7 @@ from conftest import (
     WritePickle,
     assert_deep_equal,
     oracle_samples,
+    outcome_without_privileges,
 )
 from pickleshard import __version__, errors
 from pickleshard.dataset import PickleDataset
@@ -297,6 +298,16 @@ def test_directory_in_a_file_list_is_unreadable(tmp_path: Path, unreadable_dir_p
     with pytest.raises(errors.UnreadableFileError) as info:
         build_index([good, unreadable_dir_pkl], jobs=1)
     assert str(unreadable_dir_pkl.resolve()) in str(info.value)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="drops privileges in a forked child")
+def test_file_without_read_permission_is_unreadable(tmp_path: Path, locked_file: Path) -> None:
+    err = outcome_without_privileges(
+        lambda: build_index(locked_file.parent, index=tmp_path / "never-written", jobs=1)
+    )
+    assert isinstance(err, errors.UnreadableFileError)
+    assert str(locked_file.resolve()) in str(err)
+    assert "Permission denied" in str(err)
 
 
 def test_dangling_symlink_is_unreadable_and_named(tmp_path: Path, dangling_link: Path) -> None:
