@@ -181,3 +181,79 @@ class IndexFormatError(PickleshardError, ValueError):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.path, self.message))
+
+
+# Conversion to memmap / LMDB / WebDataset, converted datasets, and verification.
+
+
+class OutputPathError(FileProblem, OSError):
+    """A conversion's output path cannot be created or written (permissions, a file in the way)."""
+
+
+class OutputExistsError(FileProblem, FileExistsError):
+    """The output path holds something other than this conversion's finished output."""
+
+
+class ConversionStateError(FileProblem, ValueError):
+    """A partial conversion's manifest belongs to another source or options, or another run holds it."""
+
+
+class ConvertedDatasetError(FileProblem, ValueError):
+    """A converted dataset cannot be read: no descriptor, unknown format, missing arrays, bad values."""
+
+
+class UnencodableValueError(FileProblem, TypeError):
+    """A sample holds a value the safe (pickle-free) encoding cannot store, e.g. a class instance."""
+
+
+class VerifyMismatchError(FileProblem, ValueError):
+    """A converted sample differs from its source; ``sample`` is the first one found."""
+
+
+class MissingDependencyError(PickleshardError, ImportError):
+    """An optional backend is not installed; the message names the extra that provides it."""
+
+    def __init__(self, package: str, extra: str, purpose: str) -> None:
+        self.package = package
+        self.extra = extra
+        self.purpose = purpose
+        super().__init__(
+            f"{purpose} needs the {package!r} package: pip install 'pickleshard[{extra}]'"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.package, self.extra, self.purpose))
+
+
+__all__ += [
+    "ConversionStateError",
+    "ConvertedDatasetError",
+    "MissingDependencyError",
+    "OutputExistsError",
+    "OutputPathError",
+    "UnencodableValueError",
+    "VerifyMismatchError",
+]
+
+
+class NotSpanIndexableError(FileProblem):
+    """The file is a valid pickle, but its samples cannot be read span by span.
+
+    Not a defect of the file: ``reason`` says, for a person, what the scanner could not prove
+    correct (protocol 0/1, a persistent id, a memo reference it cannot resolve, a layout it does
+    not recognise...), and the caller falls back to whole-file mode.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], reason: str, *, offset: int | None = None) -> None:
+        self.reason = reason
+        super().__init__(path, f"cannot read samples in place: {reason}", offset=offset)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_not_span, (self.path, self.reason, self.offset))
+
+
+def _rebuild_not_span(path: str, reason: str, offset: int | None) -> NotSpanIndexableError:
+    return NotSpanIndexableError(path, reason, offset=offset)
+
+
+__all__ += ["NotSpanIndexableError"]
