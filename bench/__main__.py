@@ -14,11 +14,12 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from .data import DataSpec, ensure_data
 from .measure import MiB
 from .plot import write_plot
-from .report import describe_machine, markdown_report, results_json
+from .report import TITLE, describe_machine, load_results, markdown_report, results_json
 from .runner import Kind, Order, RowResult, RowSpec, run_isolated
 
 __all__ = ["main"]
@@ -69,6 +70,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--data", type=Path, default=HERE / "data", help="where synthetic data is kept")
     p.add_argument("--out", type=Path, default=HERE / "results", help="where results are written")
     p.add_argument("--name", default="issue2-wholefile", help="results file stem")
+    p.add_argument(
+        "--render",
+        type=Path,
+        metavar="JSON",
+        help="measure nothing: rebuild the .md and .png beside a results JSON written before",
+    )
     p.add_argument(
         "--quick",
         action="store_true",
@@ -137,14 +144,7 @@ def _setup(args: argparse.Namespace, data: DataSpec) -> dict[str, str]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.quick:
-        args.files, args.per_file = QUICK["files"], QUICK["per_file"]
-        args.cache_bytes = QUICK["cache_mib"] * MiB
-        args.folk_shuffle_cap = QUICK["folk_shuffle_cap"]
-        args.name += "-quick"
-    command = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
+def _measure(args: argparse.Namespace, command: str) -> dict[str, Any]:
     machine = describe_machine(command)
     data = DataSpec(args.data, args.files, args.per_file, tuple(args.shape))
     t0 = time.perf_counter()
@@ -163,20 +163,42 @@ def main(argv: list[str] | None = None) -> int:
         )
         rows.append(row)
     machine["load average at end"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    setup = _setup(args, data)
-    title = "Whole-file PickleDataset vs naive and folk baselines"
-    report = markdown_report(title, machine, setup, rows, args.cache_bytes)
+    print(f"measured {len(rows)} rows in {time.perf_counter() - t0:.0f} s")
+    return results_json(TITLE, machine, _setup(args, data), rows)
+
+
+def _write_report(raw: dict[str, Any], out: Path, name: str) -> None:
+    """Print the Markdown report and write it with its PNG (when matplotlib is there) to ``out``."""
+    title, machine, setup, rows = load_results(raw)
+    cache_bytes = rows[0].spec.cache_bytes if rows else 0
+    report = markdown_report(title, machine, setup, rows, cache_bytes)
     print()
     print(report)
+    out.mkdir(parents=True, exist_ok=True)
+    if write_plot(rows, out / f"{name}.png", title):
+        report += f"\n![samples/s and peak PSS per row]({name}.png)\n"
+    else:
+        print("no matplotlib: no PNG plot")
+    (out / f"{name}.md").write_text(report)
+    print(f"wrote {out / name}.md")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.render is not None:
+        raw = json.loads(args.render.read_text())
+        _write_report(raw, args.render.parent, args.render.stem)
+        return 0
+    if args.quick:
+        args.files, args.per_file = QUICK["files"], QUICK["per_file"]
+        args.cache_bytes = QUICK["cache_mib"] * MiB
+        args.folk_shuffle_cap = QUICK["folk_shuffle_cap"]
+        args.name += "-quick"
+    command = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
+    raw = _measure(args, command)
     args.out.mkdir(parents=True, exist_ok=True)
-    plotted = write_plot(rows, args.out / f"{args.name}.png", title)
-    if plotted:
-        report += f"\n![samples/s and peak PSS per row]({args.name}.png)\n"
-    (args.out / f"{args.name}.md").write_text(report)
-    raw = results_json(machine, setup, rows)
     (args.out / f"{args.name}.json").write_text(json.dumps(raw, indent=1) + "\n")
-    files = ".md, .json" + (", .png" if plotted else " (no matplotlib: no .png)")
-    print(f"wrote {args.out / args.name}{files} (total {time.perf_counter() - t0:.0f} s)")
+    _write_report(raw, args.out, args.name)
     return 0
 
 

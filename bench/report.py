@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import platform
+import re
 import statistics
 import subprocess
 from collections.abc import Sequence
@@ -18,7 +19,17 @@ import psutil
 from .measure import MiB
 from .runner import RowResult
 
-__all__ = ["describe_machine", "markdown_report", "results_json", "table"]
+__all__ = [
+    "TITLE",
+    "busy_note",
+    "describe_machine",
+    "load_results",
+    "markdown_report",
+    "results_json",
+    "table",
+]
+
+TITLE = "Whole-file PickleDataset vs naive and folk baselines"
 
 LABELS = {
     "null": "null (no data: loop overhead)",
@@ -145,7 +156,7 @@ def targets(rows: Sequence[RowResult], cache_bytes: int, workers: int = 2) -> li
     """The issue's done-when figures at ``workers``, stated, not asserted."""
     ours = _ref(rows, "pickleshard", "shuffled", workers)
     if ours is None:
-        return [f"(no PickleDataset shuffled row at {workers} workers: targets not evaluated)"]
+        return [f"- no PickleDataset shuffled row at {workers} workers: targets not evaluated"]
     out: list[str] = []
     for order, goal in (("sequential", 0.8), ("shuffled", 1000.0)):
         ratio = _ratio(ours, _ref(rows, "folk", order, workers))
@@ -182,6 +193,27 @@ def targets(rows: Sequence[RowResult], cache_bytes: int, workers: int = 2) -> li
     return out
 
 
+def busy_note(machine: dict[str, str]) -> str | None:
+    """A warning when other processes kept the CPUs busy as the run began, else None.
+
+    Reads the 1-minute load average at start (before any row ran, so it is other processes'
+    load) against the usable cores, both as :func:`describe_machine` wrote them.
+    """
+    load = re.match(r"\s*([0-9.]+)", machine.get("load average at start", ""))
+    cores = re.search(r"(\d+) usable", machine.get("cores", ""))
+    if load is None or cores is None:
+        return None
+    busy, usable = float(load.group(1)), int(cores.group(1))
+    if busy < 0.5 * usable:
+        return None
+    return (
+        f"**The machine was busy:** load average {busy:.2f} on {usable} usable cores before the "
+        "first row. Other processes competed for the CPUs during the run, so throughput figures "
+        "(and ratios between rows measured minutes apart) are noisy; re-run on a quiet machine "
+        "before drawing conclusions from a small difference."
+    )
+
+
 def markdown_report(
     title: str,
     machine: dict[str, str],
@@ -190,13 +222,17 @@ def markdown_report(
     cache_bytes: int,
 ) -> str:
     idle = statistics.median(r.idle_pss for r in rows) / MiB if rows else 0.0
+    idle_alone = statistics.median(r.idle_alone for r in rows) / MiB if rows else 0.0
     parts = [f"# {title}", "", "## Machine", ""]
     parts += [f"- {k}: {'`' + v + '`' if k == 'command' else v}" for k, v in machine.items()]
+    note = busy_note(machine)
+    if note is not None:
+        parts += ["", note]
     parts += ["", "## Setup", ""]
     parts += [f"- {k}: {v}" for k, v in setup.items()]
     parts += [
         f"- idle PSS of a row's process after importing torch, before building its dataset: "
-        f"{idle:,.0f} MiB (median over rows)",
+        f"{idle:,.0f} MiB (alone: {idle_alone:,.0f} MiB; medians over rows)",
         "",
         "## Results",
         "",
@@ -210,5 +246,15 @@ def markdown_report(
     return "\n".join(parts)
 
 
-def results_json(machine: dict[str, str], setup: dict[str, str], rows: Sequence[RowResult]) -> Any:
-    return {"machine": machine, "setup": setup, "rows": [asdict(r) for r in rows]}
+def results_json(
+    title: str, machine: dict[str, str], setup: dict[str, str], rows: Sequence[RowResult]
+) -> dict[str, Any]:
+    return {"title": title, "machine": machine, "setup": setup, "rows": [asdict(r) for r in rows]}
+
+
+def load_results(
+    obj: dict[str, Any],
+) -> tuple[str, dict[str, str], dict[str, str], list[RowResult]]:
+    """Inverse of :func:`results_json`: ``(title, machine, setup, rows)``."""
+    rows = [RowResult.from_json(r) for r in obj["rows"]]
+    return str(obj.get("title", TITLE)), dict(obj["machine"]), dict(obj["setup"]), rows
