@@ -184,6 +184,8 @@ def _write_report(raw: dict[str, Any], out: Path, name: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv and argv[0] == "--":
+        argv = argv[1:]  # `pickleshard bench -- --quick` passes its separator through
     args = _parser().parse_args(argv)
     if args.render is not None:
         raw = json.loads(args.render.read_text())
