@@ -1,0 +1,389 @@
+"""Convert a pickle dataset to memmap, LMDB or WebDataset: bounded memory, parallel, resumable, atomic.
+
+How :func:`convert` runs:
+
+1. **Plan.** The source's files (as its index lists them) are grouped into *parts*: runs of
+   consecutive files of about 1/64 of the dataset's bytes each (a bigger file is a part alone).
+   The plan depends only on the source, so every run of the same command plans the same parts.
+2. **Stage.** Everything is written under ``.<OUT name>.partial/`` next to ``OUT``:
+   ``manifest.json`` (the source's identity, the options that shape the output, the plan, and
+   the parts already final), ``parts/part-<id>/`` and a lock file.
+3. **Write parts**, ``jobs`` processes at a time. A part is written under a temporary name,
+   then renamed; only then does the manifest, rewritten atomically, list it as done.
+4. **Finalize.** The format merges the parts into its final files (each written under a
+   temporary name and renamed), ``hashes.npy`` is assembled, and ``pickleshard.json`` is
+   written last: its presence says finalizing is complete.
+5. **Publish.** The staging directory is renamed to ``OUT``: ``OUT`` is complete or absent.
+
+Killed at any point, the same command resumes: finished parts are kept, unfinished ones are
+redone from scratch, and finalizing reruns if it had not finished. Each part's output is a pure
+function of its samples, so the result is byte-identical to an uninterrupted run, and also
+independent of ``jobs``. A run whose source or options differ from the manifest's is refused.
+
+Memory: each job holds the samples of one read batch, at most ``memory_bytes / jobs / 4`` of
+decoded data by the index's estimate (while whole-file reading is in use, the one decoded source
+file the batch comes from), plus fixed write buffers of a few MiB per field; finalizing streams
+through buffers of at most 32 MiB. Nothing grows with the number of samples.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass
+from multiprocessing import get_all_start_methods, get_context
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ._version import __version__
+from .errors import OutputExistsError, UnencodableValueError
+from .formats import Format, PartResult, PartSpec, WriteOptions, get_format
+from .formats.base import DESCRIPTOR_NAME, FORMAT_NAME, FORMAT_VERSION, HASHES_NAME
+from .formats.encoding import encode_pss, sample_digest
+from .formats.files import NpyWriter, atomic_write_json
+from .formats.staging import Staging
+from .sources import Source
+
+if TYPE_CHECKING:
+    from .dataset import PickleDataset
+
+__all__ = [
+    "DEFAULT_MEMORY_BYTES",
+    "DEFAULT_SHARD_BYTES",
+    "ConvertReport",
+    "convert",
+    "plan_parts",
+    "source_dataset",
+]
+
+DEFAULT_SHARD_BYTES = 256 << 20
+DEFAULT_MEMORY_BYTES = 1 << 30
+MAX_PARTS = 64
+_MAX_BATCH = 4096
+
+
+@dataclass(frozen=True)
+class ConvertReport:
+    """What :func:`convert` did. ``parts_reused`` parts were finished by an interrupted run."""
+
+    out: Path
+    to: str
+    num_samples: int
+    parts: int
+    parts_reused: int
+    already_done: bool
+    seconds: float
+    bytes_written: int
+    verified: int | None
+
+
+def plan_parts(
+    counts: Sequence[int], sizes: Sequence[int], max_parts: int = MAX_PARTS
+) -> list[PartSpec]:
+    """Group files (their sample ``counts`` and byte ``sizes``) into consecutive parts.
+
+    A part closes once it holds ``sum(sizes) / max_parts`` bytes, so there are about
+    ``max_parts`` parts, more when single files are bigger than that. Empty input -> no parts.
+    """
+    target = sum(sizes) / max_parts
+    parts: list[PartSpec] = []
+    first_file = start = sample = 0
+    held = 0
+    for f, (n, size) in enumerate(zip(counts, sizes, strict=True)):
+        sample += n
+        held += size
+        if held >= target or f == len(counts) - 1:
+            parts.append(PartSpec(len(parts), start, sample, first_file, f + 1))
+            first_file, start, held = f + 1, sample, 0
+    return parts
+
+
+def source_dataset(
+    source: Source | PickleDataset,
+    *,
+    trusted: bool = False,
+    allow_globals: Iterable[str] = (),
+    jobs: int | None = None,
+    progress: bool = False,
+) -> PickleDataset:
+    """``source`` as a :class:`~pickleshard.PickleDataset` that keeps one decoded file at a time.
+
+    A PickleDataset is copied (without its cache); anything else is opened with ``trusted`` and
+    ``allow_globals``, its index built (``jobs`` processes) if missing or stale.
+    """
+    from .dataset import PickleDataset
+
+    if isinstance(source, PickleDataset):
+        ds = copy.copy(source)  # a copy without the cache (PickleDataset.__getstate__)
+    else:
+        ds = PickleDataset(
+            source,
+            rebuild="auto",
+            trusted=trusted,
+            allow_globals=allow_globals,
+            jobs=jobs,
+            progress=progress,
+        )
+    ds.cache_bytes = 0  # conversion reads files in order: one decoded file per process suffices
+    return ds
+
+
+def _identity(ds: PickleDataset, fmt: Format, shard_bytes: int) -> dict[str, Any]:
+    return {
+        "source": {
+            "root": os.fspath(ds.source.root),
+            "fields": list(ds.fields),
+            "num_samples": len(ds),
+            "files": [
+                [f.path, f.size, f.mtime_ns, f.fingerprint, f.num_samples] for f in ds.index.files
+            ],
+        },
+        "options": {
+            "to": fmt.name,
+            "format": fmt.options_key(),
+            "shard_bytes": shard_bytes if fmt.name == "webdataset" else None,
+        },
+    }
+
+
+@dataclass
+class _Job:
+    """What a part needs; installed in each worker once, at fork, instead of per task."""
+
+    dataset: PickleDataset
+    fmt: Format
+    staging: Path
+    options: WriteOptions
+    batch: int
+    parent: int | None  # pid to watch: a worker whose parent died stops instead of racing a rerun
+
+
+_JOB: _Job | None = None
+
+
+def _install(job: _Job, lock_fd: int) -> None:
+    global _JOB
+    _JOB = job
+    os.close(lock_fd)  # the lock must die with the coordinator, not live on in orphans
+
+
+def _run_installed(spec: PartSpec) -> dict[str, Any]:
+    assert _JOB is not None
+    return _write_part(_JOB, spec)
+
+
+def _source_file(ds: PickleDataset, i: int) -> Path:
+    pos, _ = ds.index.locate(i)
+    return ds.source.absolute(ds.index.files[pos].path)
+
+
+def _unencodable(ds: PickleDataset, i: int, sample: Any, exc: Exception) -> UnencodableValueError:
+    where = _source_file(ds, i)
+    for name, value in zip(ds.fields, sample, strict=False):
+        try:
+            encode_pss(value)
+        except TypeError as err:
+            return UnencodableValueError(where, f"field {name!r}: {err}", sample=i)
+    return UnencodableValueError(where, str(exc), sample=i)
+
+
+def _write_part(job: _Job, spec: PartSpec) -> dict[str, Any]:
+    parts_dir = job.staging / "parts"
+    tmp = parts_dir / f"part-{spec.id:05d}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    ds, nfields = job.dataset, len(job.options.fields)
+    writer = job.fmt.part_writer(tmp, spec, job.options)
+    with open(tmp / "hashes.bin", "wb") as hashes:
+        for a in range(spec.start, spec.stop, job.batch):
+            if job.parent is not None and os.getppid() != job.parent:
+                os._exit(1)
+            samples = ds.__getitems__(range(a, min(a + job.batch, spec.stop)))
+            for i, sample in enumerate(samples, start=a):
+                if not isinstance(sample, tuple) or len(sample) != nfields:
+                    raise UnencodableValueError(
+                        _source_file(ds, i),
+                        f"expected a tuple of {nfields} fields, got {type(sample).__name__}",
+                        sample=i,
+                    )
+                try:
+                    hashes.write(sample_digest(sample))
+                    writer.write(i, sample)
+                except TypeError as exc:
+                    raise _unencodable(ds, i, sample, exc) from None
+    summary = writer.close()
+    atomic_write_json(tmp / "part.json", {"spec": asdict(spec), "summary": summary})
+    try:
+        os.rename(tmp, parts_dir / f"part-{spec.id:05d}")
+    except OSError:  # already there from an orphaned worker: same bytes, keep that one
+        shutil.rmtree(tmp, ignore_errors=True)
+    return summary
+
+
+def _run_parts(job: _Job, todo: Sequence[PartSpec], jobs: int, stage: Staging, bar: Any) -> None:
+    if jobs <= 1 or len(todo) <= 1:
+        for spec in todo:
+            stage.mark_done(spec, _write_part(job, spec))
+            bar.update(spec.count)
+        return
+    methods = get_all_start_methods()
+    ctx = get_context("fork" if "fork" in methods else "spawn")
+    job.parent = os.getpid()
+    with ProcessPoolExecutor(
+        jobs, ctx, initializer=_install, initargs=(job, stage.lock_fd)
+    ) as pool:
+        futures = {pool.submit(_run_installed, spec): spec for spec in todo}
+        try:
+            for fut in as_completed(futures):
+                spec = futures[fut]
+                stage.mark_done(spec, fut.result())
+                bar.update(spec.count)
+        except BaseException:
+            for fut in futures:
+                fut.cancel()
+            raise
+
+
+def _finalize(
+    job: _Job, stage: Staging, plan: Sequence[PartSpec], identity: dict[str, Any]
+) -> None:
+    staging, fmt, options = job.staging, job.fmt, job.options
+    results = [
+        PartResult(staging / "parts" / f"part-{p.id:05d}", p, stage.done[str(p.id)]) for p in plan
+    ]
+    entries = fmt.finalize(staging, results, options)
+    hashes = NpyWriter(staging / HASHES_NAME, np.dtype(np.uint8), (options.num_samples, 16))
+    for part in results:
+        hashes.copy_from(part.dir / "hashes.bin")
+    hashes.close()
+    descriptor = {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "to": fmt.name,
+        "tool_version": __version__,
+        "num_samples": options.num_samples,
+        "hashes": HASHES_NAME,
+        **entries,
+        "identity": identity,
+    }
+    atomic_write_json(staging / DESCRIPTOR_NAME, descriptor)
+
+
+def _finished(out: Path, identity: dict[str, Any], overwrite: bool) -> bool:
+    """True if ``out`` already holds this conversion; raise if it holds something else."""
+    if not os.path.lexists(out):
+        return False
+    if not out.is_dir():
+        raise OutputExistsError(out, "exists and is not a directory; choose another output path")
+    desc_path = out / DESCRIPTOR_NAME
+    if desc_path.is_file():
+        try:
+            if json.loads(desc_path.read_text()).get("identity") == identity:
+                return True
+        except (OSError, ValueError):
+            pass
+        if overwrite:
+            return False
+        raise OutputExistsError(
+            out,
+            "holds a conversion of another source or with other options; pass "
+            "overwrite=True (CLI: --overwrite) to replace it",
+        )
+    if any(out.iterdir()):
+        raise OutputExistsError(
+            out, "exists and is not a pickleshard conversion; refusing to write into it"
+        )
+    return False
+
+
+def _size_of(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def convert(
+    source: Source | PickleDataset,
+    out: str | os.PathLike[str],
+    *,
+    to: str | Format = "memmap",
+    jobs: int | None = None,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    memory_bytes: int = DEFAULT_MEMORY_BYTES,
+    verify: bool = False,
+    progress: bool = False,
+    trusted: bool = False,
+    allow_globals: Iterable[str] = (),
+    overwrite: bool = False,
+) -> ConvertReport:
+    """Convert ``source`` to format ``to`` in directory ``out``; see the module docstring.
+
+    ``source`` is what :class:`~pickleshard.PickleDataset` takes (directory, glob, file list)
+    or a PickleDataset (its ``trusted``/``allow_globals`` then apply, not these; samples are
+    what it returns, after its ``transform``). ``to`` is ``"memmap"``, ``"lmdb"``,
+    ``"webdataset"`` or a :class:`~pickleshard.formats.Format`. ``jobs`` processes write parts
+    (default: CPUs, at most 8). ``shard_bytes`` caps WebDataset shards. ``memory_bytes`` is the
+    read budget across jobs. ``verify=True`` re-reads every sample of the output and compares
+    its content hash with the source's. ``overwrite=True`` replaces an existing conversion.
+
+    Rerunning after a kill resumes; rerunning after success returns at once
+    (``already_done``). Raises :class:`~pickleshard.errors.OutputPathError` if ``out`` cannot
+    be written, :class:`~pickleshard.errors.OutputExistsError` if it holds something else,
+    :class:`~pickleshard.errors.ConversionStateError` if a partial conversion there belongs to
+    another source, :class:`~pickleshard.errors.UnencodableValueError` for a value the safe
+    encoding cannot store, and :class:`~pickleshard.errors.VerifyMismatchError` from ``verify``.
+    """
+    t0 = time.perf_counter()
+    if shard_bytes < 1 or memory_bytes < 1:
+        raise ValueError(
+            f"shard_bytes and memory_bytes must be >= 1, got {shard_bytes}, {memory_bytes}"
+        )
+    fmt = get_format(to)
+    out_path = Path(out).absolute()
+    ds = source_dataset(
+        source, trusted=trusted, allow_globals=allow_globals, jobs=jobs, progress=progress
+    )
+    identity = _identity(ds, fmt, shard_bytes)
+    files = ds.index.files
+    plan = plan_parts([f.num_samples for f in files], [f.size for f in files])
+    verified: int | None = None
+    reused = 0
+    done_already = _finished(out_path, identity, overwrite)
+    if not done_already:
+        with Staging(out_path, identity, plan, overwrite) as stage:
+            reused = len(plan) if stage.finalized else len(stage.done)
+            options = WriteOptions(tuple(ds.fields), len(ds), shard_bytes)
+            n_jobs = max(1, jobs if jobs is not None else min(os.cpu_count() or 1, 8))
+            per_sample = max((f.decoded_nbytes // max(1, f.num_samples) for f in files), default=1)
+            batch = int(np.clip(memory_bytes // n_jobs // 4 // max(1, per_sample), 1, _MAX_BATCH))
+            job = _Job(ds, fmt, stage.path, options, batch, None)
+            todo = [] if stage.finalized else [p for p in plan if str(p.id) not in stage.done]
+            with tqdm(
+                total=len(ds), unit="sample", desc=f"convert to {fmt.name}", disable=not progress
+            ) as bar:
+                bar.update(sum(p.count for p in plan) - sum(p.count for p in todo))
+                _run_parts(job, todo, min(n_jobs, len(todo)), stage, bar)
+            if not stage.finalized:
+                _finalize(job, stage, plan, identity)
+            stage.publish()
+    if verify:
+        from .verify import verify as verify_output
+
+        verified = verify_output(ds, out_path, progress=progress).checked
+    return ConvertReport(
+        out=out_path,
+        to=fmt.name,
+        num_samples=len(ds),
+        parts=len(plan),
+        parts_reused=reused,
+        already_done=done_already,
+        seconds=time.perf_counter() - t0,
+        bytes_written=_size_of(out_path),
+        verified=verified,
+    )

@@ -1,0 +1,119 @@
+"""File plumbing shared by the formats: atomic writes, a streaming ``.npy`` writer, raw copies.
+
+Every final file is written under a temporary name in the same directory and renamed into
+place, so a file that exists under its final name is complete. Copies stream through a buffer of
+:data:`COPY_CHUNK` bytes: memory does not grow with the data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+__all__ = [
+    "COPY_CHUNK",
+    "NpyWriter",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "copy_bytes",
+    "iter_raw_chunks",
+]
+
+COPY_CHUNK = 8 << 20
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename."""
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    """Write ``obj`` as indented JSON (keys in insertion order, so output is reproducible)."""
+    atomic_write_bytes(path, (json.dumps(obj, indent=1) + "\n").encode())
+
+
+def copy_bytes(src: Path, dst: IO[bytes], offset: int = 0, length: int | None = None) -> int:
+    """Append ``length`` bytes of ``src`` from ``offset`` (default: to its end) to ``dst``."""
+    copied = 0
+    with open(src, "rb") as fh:
+        fh.seek(offset)
+        while length is None or copied < length:
+            want = COPY_CHUNK if length is None else min(COPY_CHUNK, length - copied)
+            chunk = fh.read(want)
+            if not chunk:
+                break
+            dst.write(chunk)
+            copied += len(chunk)
+    if length is not None and copied != length:
+        raise OSError(f"{src}: expected {length} bytes from offset {offset}, found {copied}")
+    return copied
+
+
+def iter_raw_chunks(path: Path, dtype: np.dtype[Any], row: int = 1) -> Any:
+    """Yield ``path`` (raw bytes, no header) as arrays of ``dtype``, ``row`` items per row."""
+    step = max(1, COPY_CHUNK // max(1, dtype.itemsize * row)) * row
+    with open(path, "rb") as fh:
+        while True:
+            chunk = np.fromfile(fh, dtype=dtype, count=step)
+            if chunk.size == 0:
+                return
+            yield chunk.reshape(-1, row) if row > 1 else chunk
+
+
+class NpyWriter:
+    """Write one ``.npy`` file of known dtype and shape by appending its C-order bytes.
+
+    The header is written first; :meth:`close` checks that exactly ``prod(shape) * itemsize``
+    bytes came, then renames the temporary file to ``path``. :meth:`abort` removes it.
+    """
+
+    def __init__(self, path: Path, dtype: np.dtype[Any], shape: tuple[int, ...]) -> None:
+        self.path = path
+        self.dtype = np.dtype(dtype)
+        self.shape = tuple(int(n) for n in shape)
+        self.expected = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        self.written = 0
+        self._tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+        self.fh: IO[bytes] = open(self._tmp, "wb")  # noqa: SIM115 - closed in close()/abort()
+        header = {
+            "descr": np.lib.format.dtype_to_descr(self.dtype),
+            "fortran_order": False,
+            "shape": self.shape,
+        }
+        try:
+            np.lib.format.write_array_header_1_0(self.fh, header)
+        except ValueError:
+            self.fh.seek(0)
+            self.fh.truncate()
+            np.lib.format.write_array_header_2_0(self.fh, header)
+
+    def write(self, data: Any) -> None:
+        """Append raw bytes, or an array (converted to this file's dtype, C order)."""
+        if isinstance(data, np.ndarray):
+            data = np.ascontiguousarray(data, dtype=self.dtype).reshape(-1).view(np.uint8).data
+        self.written += len(memoryview(data).cast("B"))
+        self.fh.write(data)
+
+    def copy_from(self, src: Path, offset: int = 0, length: int | None = None) -> None:
+        """Append bytes of file ``src`` (see :func:`copy_bytes`)."""
+        self.written += copy_bytes(src, self.fh, offset, length)
+
+    def close(self) -> None:
+        self.fh.close()
+        if self.written != self.expected:
+            os.unlink(self._tmp)
+            raise ValueError(
+                f"{self.path}: wrote {self.written} data bytes, expected {self.expected}"
+            )
+        os.replace(self._tmp, self.path)
+
+    def abort(self) -> None:
+        self.fh.close()
+        self._tmp.unlink(missing_ok=True)

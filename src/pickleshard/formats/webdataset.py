@@ -1,0 +1,351 @@
+"""WebDataset: tar shards of a chosen size, read by plain ``webdataset.WebDataset(urls).decode()``.
+
+On disk::
+
+    OUT/shard-000000.tar ...  tar shards, each at most ``shard_bytes`` (a lone sample larger
+                              than that gets a shard of its own); "urls" in the descriptor
+                              is the brace pattern, e.g. "shard-{000000..000011}.tar"
+    OUT/index.npy             (N,) structured: "shard" u4, and per field "offset" u8, "size" u8,
+                              "kind" u1 (shape (F,)): where each member's data sits in its tar
+    OUT/pickleshard.json      descriptor: fields (name, member stem), shards (name, count, bytes)
+    OUT/hashes.npy            uint8 (N, 16) content digests (see pickleshard.formats.base)
+
+Sample ``i`` is the members ``{key}.{stem}.{ext}`` with ``key = f"{i:010d}"`` and, per value
+type (see :mod:`pickleshard.formats.encoding`): ``npy`` for arrays, ``scalar.npy`` for numpy
+scalars (0-d, as webdataset decodes it), ``cls`` for Python ints, ``json`` for JSON-exact
+values (str, float, bool, None, lists, dicts), ``pss`` for anything else (webdataset leaves
+these as bytes; :func:`~pickleshard.formats.encoding.decode_pss` reads them). Members carry
+mtime 0, mode 0444 and no owner, so the same input gives the same bytes.
+
+Reading: :class:`WebDatasetReader` is an ``IterableDataset``: each epoch (``set_epoch``) the
+shard order is shuffled from ``(seed, epoch)``, the samples laid end to end are cut into one
+contiguous part per rank (padded by wrapping around unless ``drop_last``) and one per DataLoader
+worker, and each worker streams its part through a shuffle buffer of ``buffer_size`` samples.
+Through ``index.npy`` it also supports ``ds[i]`` and ``__getitems__``.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import sys
+import tarfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+try:  # a real torch IterableDataset when torch is there; plain class if not
+    from torch.utils.data import IterableDataset as _IterableBase
+except ImportError:  # pragma: no cover - exercised only without torch
+    _IterableBase = object  # type: ignore[assignment,misc]
+
+from ..sampling import distributed_rank_and_world
+from .base import (
+    ConvertedDataset,
+    Format,
+    IterableOptions,
+    PartResult,
+    PartSpec,
+    PartWriter,
+    Sample,
+    WriteOptions,
+    field_stems,
+)
+from .encoding import decode_member, encode_member
+from .files import NpyWriter, iter_raw_chunks
+
+__all__ = ["WebDatasetFormat", "WebDatasetReader", "index_dtype"]
+
+KEY_DIGITS = 10
+_BLOCK = tarfile.BLOCKSIZE
+_RECORD = tarfile.RECORDSIZE
+_READ_BLOCK = 4 << 20
+_ROWS = 4096
+
+
+def index_dtype(num_fields: int) -> np.dtype[Any]:
+    return np.dtype(
+        [
+            ("shard", "<u4"),
+            ("offset", "<u8", (num_fields,)),
+            ("size", "<u8", (num_fields,)),
+            ("kind", "u1", (num_fields,)),
+        ]
+    )
+
+
+def _padded(n: int) -> int:
+    return -(-n // _BLOCK) * _BLOCK
+
+
+def _tar_size(offset: int) -> int:
+    """Size of a tar closed at ``offset``: two zero blocks, then padding to a whole record."""
+    return -(-(offset + 2 * _BLOCK) // _RECORD) * _RECORD
+
+
+class WebDatasetPartWriter(PartWriter):
+    """Writes ``shard-<k>.tar`` files and ``index.bin`` (raw rows of :func:`index_dtype`)."""
+
+    def __init__(self, part_dir: Path, spec: PartSpec, options: WriteOptions) -> None:
+        super().__init__(part_dir, spec, options)
+        self.stems = field_stems(options.fields)
+        self.shards: list[dict[str, int]] = []
+        self._fh: IO[bytes] | None = None
+        self._tar: tarfile.TarFile | None = None
+        self._rows = np.zeros(_ROWS, dtype=index_dtype(len(self.stems)))
+        self._filled = 0
+        self._index = open(part_dir / "index.bin", "wb")  # noqa: SIM115 - closed in close()
+
+    def _close_shard(self) -> None:
+        if self._tar is not None and self._fh is not None:
+            self._tar.close()
+            self.shards[-1]["bytes"] = self._fh.tell()
+            self._fh.close()
+            self._tar = self._fh = None
+
+    def write(self, index: int, sample: Sample) -> None:
+        members = [encode_member(v) for v in sample]
+        size = sum(_BLOCK + _padded(len(data)) for _, data in members)
+        limit = self.options.shard_bytes
+        if self._tar is not None and _tar_size(self._tar.offset + size) > limit:
+            self._close_shard()
+        if self._tar is None:
+            self._fh = open(self.part_dir / f"shard-{len(self.shards):05d}.tar", "wb")  # noqa: SIM115
+            self._tar = tarfile.open(fileobj=self._fh, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115
+            self.shards.append({"count": 0, "bytes": 0})
+        row = self._rows[self._filled]
+        row["shard"] = len(self.shards) - 1
+        for k, ((kind, data), stem) in enumerate(zip(members, self.stems, strict=True)):
+            info = tarfile.TarInfo(f"{index:0{KEY_DIGITS}d}.{stem}.{kind.ext}")
+            info.size, info.mtime, info.mode = len(data), 0, 0o444
+            self._tar.addfile(info, io.BytesIO(data))
+            row["offset"][k] = self._tar.offset - _padded(len(data))
+            row["size"][k] = len(data)
+            row["kind"][k] = int(kind)
+        self._tar.members.clear()  # type: ignore[attr-defined]  # tarfile keeps every TarInfo it wrote; nothing here reads them
+        self.shards[-1]["count"] += 1
+        self._filled += 1
+        if self._filled == _ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        self._index.write(self._rows[: self._filled].tobytes())
+        self._filled = 0
+
+    def close(self) -> dict[str, Any]:
+        self._close_shard()
+        self._flush()
+        self._index.close()
+        return {"shards": self.shards}
+
+
+class WebDatasetFormat(Format):
+    """The WebDataset format (module docstring)."""
+
+    name = "webdataset"
+
+    def part_writer(self, part_dir: Path, spec: PartSpec, options: WriteOptions) -> PartWriter:
+        return WebDatasetPartWriter(part_dir, spec, options)
+
+    def finalize(
+        self, staging: Path, parts: Sequence[PartResult], options: WriteOptions
+    ) -> dict[str, Any]:
+        dtype = index_dtype(len(options.fields))
+        index = NpyWriter(staging / "index.npy", dtype, (options.num_samples,))
+        shards: list[dict[str, Any]] = []
+        for part in parts:
+            base = len(shards)
+            for k, shard in enumerate(part.summary["shards"]):
+                name = f"shard-{len(shards):06d}.tar"
+                src = part.dir / f"shard-{k:05d}.tar"
+                if src.exists():  # else moved by a run killed after this step
+                    os.replace(src, staging / name)
+                shards.append({"name": name, **shard})
+            for rows in iter_raw_chunks(part.dir / "index.bin", dtype):
+                rows["shard"] += base
+                index.write(rows)
+        index.close()
+        missing = [s["name"] for s in shards if not (staging / s["name"]).exists()]
+        if missing:
+            raise FileNotFoundError(f"{staging}: shards missing after the move: {missing[:3]}")
+        stems = field_stems(options.fields)
+        last = f"{len(shards) - 1:06d}"
+        return {
+            "fields": [
+                {"name": f, "member": s} for f, s in zip(options.fields, stems, strict=True)
+            ],
+            "shards": shards,
+            "urls": f"shard-{{000000..{last}}}.tar" if shards else None,
+            "index": "index.npy",
+            "key_digits": KEY_DIGITS,
+            "shard_bytes": options.shard_bytes,
+        }
+
+    def open(
+        self, root: Path, descriptor: dict[str, Any], iterable: IterableOptions
+    ) -> ConvertedDataset:
+        return WebDatasetReader(root, descriptor, iterable)
+
+
+def cut_runs(
+    runs: Sequence[tuple[int, int]], total: int, start: int, stop: int
+) -> list[tuple[int, int]]:
+    """Positions ``[start, stop)`` of the runs laid end to end (wrapping modulo ``total``)."""
+    out: list[tuple[int, int]] = []
+    ends = np.cumsum([b - a for a, b in runs])
+    pos = start
+    while pos < stop and total:
+        p = pos % total
+        k = int(np.searchsorted(ends, p, side="right"))
+        a, b = runs[k]
+        first = a + p - (int(ends[k]) - (b - a))
+        take = min(b - first, stop - pos)
+        out.append((first, first + take))
+        pos += take
+    return out
+
+
+def _worker() -> tuple[int, int]:
+    data = sys.modules.get("torch.utils.data")
+    info = None if data is None else data.get_worker_info()
+    return (0, 1) if info is None else (int(info.id), int(info.num_workers))
+
+
+class WebDatasetReader(ConvertedDataset, _IterableBase[Sample]):
+    """Reads a WebDataset conversion: iterable (shuffled, split) and indexable (module docstring)."""
+
+    def __init__(
+        self, root: Path, descriptor: dict[str, Any], options: IterableOptions | None = None
+    ) -> None:
+        super().__init__(root, descriptor)
+        self.options = options or IterableOptions()
+        self.epoch = 0
+        self.shards: list[dict[str, Any]] = descriptor["shards"]
+        counts = np.array([s["count"] for s in self.shards], dtype=np.int64)
+        self.shard_starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        try:
+            self.index = np.load(root / descriptor["index"], mmap_mode="r").view(np.ndarray)
+        except (OSError, ValueError) as exc:
+            raise self._corrupt(f"cannot open index.npy: {exc}") from None
+        if len(self.index) != len(self) or int(self.shard_starts[-1]) != len(self):
+            raise self._corrupt("index.npy and the shard list do not match the sample count")
+        self._fds: dict[int, int] = {}
+        self._pid = os.getpid()
+
+    # ---- random access ------------------------------------------------------------------------
+
+    def _fd(self, shard: int) -> int:
+        if self._pid != os.getpid():
+            self._fds, self._pid = {}, os.getpid()
+        fd = self._fds.get(shard)
+        if fd is None:
+            path = self.root / self.shards[shard]["name"]
+            try:
+                fd = self._fds[shard] = os.open(path, os.O_RDONLY)
+            except OSError as exc:
+                raise self._corrupt(f"cannot open shard {path.name}: {exc.strerror}") from None
+        return fd
+
+    def _decode(self, i: int, row: Any, block: bytes, base: int) -> Sample:
+        out = []
+        for off, size, kind in zip(
+            row["offset"].tolist(), row["size"].tolist(), row["kind"].tolist(), strict=True
+        ):
+            a = off - base
+            if a < 0 or a + size > len(block):
+                raise self._corrupt("index points outside its shard", i)
+            try:
+                out.append(decode_member(kind, memoryview(block)[a : a + size]))
+            except ValueError as exc:
+                raise self._corrupt(f"cannot decode member: {exc}", i) from None
+        return tuple(out)
+
+    def _get(self, i: int) -> Sample:
+        row = self.index[i]
+        lo = int(row["offset"][0])
+        hi = int(row["offset"][-1] + row["size"][-1])
+        block = os.pread(self._fd(int(row["shard"])), hi - lo, lo)
+        return self._decode(i, row, block, lo)
+
+    # ---- iteration ----------------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch whose shard order and shuffle the next iteration uses."""
+        self.epoch = epoch
+
+    @property
+    def samples_per_rank(self) -> int:
+        _, world = distributed_rank_and_world(self.options.rank, self.options.world_size)
+        n = len(self)
+        return n // world if self.options.drop_last else math.ceil(n / world)
+
+    def runs(self, worker: int = 0, num_workers: int = 1) -> list[tuple[int, int]]:
+        """The global sample ranges one worker of this rank reads this epoch, in read order."""
+        opts = self.options
+        rank, _ = distributed_rank_and_world(opts.rank, opts.world_size)
+        rng = np.random.default_rng([opts.seed, self.epoch])
+        order = rng.permutation(len(self.shards)) if opts.shuffle else range(len(self.shards))
+        shard_runs = [
+            (int(self.shard_starts[s]), int(self.shard_starts[s + 1]))
+            for s in order
+            if self.shards[s]["count"]
+        ]
+        m = self.samples_per_rank
+        mine = cut_runs(shard_runs, len(self), rank * m, (rank + 1) * m)
+        return cut_runs(mine, m, m * worker // num_workers, m * (worker + 1) // num_workers)
+
+    def _stream(self, runs: Sequence[tuple[int, int]]) -> Iterator[Sample]:
+        """Samples of ``runs`` (each inside one shard), read in blocks of about 4 MiB."""
+        for a, b in runs:
+            rows = self.index[a:b]
+            starts = rows["offset"][:, 0].astype(np.int64)
+            ends = (rows["offset"][:, -1] + rows["size"][:, -1]).astype(np.int64)
+            i = 0
+            while i < b - a:
+                lo = int(starts[i])
+                stop = int(np.searchsorted(ends, lo + _READ_BLOCK, side="right"))
+                stop = min(b - a, max(stop, i + 1))
+                fd = self._fd(int(rows["shard"][i]))
+                block = os.pread(fd, int(ends[stop - 1]) - lo, lo)
+                for k in range(i, stop):
+                    yield self._decode(a + k, rows[k], block, lo)
+                i = stop
+
+    def __iter__(self) -> Iterator[Sample]:
+        worker, num_workers = _worker()
+        rank, _ = distributed_rank_and_world(self.options.rank, self.options.world_size)
+        stream = self._stream(self.runs(worker, num_workers))
+        if not self.options.shuffle or self.options.buffer_size <= 1:
+            yield from stream
+            return
+        rng = np.random.default_rng([self.options.seed, self.epoch, rank, worker])
+        buf: list[Sample] = []
+        for sample in stream:
+            if len(buf) < self.options.buffer_size:
+                buf.append(sample)
+                continue
+            j = int(rng.integers(len(buf)))
+            yield buf[j]
+            buf[j] = sample
+        rng.shuffle(buf)
+        yield from buf
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Reopened by path in spawned workers: index.npy is mapped again, never copied.
+        return (_reopen, (self.root, self.descriptor, self.options, self.epoch))
+
+    def __del__(self) -> None:
+        if getattr(self, "_pid", None) == os.getpid():
+            for fd in getattr(self, "_fds", {}).values():
+                os.close(fd)
+
+
+def _reopen(
+    root: Path, descriptor: dict[str, Any], options: IterableOptions, epoch: int
+) -> WebDatasetReader:
+    reader = WebDatasetReader(root, descriptor, options)
+    reader.epoch = epoch
+    return reader
