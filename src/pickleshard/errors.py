@@ -244,7 +244,9 @@ class NotSpanIndexableError(FileProblem):
     not recognise...), and the caller falls back to whole-file mode.
     """
 
-    def __init__(self, path: str | os.PathLike[str], reason: str, *, offset: int | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], reason: str, *, offset: int | None = None
+    ) -> None:
         self.reason = reason
         super().__init__(path, f"cannot read samples in place: {reason}", offset=offset)
 

@@ -28,9 +28,23 @@ buffers, ``DUP``), for the scanner's :class:`~pickleshard.errors.NotSpanIndexabl
 
 from __future__ import annotations
 
+import mmap
+import os
+import pickle
 import pickletools
 import struct
-from typing import Final
+from array import array
+from dataclasses import dataclass
+from typing import Any, Final
+
+from .errors import (
+    CorruptPickleError,
+    EmptyPickleError,
+    NotAPickleError,
+    NotSpanIndexableError,
+    TruncatedPickleError,
+    UnreadableFileError,
+)
 
 __all__ = [
     "ACTION",
@@ -174,6 +188,7 @@ for _op in pickletools.opcodes:
     if ACTION[_b] == A_BAD:
         raise AssertionError(f"no scanner action for opcode {_op.name}")
 
+HIGHEST_PROTOCOL: Final = pickle.HIGHEST_PROTOCOL
 PROTO_OP: Final = 0x80
 STOP_OP: Final = ord(".")
 FRAME_OP: Final = 0x95
@@ -187,6 +202,8 @@ POP_OP: Final = ord("0")
 BININT1_OP: Final = ord("K")
 BININT_OP: Final = ord("J")
 BINPERSID_OP: Final = ord("Q")
+SHORT_BINUNICODE_OP: Final = 0x8C
+BINUNICODE_OP: Final = ord("X")
 
 U2: Final = struct.Struct("<H").unpack_from
 U4: Final = struct.Struct("<I").unpack_from
@@ -207,3 +224,371 @@ def encode_get(local_id: int) -> bytes:
     if local_id < 256:
         return bytes((BINGET_OP, local_id))
     return bytes((LONG_BINGET_OP,)) + _P4(local_id)
+
+
+LIST, TUPLE, DICT = 1, 2, 3
+_KIND_NAME = {LIST: "list", TUPLE: "tuple", DICT: "dict"}
+
+
+class Node:
+    """A list, tuple or dict on the scanner's stack.
+
+    ``items`` holds, per item, its start offset (an ``int``) or its own :class:`Node`;
+    ``bounds`` is a flat list ``[count, end, count, end...]``: after each batch
+    (APPENDS/SETITEMS/TUPLE...) the item count and the offset of the consuming opcode, which
+    ends the batch's last item. ``sub`` lists the indices of items that are still nodes; once a
+    node is itself an item of another node, those are turned into ints (only two levels below
+    any node on the stack are kept). ``key`` is the memo key stored from this node, or -1.
+    """
+
+    __slots__ = ("bounds", "items", "key", "kind", "start", "sub")
+
+    def __init__(self, kind: int, start: int, items: list[Any], bounds: list[int]) -> None:
+        self.kind = kind
+        self.start = start
+        self.items = items
+        self.bounds = bounds
+        self.sub: list[int] | None = None
+        self.key = -1
+
+
+Value = int | Node
+
+
+def _start(v: Value) -> int:
+    return v if type(v) is int else v.start  # type: ignore[union-attr]
+
+
+def _prune(node: Node, memo_nodes: dict[int, Node]) -> None:
+    sub, items = node.sub, node.items
+    if sub:
+        for idx in sub:
+            g = items[idx]
+            if type(g) is not int:
+                items[idx] = g.start
+                if g.key >= 0:
+                    memo_nodes.pop(g.key, None)
+    node.sub = None
+
+
+def _adopt(
+    target: Node,
+    stack: list[Value],
+    m: int,
+    end: int,
+    nodepos: list[int],
+    memo_nodes: dict[int, Node],
+) -> None:
+    items = stack[m:]
+    del stack[m:]
+    base = len(target.items)
+    if nodepos and nodepos[-1] >= m:
+        sub = target.sub if target.sub is not None else []
+        while nodepos and nodepos[-1] >= m:
+            j = nodepos.pop()
+            _prune(items[j - m], memo_nodes)  # type: ignore[arg-type]
+            sub.append(base + j - m)
+        target.sub = sub
+    target.items += items
+    target.bounds += (len(target.items), end)
+
+
+def _discard(stack: list[Value], m: int, nodepos: list[int], memo_nodes: dict[int, Node]) -> None:
+    while nodepos and nodepos[-1] >= m:
+        nd: Node = stack[nodepos.pop()]  # type: ignore[assignment]
+        if nd.key >= 0:
+            memo_nodes.pop(nd.key, None)
+        _prune(nd, memo_nodes)
+    del stack[m:]
+
+
+@dataclass
+class Walked:
+    """The opcode-level facts of a whole file: one root per pickle record, and the memo."""
+
+    name: str
+    size: int
+    protocol: int
+    roots: list[Value]
+    records: list[tuple[int, int, int]]  # (start, end after STOP, shift: memo key - memo id)
+    defs: array[int]  # file offset of each memo definition, by memo key
+    get_offs: array[int]  # file offset of each GET opcode
+    get_keys: array[int]  # memo key it names
+    skipped: int  # payload bytes seeked over, never read
+
+
+class _Refused(Exception):
+    def __init__(self, reason: str, offset: int) -> None:
+        self.reason, self.offset = reason, offset
+
+
+def _trunc(name: str, pos: int, what: str) -> TruncatedPickleError:
+    return TruncatedPickleError(name, f"stream ends inside {what}", offset=pos)
+
+
+def _walk_record(buf: Any, pos: int, end: int, w: Walked) -> tuple[Value, int, int]:
+    """Walk one pickle from just after its PROTO to its STOP; return (root, end, first id)."""
+    name = w.name
+    defs, goffs, gkeys = w.defs, w.get_offs, w.get_keys
+    stack: list[Value] = []
+    nodepos: list[int] = []
+    marks: list[int] = []
+    moffs: list[int] = []
+    memo_nodes: dict[int, Node] = {}
+    key0, first_id, carry, skipped = len(defs), -1, -1, 0
+    while True:
+        if pos >= end:
+            raise _trunc(name, pos, "the opcode stream (no STOP)")
+        op = buf[pos]
+        form = FORM[op]
+        if form == F_FIXED:
+            nxt = pos + 1 + ARGLEN[op]
+        elif form == F_LEN1:
+            if pos + 2 > end:
+                raise _trunc(name, pos, f"the argument of {OPNAME[op]}")
+            n = buf[pos + 1]
+            nxt, skipped = pos + 2 + n, skipped + n
+        elif form in (F_LEN4U, F_LEN4S, F_LEN8U):
+            k = ARGLEN[op]
+            if pos + 1 + k > end:
+                raise _trunc(name, pos, f"the length of {OPNAME[op]}")
+            n = (U4 if form == F_LEN4U else I4 if form == F_LEN4S else U8)(buf, pos + 1)[0]
+            if n < 0:
+                raise CorruptPickleError(
+                    name, f"{OPNAME[op]} declares a negative length {n}", offset=pos
+                )
+            nxt, skipped = pos + 1 + k + n, skipped + n
+            if nxt > end:
+                raise _trunc(
+                    name,
+                    pos,
+                    f"the {n}-byte payload of {OPNAME[op]} ({end - pos - 1 - k} bytes left)",
+                )
+        elif form in (F_LINE, F_LINE2):
+            nl = buf.find(b"\n", pos + 1, end)
+            if nl >= 0 and form == F_LINE2:
+                nl = buf.find(b"\n", nl + 1, end)
+            if nl < 0:
+                raise _trunc(name, pos, f"the text argument of {OPNAME[op]}")
+            nxt = nl + 1
+        else:
+            raise CorruptPickleError(name, f"unknown opcode 0x{op:02x}", offset=pos)
+        if nxt > end:
+            raise _trunc(name, pos, f"the argument of {OPNAME[op]}")
+        act = ACTION[op]
+        if act == A_PUSH:
+            stack.append(pos)
+        elif act in (A_MEMOIZE, A_PUT):
+            if len(stack) <= (marks[-1] if marks else 0):
+                raise CorruptPickleError(
+                    name, f"{OPNAME[op]} with nothing on the stack", offset=pos
+                )
+            k = len(defs)
+            if act == A_MEMOIZE:
+                if first_id > 0:
+                    raise _Refused("MEMOIZE after PUTs that did not start at id 0", pos)
+                first_id = 0
+            else:
+                mid = _memo_arg(buf, pos, nxt, op, name)
+                if first_id < 0:
+                    first_id = mid
+                elif mid != first_id + k - key0:
+                    raise _Refused(
+                        f"memo id {mid} stored out of order (expected {first_id + k - key0})", pos
+                    )
+            defs.append(pos)
+            top = stack[-1]
+            if type(top) is Node:
+                memo_nodes[k] = top
+                top.key = k
+        elif act == A_GET:
+            mid = _memo_arg(buf, pos, nxt, op, name)
+            k = mid - first_id + key0
+            if first_id < 0 or not key0 <= k < len(defs):
+                raise _Refused(
+                    f"GET of memo id {mid}, which this pickle never stored (a Pickler reused across dumps?)",
+                    pos,
+                )
+            goffs.append(pos)
+            gkeys.append(k)
+            start = pos if carry < 0 else carry
+            carry = -1
+            target = memo_nodes.get(k)
+            if target is None:
+                stack.append(start)
+            else:
+                alias = Node(target.kind, start, target.items, target.bounds)
+                alias.sub = target.sub
+                nodepos.append(len(stack))
+                stack.append(alias)
+        elif act == A_MARK:
+            marks.append(len(stack))
+            moffs.append(pos)
+        elif act in (A_APPENDS, A_SETITEMS, A_APPEND, A_SETITEM):
+            if act in (A_APPENDS, A_SETITEMS):
+                if not marks:
+                    raise CorruptPickleError(name, f"{OPNAME[op]} without a MARK", offset=pos)
+                m = marks.pop()
+                moffs.pop()
+            else:
+                m = len(stack) - (1 if act == A_APPEND else 2)
+            if m < 1 or (marks and m <= marks[-1]):
+                raise CorruptPickleError(
+                    name, f"{OPNAME[op]} with no container below its items", offset=pos
+                )
+            target = stack[m - 1]
+            want = LIST if act in (A_APPENDS, A_APPEND) else DICT
+            if (
+                type(target) is Node
+                and target.kind == want
+                and (want == LIST or (len(stack) - m) % 2 == 0)
+            ):
+                _adopt(target, stack, m, pos, nodepos, memo_nodes)
+            else:  # a list or dict subclass built by REDUCE/NEWOBJ: its items are not tracked
+                _discard(stack, m, nodepos, memo_nodes)
+        elif act in (A_EMPTY_LIST, A_EMPTY_DICT, A_EMPTY_TUPLE):
+            nodepos.append(len(stack))
+            kind = LIST if act == A_EMPTY_LIST else DICT if act == A_EMPTY_DICT else TUPLE
+            stack.append(Node(kind, pos, [], []))
+        elif act in (A_TUPLEN, A_POPN):
+            m = len(stack) - NPOP[op]
+            if m < (marks[-1] if marks else 0):
+                raise CorruptPickleError(name, f"stack underflow at {OPNAME[op]}", offset=pos)
+            start = _start(stack[m])
+            if act == A_TUPLEN:
+                node = Node(TUPLE, start, [], [])
+                _adopt(node, stack, m, pos, nodepos, memo_nodes)
+                nodepos.append(len(stack))
+                stack.append(node)
+            else:
+                _discard(stack, m, nodepos, memo_nodes)
+                stack.append(start)
+        elif act in (A_TUPLE, A_LIST, A_DICT, A_MARKPOP):
+            if not marks:
+                raise CorruptPickleError(name, f"{OPNAME[op]} without a MARK", offset=pos)
+            m, moff = marks.pop(), moffs.pop()
+            if act == A_MARKPOP:
+                lo = m - NPOP[op]
+                if lo < (marks[-1] if marks else 0):
+                    raise CorruptPickleError(name, f"stack underflow at {OPNAME[op]}", offset=pos)
+                start = _start(stack[lo]) if lo < m else moff
+                _discard(stack, lo, nodepos, memo_nodes)
+                stack.append(start)
+            else:
+                kind = TUPLE if act == A_TUPLE else LIST if act == A_LIST else DICT
+                if kind == DICT and (len(stack) - m) % 2:
+                    raise CorruptPickleError(name, "DICT with an odd number of items", offset=pos)
+                node = Node(kind, moff, [], [])
+                _adopt(node, stack, m, pos, nodepos, memo_nodes)
+                nodepos.append(len(stack))
+                stack.append(node)
+        elif act == A_FRAME:
+            if pos + 9 + U8(buf, pos + 1)[0] > end:
+                raise _trunc(name, pos, f"a FRAME of {U8(buf, pos + 1)[0]} bytes")
+        elif act == A_STOP:
+            if len(stack) != 1 or marks:
+                raise _Refused(
+                    f"{len(stack)} values and {len(marks)} marks on the stack at STOP", pos
+                )
+            w.skipped += skipped
+            return stack[0], nxt, max(first_id, 0)
+        elif act in (A_POP, A_POP_MARK):
+            fence = marks[-1] if marks else 0
+            if act == A_POP and len(stack) > fence:
+                s = _start(stack[-1])
+                _discard(stack, len(stack) - 1, nodepos, memo_nodes)
+            elif marks:
+                m, s = marks.pop(), moffs.pop()
+                _discard(stack, m, nodepos, memo_nodes)
+            else:
+                raise CorruptPickleError(name, f"{OPNAME[op]} on an empty stack", offset=pos)
+            carry = s if carry < 0 else min(carry, s)
+            if _next_op(buf, nxt, end) not in (A_POP, A_POP_MARK, A_GET):
+                raise _Refused(
+                    f"{OPNAME[op]} not followed by a GET (only a recursive tuple does that)", pos
+                )
+        elif act == A_PROTO:
+            if buf[pos + 1] > HIGHEST_PROTOCOL:
+                raise CorruptPickleError(
+                    name, f"PROTO {buf[pos + 1]} is not a known protocol", offset=pos
+                )
+        elif act == A_REFUSE:
+            raise _Refused(REFUSED[op], pos)
+        pos = nxt
+
+
+def _memo_arg(buf: Any, pos: int, nxt: int, op: int, name: str) -> int:
+    if FORM[op] == F_FIXED:
+        return int(buf[pos + 1]) if ARGLEN[op] == 1 else int(U4(buf, pos + 1)[0])
+    try:
+        return int(bytes(buf[pos + 1 : nxt - 1]))
+    except ValueError:
+        raise CorruptPickleError(
+            name, f"{OPNAME[op]} argument is not a number", offset=pos
+        ) from None
+
+
+def _next_op(buf: Any, pos: int, end: int) -> int:
+    while pos + 9 <= end and buf[pos] == FRAME_OP:
+        pos += 9
+    return ACTION[buf[pos]] if pos < end else A_BAD
+
+
+def walk_opcodes(buf: Any, size: int, name: str) -> Walked:
+    """Walk every pickle record of ``buf[:size]`` (bytes or mmap) and return what they hold.
+
+    Raises :class:`EmptyPickleError`, :class:`NotAPickleError`, :class:`TruncatedPickleError`
+    or :class:`CorruptPickleError` for bad bytes in the first record, and
+    :class:`NotSpanIndexableError` for anything readable only as a whole (including bytes after
+    the first record that are not a complete protocol 2+ pickle).
+    """
+    if size == 0:
+        raise EmptyPickleError(name, "file is empty; expected a pickle stream", offset=0)
+    w = Walked(name, size, 0, [], [], array("q"), array("q"), array("q"), 0)
+    pos = 0
+    while pos < size:
+        first = not w.records
+        if buf[pos] != PROTO_OP or pos + 2 > size or not 2 <= buf[pos + 1] <= HIGHEST_PROTOCOL:
+            proto = buf[pos + 1] if buf[pos] == PROTO_OP and pos + 2 <= size else None
+            if first and proto is not None and proto > HIGHEST_PROTOCOL:
+                raise NotAPickleError(
+                    name, f"PROTO opcode names unknown protocol {proto}", offset=1
+                )
+            why = "no PROTO 2+ opcode at byte 0: a protocol 0 or 1 pickle, or not a pickle at all"
+            if not first:
+                why = f"{size - pos} bytes after the end of pickle #{len(w.records)} do not start a protocol 2+ pickle"
+            raise NotSpanIndexableError(name, why, offset=pos)
+        proto = buf[pos + 1]
+        if not first and proto != w.protocol:
+            raise NotSpanIndexableError(
+                name, f"appended pickles use protocols {w.protocol} and {proto}", offset=pos
+            )
+        key0 = len(w.defs)
+        try:
+            root, nxt, first_id = _walk_record(buf, pos + 2, size, w)
+        except _Refused as exc:
+            raise NotSpanIndexableError(name, exc.reason, offset=exc.offset) from None
+        except CorruptPickleError as exc:
+            if first:
+                raise
+            raise NotSpanIndexableError(
+                name, f"pickle #{len(w.records) + 1} is damaged: {exc}", offset=pos
+            ) from None
+        w.protocol = proto
+        w.roots.append(root)
+        w.records.append((pos, nxt, key0 - first_id))
+        pos = nxt
+    return w
+
+
+def open_buffer(path: str | os.PathLike[str]) -> tuple[Any, int]:
+    """Map ``path`` read-only; return ``(buffer, size)`` (an empty file gives ``(b"", 0)``)."""
+    where = os.fspath(path)
+    try:
+        with open(where, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size == 0:
+                return b"", 0
+            return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ), size
+    except OSError as exc:
+        raise UnreadableFileError(where, f"cannot read: {exc.strerror or exc}") from None

@@ -1,0 +1,575 @@
+"""Scan a pickle file into per-sample byte spans, without unpickling it.
+
+:func:`scan_file` walks the opcodes once (:func:`pickleshard.opcodes.walk_opcodes`, which seeks
+over every payload), matches the top-level object against the layouts of
+:mod:`pickleshard.layouts` with the same decisions and field names as
+:func:`~pickleshard.layouts.decode_layout`, and reports, for sample ``i`` and field ``f``:
+
+- ``kinds[f] == "pickle"``: ``[starts[i, f], ends[i, f])`` holds the opcodes that push that
+  element plus what follows it up to the next element (its MEMOIZE/PUT, maybe a FRAME header).
+  ``PROTO p`` + those bytes without FRAME headers + ``STOP``, unpickled with MEMOIZE counting
+  from memo id ``memo_base[i, f] - shift`` and its externals resolved, equals
+  ``decode_layout(pickle.load(file)).columns[f][i]``. ``shift`` is ``records[r, 2]`` for the
+  record ``r`` holding the span (memo *keys* number every memo definition of the file in order;
+  a record's own memo id ``m`` has key ``m + shift``).
+- ``kinds[f] == "array_row"``: the field is one numpy array pickled at protocol 3+ and
+  ``[starts[i, f], ends[i, f])`` are the raw bytes of its row ``i`` (``arrays[f]`` gives dtype and
+  row shape); ``memo_base`` is -1.
+- The externals of span ``(i, f)`` are ``ext_keys[ext_offsets[k]:ext_offsets[k + 1]]`` with
+  ``k = i * F + f``: memo keys its GETs name that were defined before its start, each defined in
+  one element of :class:`SharedTable`.
+
+A file holding several pickles one after another (one ``pickle.dump`` call each) is read as
+*chunks* when its first pickle is itself a recognised layout (layout ``appended_<layout>``; every
+pickle must then have the same layout and fields, and samples are concatenated in file order),
+and otherwise as *one sample per pickle*: layout ``appended_samples`` (a tuple pickle gives fields
+``x``, ``y``, ``f2``...; any other object is the single field ``x``) or ``appended_dict_samples``
+(dict pickles; fields are the first one's keys). ``pickle.load`` called once per pickle is the
+reference for both.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import FieldLengthMismatchError, NotSpanIndexableError
+from .layouts import MAX_LIST_FIELDS, default_field_names
+from .memo import (
+    ArraySpec,
+    ElementTable,
+    InspectUnpickler,
+    MemoRefusal,
+    NotInspectable,
+    SharedTable,
+    SpanFile,
+)
+from .opcodes import (
+    BINGET_OP,
+    BINPUT_OP,
+    BINUNICODE_OP,
+    DICT,
+    LONG_BINGET_OP,
+    LONG_BINPUT_OP,
+    MEMOIZE_OP,
+    SHORT_BINUNICODE_OP,
+    TUPLE,
+    U4,
+    Node,
+    Value,
+    Walked,
+    _start,
+    open_buffer,
+    walk_opcodes,
+)
+
+__all__ = ["ArrayRow", "ScanResult", "scan_bytes", "scan_file"]
+
+_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class ArrayRow:
+    """How to read one row of an ``array_row`` field: ``row_shape`` items of ``dtype``."""
+
+    dtype: np.dtype[Any]
+    row_shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return self.dtype.itemsize * int(np.prod(self.row_shape, dtype=np.int64))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "descr": np.lib.format.dtype_to_descr(self.dtype),
+            "row_shape": list(self.row_shape),
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> ArrayRow:
+        return cls(np.lib.format.descr_to_dtype(_tuples(obj["descr"])), tuple(obj["row_shape"]))
+
+
+def _tuples(descr: Any) -> Any:
+    if isinstance(descr, list):
+        return [tuple(_tuples(v) if isinstance(v, list) else v for v in d) for d in descr]
+    return descr
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    """The spans of every sample of one file; see the module docstring for what they mean.
+
+    Per sample (shape ``(N, F)``, int64): ``starts``, ``ends``, ``memo_base``. CSR externals:
+    ``ext_offsets`` (``N * F + 1``) and ``ext_keys``. Per file: ``records`` (``(R, 3)`` int64:
+    start, end after STOP, memo-key shift of each pickle in the file), ``shared`` and the rest.
+    ``bytes_read`` is how many bytes of the file the scan examined.
+    """
+
+    path: str
+    size: int
+    protocol: int
+    layout: str
+    fields: tuple[str, ...]
+    kinds: tuple[str, ...]
+    arrays: tuple[ArrayRow | None, ...]
+    starts: np.ndarray
+    ends: np.ndarray
+    memo_base: np.ndarray
+    ext_offsets: np.ndarray
+    ext_keys: np.ndarray
+    records: np.ndarray
+    shared: SharedTable
+    bytes_read: int
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.starts.shape[0])
+
+    def externals(self, i: int, f: int) -> np.ndarray:
+        k = i * len(self.fields) + f
+        return self.ext_keys[self.ext_offsets[k] : self.ext_offsets[k + 1]]
+
+    def meta(self) -> dict[str, Any]:
+        """The per-file part, JSON-serialisable (the per-sample part is :meth:`arrays_dict`)."""
+        return {
+            "format": _FORMAT,
+            "size": self.size,
+            "protocol": self.protocol,
+            "layout": self.layout,
+            "fields": list(self.fields),
+            "kinds": list(self.kinds),
+            "arrays": [a.to_json() if a is not None else None for a in self.arrays],
+            "shared": self.shared.to_json(),
+            "bytes_read": self.bytes_read,
+        }
+
+    def arrays_dict(self) -> dict[str, np.ndarray]:
+        """The numpy arrays to store as ``.npy`` (``records`` is per file but may be long)."""
+        names = ("starts", "ends", "memo_base", "ext_offsets", "ext_keys", "records")
+        return {n: getattr(self, n) for n in names}
+
+    @classmethod
+    def from_stored(
+        cls, path: str | os.PathLike[str], meta: dict[str, Any], arrays: dict[str, np.ndarray]
+    ) -> ScanResult:
+        """Rebuild from :meth:`meta` (after a JSON round trip) and :meth:`arrays_dict` (may be mmaps)."""
+        return cls(
+            path=os.fspath(path),
+            size=meta["size"],
+            protocol=meta["protocol"],
+            layout=meta["layout"],
+            fields=tuple(meta["fields"]),
+            kinds=tuple(meta["kinds"]),
+            arrays=tuple(ArrayRow.from_json(a) if a is not None else None for a in meta["arrays"]),
+            shared=SharedTable.from_json(meta["shared"]),
+            bytes_read=meta["bytes_read"],
+            **arrays,
+        )
+
+
+class _NotLayout(Exception):
+    """The object is not one of the layouts (the whole-file mode will say so precisely)."""
+
+
+@dataclass
+class _Field:
+    """One column of one pickle: element spans, or array rows."""
+
+    starts: np.ndarray
+    ends: np.ndarray
+    array: ArrayRow | None = None
+
+
+def _spans(nodes: Sequence[Node]) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end offsets of the items of ``nodes``, concatenated."""
+    total = sum(len(n.items) for n in nodes)
+    starts = np.fromiter(
+        (x if type(x) is int else x.start for n in nodes for x in n.items), np.int64, total
+    )
+    ends = np.empty(total, np.int64)
+    ends[:-1] = starts[1:]
+    base = 0
+    for n in nodes:
+        b, prev = n.bounds, 0
+        for j in range(0, len(b), 2):
+            if b[j] > prev:
+                ends[base + b[j] - 1] = b[j + 1]
+            prev = b[j]
+        base += len(n.items)
+    return starts, ends
+
+
+def _kind(v: Value) -> int:
+    return v.kind if type(v) is Node else 0
+
+
+@dataclass
+class _Cand:
+    """A top-level object that matches a layout structurally (opaque fields still unchecked)."""
+
+    layout: str
+    values: list[Value]  # columns: the field values; rows: the row nodes
+    ends: list[int]  # end offset of each value
+    keys: list[tuple[int, int]]  # dict_columns: key spans
+
+
+def _structure(root: Value, root_end: int) -> _Cand:
+    """Mirror :func:`pickleshard.layouts.decode_layout` on the scanner's nodes."""
+    if type(root) is not Node or not root.items:
+        raise _NotLayout("the top-level object is not a non-empty list, tuple or dict")
+    starts, ends = _spans([root])
+    values, vends = list(root.items), [int(e) for e in ends]
+    if root.kind == DICT:
+        vals = values[1::2]
+        if not all(_kind(v) != DICT for v in vals):
+            raise _NotLayout("a top-level dict whose values are not all sequences")
+        keys = [(int(s), int(e)) for s, e in zip(starts[0::2], ends[0::2], strict=True)]
+        return _Cand("dict_columns", vals, vends[1::2], keys)
+    if root.kind == TUPLE:
+        if any(_kind(v) == DICT for v in values):
+            raise _NotLayout("a top-level tuple whose items are not all sequences")
+        return _Cand("columns", values, vends, [])
+    first = values[0]
+    if _kind(first) == TUPLE and first.items:  # type: ignore[union-attr]
+        n = len(first.items)  # type: ignore[union-attr]
+        if all(_kind(r) == TUPLE and len(r.items) == n for r in values):  # type: ignore[union-attr]
+            return _Cand("rows", values, vends, [])
+        if any(type(r) is int for r in values):
+            raise NotSpanIndexableError("", "a list of tuples with some rows of unknown type")
+    if _kind(first) == DICT:
+        if all(_kind(r) == DICT for r in values):
+            return _Cand("dict_rows", values, vends, [])
+        raise _NotLayout("a list of dicts with some rows of other types")
+    if len(values) <= MAX_LIST_FIELDS and all(_kind(v) != DICT for v in values):
+        return _Cand("columns", values, vends, [])
+    raise _NotLayout("a top-level list that is neither rows nor at most 64 columns")
+
+
+_UNKNOWN = object()
+
+
+class _Inspector:
+    """Evaluates spans with :class:`InspectUnpickler` (no code run, payloads skipped).
+
+    The memo of every element replayed to resolve an external is kept, so each is read once.
+    """
+
+    def __init__(self, buf: Any, w: Walked, table: ElementTable, encoding: str) -> None:
+        self.buf, self.w, self.table, self.encoding = buf, w, table, encoding
+        self.rec_starts = np.array([r[0] for r in w.records], np.int64)
+        self.memos: dict[int, dict[int, Any] | None] = {}
+        self.consts: dict[int, str] = {}
+        self.bytes_read = 0
+
+    def _read_at(self, offset: int, n: int) -> bytes:
+        return bytes(self.buf[offset : offset + n])
+
+    def _shift(self, offset: int) -> int:
+        return self.w.records[int(np.searchsorted(self.rec_starts, offset, "right")) - 1][2]
+
+    def load(self, start: int, end: int, bytes_min: int = 0) -> tuple[Any, dict[int, Any]]:
+        shift = self._shift(start)
+        first = int(np.searchsorted(self.table.defs, start)) - shift
+        span = SpanFile(self._read_at, start, end, self.w.protocol)
+        u = InspectUnpickler(
+            span,
+            bytes_min=bytes_min,
+            first_id=first,
+            resolve=lambda i: self._external(i + shift),
+            encoding=self.encoding,
+        )
+        try:
+            value = u.load()
+        finally:
+            self.bytes_read += span.bytes_read
+        return value, {i + shift: v for i, v in u.memo.items()}
+
+    def _external(self, key: int) -> Any:
+        e = int(self.table.locate(self.table.defs[key : key + 1])[0])
+        if e < 0 or (e in self.memos and self.memos[e] is None):
+            raise NotInspectable(f"memo key {key} is not defined by an element before its use")
+        memo = self.memos.get(e)
+        if memo is None:
+            self.memos[e] = None
+            memo = self.memos[e] = self.load(int(self.table.starts[e]), int(self.table.ends[e]))[1]
+        return memo[key]
+
+    def value(self, start: int, end: int, bytes_min: int = 0) -> Any:
+        try:
+            return self.load(start, end, bytes_min)[0]
+        except Exception:  # anything the inspector cannot evaluate is of unknown type
+            return _UNKNOWN
+
+    def key(self, start: int, end: int) -> Any:
+        """A dict key's value; short strings and GETs of them are decoded without an unpickler."""
+        buf, op = self.buf, self.buf[start]
+        if op in (SHORT_BINUNICODE_OP, BINUNICODE_OP):
+            hdr = 2 if op == SHORT_BINUNICODE_OP else 5
+            stop = start + hdr + (buf[start + 1] if hdr == 2 else U4(buf, start + 1)[0])
+            tail = end - stop
+            if tail == 0 or (tail in _MEMO_TAIL and buf[stop] == _MEMO_TAIL[tail]):
+                value = str(buf[start + hdr : stop], "utf-8", "surrogatepass")
+                self.consts[stop] = value
+                return value
+        if (op == BINGET_OP and end - start == 2) or (op == LONG_BINGET_OP and end - start == 5):
+            mid = buf[start + 1] if op == BINGET_OP else U4(buf, start + 1)[0]
+            value = self.consts.get(int(self.table.defs[mid + self._shift(start)]))
+            if value is not None:
+                return value
+        return self.value(start, end, bytes_min=4096)
+
+
+_MEMO_TAIL = {1: MEMOIZE_OP, 2: BINPUT_OP, 5: LONG_BINPUT_OP}
+
+
+def _array_field(spec: Any, name: str) -> _Field:
+    if isinstance(spec, ArraySpec):
+        if not spec.shape:
+            raise _NotLayout("a 0-d numpy array is not a field")
+        if spec.problem is not None or spec.payload is None or spec.dtype is None:
+            raise NotSpanIndexableError(name, f"a field is a numpy array, but {spec.problem}")
+        row = ArrayRow(spec.dtype, spec.shape[1:])
+        starts = spec.payload.offset + np.arange(spec.shape[0], dtype=np.int64) * row.nbytes
+        return _Field(starts, starts + row.nbytes, row)
+    if spec is _UNKNOWN or isinstance(spec, (list, tuple)):
+        raise NotSpanIndexableError(
+            name, "a top-level field whose type the scanner cannot establish"
+        )
+    raise _NotLayout(f"a top-level field is a {type(spec).__name__}, not a sequence")
+
+
+def _leaves(cand: _Cand) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Every element span of a candidate: items of its fields or rows, keys, opaque fields."""
+    if cand.layout in ("rows", "dict_rows"):
+        return [_spans(cand.values)]  # type: ignore[arg-type]
+    out = [_spans([v]) for v in cand.values if type(v) is Node]
+    opaque = [(_start(v), e) for v, e in zip(cand.values, cand.ends, strict=True) if type(v) is int]
+    out += [
+        (np.array([s for s, _ in group], np.int64), np.array([e for _, e in group], np.int64))
+        for group in (opaque, cand.keys)
+        if group
+    ]
+    return out
+
+
+def _dict_order(keys: list[Any], name: str) -> dict[Any, int]:
+    """``{key: position}`` as a dict built from these keys in order would hold them."""
+    order: dict[Any, int] = {}
+    for j, k in enumerate(keys):
+        if k is _UNKNOWN:
+            raise NotSpanIndexableError(name, "a dict key the scanner cannot evaluate")
+        try:
+            order[k] = j
+        except TypeError:
+            raise NotSpanIndexableError(name, "an unhashable dict key") from None
+    return order
+
+
+def _fields(cand: _Cand, insp: _Inspector, name: str) -> tuple[tuple[str, ...], list[_Field]]:
+    """Field names and columns of one pickle whose structure matched ``cand``."""
+    if cand.layout == "rows":
+        starts, ends = _spans(cand.values)  # type: ignore[arg-type]
+        n = len(cand.values[0].items)  # type: ignore[union-attr]
+        starts, ends = starts.reshape(-1, n), ends.reshape(-1, n)
+        return default_field_names(n), [_Field(starts[:, f], ends[:, f]) for f in range(n)]
+    if cand.layout == "dict_rows":
+        return _dict_rows(cand.values, insp, name)  # type: ignore[arg-type]
+    values, ends = cand.values, cand.ends
+    if cand.layout == "dict_columns":
+        order = _dict_order([insp.key(s, e) for s, e in cand.keys], name)
+        names = tuple(str(k) for k in order)
+        values, ends = [values[j] for j in order.values()], [ends[j] for j in order.values()]
+    else:
+        names = default_field_names(len(values))
+    cols = [
+        _Field(*_spans([v])) if type(v) is Node else _array_field(insp.value(v, e), name)
+        for v, e in zip(values, ends, strict=True)
+    ]
+    lengths = [len(c.starts) for c in cols]
+    if len(set(lengths)) > 1:
+        detail = ", ".join(f"len({f}) = {n}" for f, n in zip(names, lengths, strict=True))
+        raise FieldLengthMismatchError(name, f"fields have different lengths: {detail}")
+    return names, cols
+
+
+def _dict_rows(
+    rows: list[Node], insp: _Inspector, name: str
+) -> tuple[tuple[str, ...], list[_Field]]:
+    starts, ends = _spans(rows)
+    picks: list[list[int]] = []
+    base, keys0 = 0, None
+    for row in rows:
+        n = len(row.items)
+        order = _dict_order(
+            [insp.key(int(starts[base + j]), int(ends[base + j])) for j in range(0, n, 2)], name
+        )
+        if keys0 is None:
+            keys0 = list(order)
+        try:
+            picks.append([base + 2 * order[k] + 1 for k in keys0])
+        except KeyError as exc:
+            raise _NotLayout(f"per-sample dicts with different keys (missing {exc})") from None
+        base += n
+    idx = np.array(picks, np.int64).reshape(len(rows), -1)
+    return tuple(str(k) for k in keys0 or ()), [
+        _Field(starts[idx[:, f]], ends[idx[:, f]]) for f in range(idx.shape[1])
+    ]
+
+
+def _table(w: Walked, leaves: list[tuple[np.ndarray, np.ndarray]]) -> ElementTable:
+    starts = np.concatenate([s for s, _ in leaves]) if leaves else np.zeros(0, np.int64)
+    ends = np.concatenate([e for _, e in leaves]) if leaves else np.zeros(0, np.int64)
+    starts, first = np.unique(starts, return_index=True)
+    as_np = [
+        np.frombuffer(a, np.int64) if len(a) else np.zeros(0, np.int64)
+        for a in (w.defs, w.get_offs, w.get_keys)
+    ]
+    try:
+        return ElementTable(starts, ends[first], *as_np)
+    except MemoRefusal as exc:
+        raise NotSpanIndexableError(w.name, exc.reason, offset=exc.offset) from None
+
+
+def _scan_chunks(buf: Any, w: Walked, stops: list[int], encoding: str) -> ScanResult:
+    cands = [_structure(r, s) for r, s in zip(w.roots, stops, strict=True)]
+    table = _table(w, [leaf for c in cands for leaf in _leaves(c)])
+    insp = _Inspector(buf, w, table, encoding)
+    parts = [_fields(c, insp, w.name) for c in cands]
+    names, cols = parts[0]
+    for r, (c, (n, cs)) in enumerate(zip(cands, parts, strict=True)):
+        if (
+            c.layout != cands[0].layout
+            or n != names
+            or [x.array for x in cs] != [x.array for x in cols]
+        ):
+            raise NotSpanIndexableError(
+                w.name,
+                f"appended pickle #{r + 1} differs from the first in layout, fields or array types",
+                offset=w.records[r][0],
+            )
+    if len(parts) > 1:
+        cols = [
+            _Field(
+                *(np.concatenate([getattr(p[1][f], a) for p in parts]) for a in ("starts", "ends")),
+                cols[f].array,
+            )
+            for f in range(len(names))
+        ]
+    layout = cands[0].layout if len(parts) == 1 else f"appended_{cands[0].layout}"
+    return _assemble(w, table, insp, layout, names, cols)
+
+
+def _scan_samples(buf: Any, w: Walked, stops: list[int], encoding: str) -> ScanResult:
+    first = w.roots[0]
+    kind = first.kind if type(first) is Node and first.items and first.kind in (TUPLE, DICT) else 0
+    if (
+        not all(_kind(r) == kind and len(r.items) == len(first.items) for r in w.roots)
+        if kind == TUPLE
+        else not all(_kind(r) == kind for r in w.roots)
+        if kind == DICT
+        else False
+    ):  # type: ignore[union-attr]
+        raise NotSpanIndexableError(w.name, "appended pickles are samples of different shapes")
+    if kind:
+        leaves = [_spans(w.roots)]  # type: ignore[arg-type]
+    else:
+        leaves = [(np.array([_start(r) for r in w.roots], np.int64), np.array(stops, np.int64))]
+    table = _table(w, leaves)
+    insp = _Inspector(buf, w, table, encoding)
+    if kind == DICT:
+        names, cols = _dict_rows(w.roots, insp, w.name)  # type: ignore[arg-type]
+        return _assemble(w, table, insp, "appended_dict_samples", names, cols)
+    n = len(first.items) if kind else 1  # type: ignore[union-attr]
+    starts, ends = (leaves[0][0].reshape(-1, n), leaves[0][1].reshape(-1, n))
+    names = default_field_names(n)
+    return _assemble(
+        w,
+        table,
+        insp,
+        "appended_samples",
+        names,
+        [_Field(starts[:, f], ends[:, f]) for f in range(n)],
+    )
+
+
+def _assemble(
+    w: Walked,
+    table: ElementTable,
+    insp: _Inspector,
+    layout: str,
+    names: tuple[str, ...],
+    cols: list[_Field],
+) -> ScanResult:
+    n, nf = len(cols[0].starts), len(cols)
+    starts = np.stack([c.starts for c in cols], axis=1).astype(np.int64).reshape(n, nf)
+    ends = np.stack([c.ends for c in cols], axis=1).astype(np.int64).reshape(n, nf)
+    elem = np.full((n, nf), -1, np.int64)
+    for f, c in enumerate(cols):
+        if c.array is None:
+            elem[:, f] = np.searchsorted(table.starts, c.starts)
+    flat = elem.ravel()
+    pick = np.maximum(flat, 0)
+    counts = np.where(flat >= 0, np.diff(table.ext_offsets)[pick] if len(table.starts) else 0, 0)
+    ext_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    src = np.arange(int(ext_offsets[-1]), dtype=np.int64) - np.repeat(ext_offsets[:-1], counts)
+    src += np.repeat(table.ext_offsets[pick] if len(table.starts) else pick, counts)
+    return ScanResult(
+        path=w.name,
+        size=w.size,
+        protocol=w.protocol,
+        layout=layout,
+        fields=names,
+        kinds=tuple("pickle" if c.array is None else "array_row" for c in cols),
+        arrays=tuple(c.array for c in cols),
+        starts=starts,
+        ends=ends,
+        memo_base=np.where(
+            elem >= 0, table.base[np.maximum(elem, 0)] if len(table.starts) else -1, -1
+        ).astype(np.int64),
+        ext_offsets=ext_offsets,
+        ext_keys=table.ext_keys[src],
+        records=np.array(w.records, np.int64).reshape(-1, 3),
+        shared=table.shared(),
+        bytes_read=w.size - w.skipped + insp.bytes_read,
+    )
+
+
+def _scan(buf: Any, size: int, name: str, encoding: str) -> ScanResult:
+    w = walk_opcodes(buf, size, name)
+    stops = [end - 1 for _, end, _ in w.records]
+    try:
+        return _scan_chunks(buf, w, stops, encoding)
+    except (_NotLayout, FieldLengthMismatchError) as exc:
+        if len(w.roots) == 1:
+            if isinstance(exc, FieldLengthMismatchError):
+                raise
+            raise NotSpanIndexableError(
+                name, f"{exc}; not a layout that can be read in place"
+            ) from None
+    return _scan_samples(buf, w, stops, encoding)
+
+
+def scan_file(path: str | os.PathLike[str], *, encoding: str = "ASCII") -> ScanResult:
+    """Scan the pickle file at ``path`` (see the module docstring for what is reported).
+
+    ``encoding`` decodes Python 2 ``str`` dict keys, as in :func:`pickle.load`. Raises
+    :class:`~pickleshard.errors.NotSpanIndexableError` when the file must be read whole, and the
+    other :class:`~pickleshard.errors.PickleshardError` classes for bad files.
+    """
+    name = os.fspath(path)
+    buf, size = open_buffer(name)
+    try:
+        return _scan(buf, size, name, encoding)
+    finally:
+        if not isinstance(buf, bytes):
+            buf.close()
+
+
+def scan_bytes(data: bytes, name: str = "<bytes>", *, encoding: str = "ASCII") -> ScanResult:
+    """:func:`scan_file` over bytes in memory; ``name`` is used in errors and as ``path``."""
+    return _scan(data, len(data), name, encoding)
