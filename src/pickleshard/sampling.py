@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+
+from .passes import SamplerPass
 
 try:  # a real torch Sampler when torch is there (isinstance checks, typing); plain class if not
     from torch.utils.data import Sampler as _SamplerBase
@@ -107,13 +109,15 @@ class BlockShuffleSampler(_SamplerBase[int]):
     wrapping around the epoch's order; with ``drop_last=True``, ``N // world_size``. Call
     :meth:`set_epoch` before each epoch for a new order.
 
-    Resume: :meth:`state_dict` is ``{"seed", "epoch", "samples_seen", "settings"}``, where
-    ``samples_seen`` counts the samples this rank's pass has yielded and ``settings`` the
-    arguments that shape the order. :meth:`load_state_dict` makes the next pass resume there and
-    raises ValueError if this sampler's settings differ (same world size, batch size, workers and
-    cache budget: for another world size use :class:`pickleshard.ShuffleSampler`); it does not
-    change :attr:`epoch`. This is what ``torchdata``'s ``StatefulDataLoader`` needs. The hooks
-    are torchdata.nodes': :meth:`reset`, :meth:`next`, :meth:`get_state`.
+    Resume: :meth:`state_dict` is ``{"seed", "epoch", "samples_seen"}`` plus the settings that
+    shape the order (``world_size``, ``batch_size``, ``num_workers``, ``cache_bytes``,
+    ``shuffle``, ``drop_last``, ``num_samples``); ``samples_seen`` counts the samples this rank's
+    pass has yielded. :meth:`load_state_dict` makes the next pass that yields resume there, and
+    raises ValueError if a setting differs (for another world size or worker count use
+    :class:`pickleshard.ShuffleSampler`); it sets ``seed`` but not :attr:`epoch`.
+    ``iter(sampler)`` returns a :class:`~pickleshard.passes.SamplerPass`, whose state
+    ``torchdata.stateful_dataloader.StatefulDataLoader`` saves and restores: it resumes
+    mid-epoch unchanged.
     """
 
     def __init__(
@@ -143,9 +147,7 @@ class BlockShuffleSampler(_SamplerBase[int]):
         self.drop_last = drop_last
         self.epoch = 0
         self._pending: dict[str, Any] | None = None
-        self._pass: Iterator[int] | None = None
-        self._pass_epoch = 0
-        self._seen = 0
+        self._current: SamplerPass | None = None
         self._counts = np.array([f.num_samples for f in index.files], dtype=np.int64)
         self._nbytes = np.array([f.decoded_nbytes for f in index.files], dtype=np.int64)
         self._starts = np.asarray(index.file_starts[:-1], dtype=np.int64)
@@ -170,69 +172,45 @@ class BlockShuffleSampler(_SamplerBase[int]):
             "num_samples": self._total,
         }
 
-    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
-        """Start a pass at ``initial_state`` (its seed, epoch and position), else at epoch start."""
-        if initial_state is not None:
-            state = self._checked(initial_state)
-            self.seed = state["seed"]
-            epoch, seen = state["epoch"], state["samples_seen"]
-        else:
-            epoch, seen = self.epoch, 0
-        self._pass_epoch, self._seen = epoch, seen
-        self._pass = itertools.islice(self._stream(epoch), seen, None)
-
-    def next(self) -> int:
-        """The next sample index of the current pass; StopIteration when it is done."""
-        if self._pass is None:
-            self.reset()
-        assert self._pass is not None
-        i = next(self._pass)
-        self._seen += 1
-        return i
-
-    def get_state(self) -> dict[str, Any]:
-        """The current pass's ``{"seed", "epoch", "samples_seen", "settings"}``."""
-        epoch = self.epoch if self._pass is None else self._pass_epoch
-        return {
-            "seed": self.seed,
-            "epoch": epoch,
-            "samples_seen": self._seen,
-            "settings": self._settings(),
-        }
+    def __iter__(self) -> SamplerPass:
+        self._current = SamplerPass(self)
+        return self._current
 
     def state_dict(self) -> dict[str, Any]:
-        """The loaded state if no pass has started since, else :meth:`get_state`."""
-        return dict(self._pending) if self._pending is not None else self.get_state()
+        """The pending loaded state, else the current pass's, else the start of :attr:`epoch`."""
+        if self._pending is not None:
+            return dict(self._pending)
+        return self._fresh_state() if self._current is None else self._current.get_state()
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Make the next pass resume at ``state_dict``; ValueError if it cannot be resumed here."""
         self._pending = self._checked(state_dict)
         self.seed = self._pending["seed"]
 
-    def _checked(self, state: dict[str, Any]) -> dict[str, Any]:
-        keys = {"seed", "epoch", "samples_seen", "settings"}
-        if set(state) != keys:
-            raise ValueError(f"not a BlockShuffleSampler state: {state!r}")
-        if state["settings"] != self._settings():
+    # What a SamplerPass asks of its sampler.
+
+    def _fresh_state(self) -> dict[str, Any]:
+        return {"seed": self.seed, "epoch": self.epoch, "samples_seen": 0, **self._settings()}
+
+    def _checked(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        if set(state) != set(self._fresh_state()):
+            raise ValueError(f"not a BlockShuffleSampler state: {dict(state)!r}")
+        theirs = {k: state[k] for k in self._settings()}
+        if theirs != self._settings():
             raise ValueError(
-                f"cannot resume a BlockShuffleSampler saved with {state['settings']} "
-                f"as one with {self._settings()}: the order depends on them"
+                f"cannot resume a BlockShuffleSampler saved with {theirs} as one with "
+                f"{self._settings()}: the order depends on them"
             )
         if not 0 <= state["samples_seen"] <= len(self):
             raise ValueError(f"samples_seen out of range: {state['samples_seen']}")
         return dict(state)
 
-    def __iter__(self) -> Iterator[int]:
-        self.reset(self._pending)
-        self._pending = None
-        return self._drain()
+    def _stream(self, state: dict[str, Any]) -> Iterator[int]:
+        order = self._order(state["seed"], state["epoch"])
+        return itertools.islice(order, state["samples_seen"], None)
 
-    def _drain(self) -> Iterator[int]:
-        while True:
-            try:
-                yield self.next()
-            except StopIteration:
-                return
+    def _state_after(self, state: dict[str, Any], taken: int) -> dict[str, Any]:
+        return {**state, "samples_seen": state["samples_seen"] + taken}
 
     def _rank_segments(self, rng: np.random.Generator) -> list[_Segment]:
         files = rng.permutation(len(self._counts)) if self.shuffle else np.arange(len(self._counts))
@@ -283,9 +261,9 @@ class BlockShuffleSampler(_SamplerBase[int]):
                 window.append(seg)
                 used += size
 
-    def _stream(self, epoch: int) -> Iterator[int]:
+    def _order(self, seed: int, epoch: int) -> Iterator[int]:
         """This rank's samples for ``epoch``, batches interleaved as the DataLoader deals them."""
-        rng = np.random.default_rng([self.seed, epoch])
+        rng = np.random.default_rng([seed, epoch])
         segments = self._rank_segments(rng)
         n = sum(s.count for s in segments)
         sizes = self._worker_sizes(n)
@@ -293,7 +271,7 @@ class BlockShuffleSampler(_SamplerBase[int]):
         offset = 0
         for w, size in enumerate(sizes):
             part = _cut(segments, n, offset, offset + size) if size else []
-            worker_rng = np.random.default_rng([self.seed, epoch, self.rank, w])
+            worker_rng = np.random.default_rng([seed, epoch, self.rank, w])
             streams.append(self._windows(part, worker_rng))
             offset += size
         pending = [np.empty(0, dtype=np.int64) for _ in streams]

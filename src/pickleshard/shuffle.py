@@ -32,6 +32,7 @@ try:  # a real torch Sampler when torch is there (isinstance checks, typing); pl
 except ImportError:  # pragma: no cover - exercised only without torch
     _SamplerBase = object  # type: ignore[assignment,misc]
 
+from .passes import SamplerPass
 from .sampling import distributed_rank_and_world
 
 __all__ = ["FeistelPermutation", "ShuffleSampler", "sampler_state_from_loader"]
@@ -103,14 +104,12 @@ class ShuffleSampler(_SamplerBase[int]):
 
     Resume: :meth:`state_dict` is ``{"seed", "epoch", "samples_seen"}``, ``samples_seen`` being the
     global number of positions of the epoch consumed by all ranks together (see the module
-    docstring). :meth:`load_state_dict` makes the *next* pass start there, with this sampler's own
-    rank and world size, which may differ from the saving run's; it replaces ``seed`` but not
-    :attr:`epoch`, so a later fresh pass still follows :meth:`set_epoch`. This is what
-    ``torchdata.stateful_dataloader.StatefulDataLoader`` needs: pass the sampler as ``sampler=``.
-
-    The sampler is a stateful node with torchdata.nodes' hooks: :meth:`reset` starts a pass,
-    :meth:`next` yields from it, :meth:`get_state` reports it. ``iter(sampler)`` resets (to a
-    loaded state, if any) and returns an iterator over the pass; one pass at a time.
+    docstring). :meth:`load_state_dict` makes the next pass that yields start there, with this
+    sampler's own rank and world size, which may differ from the saving run's; it sets ``seed``
+    but not :attr:`epoch`, so later fresh passes follow :meth:`set_epoch`. ``iter(sampler)``
+    returns a :class:`~pickleshard.passes.SamplerPass`, whose own state is what
+    ``torchdata.stateful_dataloader.StatefulDataLoader`` saves and restores: pass the sampler as
+    ``sampler=`` and it resumes mid-epoch unchanged.
     """
 
     def __init__(
@@ -133,15 +132,8 @@ class ShuffleSampler(_SamplerBase[int]):
         self.drop_last = drop_last
         self.chunk_size = chunk_size
         self.epoch = 0
-        self._pending: dict[str, int] | None = None
-        self._started = False
-        self._pass_epoch = 0
-        self._start = 0
-        self._count = 0
-        self._perm: FeistelPermutation | None = None
-        self._buffer: list[int] = []
-        self._buffer_start = 0
-        self._offset = 0
+        self._pending: dict[str, Any] | None = None
+        self._current: SamplerPass | None = None
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch`` for passes that do not resume a loaded state."""
@@ -156,61 +148,27 @@ class ShuffleSampler(_SamplerBase[int]):
     def __len__(self) -> int:
         return self._rank_count(0)
 
-    def reset(self, initial_state: Mapping[str, int] | None = None) -> None:
-        """Start a pass at ``initial_state`` (its seed, epoch and position), else at epoch start."""
-        if initial_state is not None:
-            state = self._checked(initial_state)
-            self.seed = state["seed"]
-            epoch, start = state["epoch"], state["samples_seen"]
-        else:
-            epoch, start = self.epoch, 0
-        self._started = True
-        self._pass_epoch = epoch
-        self._start = start
-        self._count = self._rank_count(start)
-        n = self.num_samples_total
-        self._perm = FeistelPermutation(n, self.seed, epoch) if self.shuffle and n else None
-        self._buffer, self._buffer_start, self._offset = [], 0, 0
-
-    def _refill(self) -> None:
-        """Compute the next chunk of this rank's stream; raise StopIteration after the last one."""
-        first = self._buffer_start + len(self._buffer)
-        stop = min(self._count, first + self.chunk_size)
-        if first >= stop:
-            raise StopIteration
-        j = np.arange(first, stop, dtype=np.int64)
-        positions = (self._start + self.rank + j * self.world_size) % self.num_samples_total
-        order = positions if self._perm is None else self._perm(positions)
-        self._buffer, self._buffer_start, self._offset = order.tolist(), first, 0
-
-    def next(self) -> int:
-        """The next sample index of the current pass; StopIteration when it is done."""
-        if not self._started:
-            self.reset()
-        if self._offset == len(self._buffer):
-            self._refill()
-        i = self._buffer[self._offset]
-        self._offset += 1
-        return i
-
-    def get_state(self) -> dict[str, int]:
-        """``{"seed", "epoch", "samples_seen"}`` of the current pass (epoch start before any)."""
-        if not self._started:
-            return {"seed": self.seed, "epoch": self.epoch, "samples_seen": 0}
-        taken = self._buffer_start + self._offset
-        seen = min(self.num_samples_total, self._start + taken * self.world_size)
-        return {"seed": self.seed, "epoch": self._pass_epoch, "samples_seen": seen}
+    def __iter__(self) -> SamplerPass:
+        self._current = SamplerPass(self)
+        return self._current
 
     def state_dict(self) -> dict[str, int]:
-        """The loaded state if no pass has started since, else :meth:`get_state`."""
-        return dict(self._pending) if self._pending is not None else self.get_state()
+        """The pending loaded state, else the current pass's, else the start of :attr:`epoch`."""
+        if self._pending is not None:
+            return dict(self._pending)
+        return self._fresh_state() if self._current is None else self._current.get_state()
 
-    def load_state_dict(self, state_dict: Mapping[str, int]) -> None:
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Make the next pass resume at ``state_dict``; ValueError if it is not one of ours."""
         self._pending = self._checked(state_dict)
         self.seed = self._pending["seed"]
 
-    def _checked(self, state: Mapping[str, Any]) -> dict[str, int]:
+    # What a SamplerPass asks of its sampler.
+
+    def _fresh_state(self) -> dict[str, Any]:
+        return {"seed": self.seed, "epoch": self.epoch, "samples_seen": 0}
+
+    def _checked(self, state: Mapping[str, Any]) -> dict[str, Any]:
         if set(state) != STATE_KEYS or not all(
             isinstance(state[k], int) and state[k] >= 0 for k in STATE_KEYS
         ):
@@ -222,17 +180,18 @@ class ShuffleSampler(_SamplerBase[int]):
             )
         return {k: int(state[k]) for k in ("seed", "epoch", "samples_seen")}
 
-    def __iter__(self) -> Iterator[int]:
-        self.reset(self._pending)
-        self._pending = None
-        return self._drain()
+    def _stream(self, state: dict[str, Any]) -> Iterator[int]:
+        n, start = self.num_samples_total, state["samples_seen"]
+        count = self._rank_count(start)
+        perm = FeistelPermutation(n, state["seed"], state["epoch"]) if self.shuffle and n else None
+        for first in range(0, count, self.chunk_size):
+            j = np.arange(first, min(count, first + self.chunk_size), dtype=np.int64)
+            positions = (start + self.rank + j * self.world_size) % n
+            yield from (positions if perm is None else perm(positions)).tolist()
 
-    def _drain(self) -> Iterator[int]:
-        while True:
-            try:
-                yield self.next()
-            except StopIteration:
-                return
+    def _state_after(self, state: dict[str, Any], taken: int) -> dict[str, Any]:
+        seen = min(self.num_samples_total, state["samples_seen"] + taken * self.world_size)
+        return {**state, "samples_seen": seen}
 
     def __repr__(self) -> str:
         return (
