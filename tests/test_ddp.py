@@ -1,0 +1,67 @@
+"""DDP: ``torchrun --standalone --nproc_per_node=2`` (gloo, CPU) over a PickleDataset.
+
+Each rank trains a tiny DistributedDataParallel model for one epoch with each sampler and logs
+the sample ids it saw (the data's ``y`` is the global index); together the ranks must cover the
+epoch exactly once, each in the order its sampler gives, with DDP keeping the weights in sync.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pickleshard.dataset import PickleDataset
+from pickleshard.sampling import BlockShuffleSampler
+from pickleshard.shuffle import ShuffleSampler
+from resume_checker import write_id_files
+
+SCRIPT = Path(__file__).parent / "scripts" / "ddp_train.py"
+SIZES = [7, 12, 1, 9, 11]  # 40 samples: 20 per rank, no padding
+
+
+def _torchrun() -> list[str]:
+    beside = Path(sys.executable).with_name("torchrun")
+    return [str(beside)] if beside.exists() else [sys.executable, "-m", "torch.distributed.run"]
+
+
+@pytest.mark.slow
+def test_two_ranks_cover_the_epoch_exactly_once(tmp_path: Path) -> None:
+    data, out = tmp_path / "data", tmp_path / "out"
+    n = write_id_files(data, SIZES)
+    ds = PickleDataset(data)  # index once here, not racily on both ranks
+    out.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with open(tmp_path / "log.txt", "w") as log:
+        proc = subprocess.run(
+            [
+                *_torchrun(),
+                *("--standalone", "--nproc_per_node=2", str(SCRIPT)),
+                *("--data", str(data), "--out", str(out), "--workers", "1"),
+            ],
+            stdout=log,
+            stderr=log,
+            env=env,
+            timeout=120,
+        )
+    assert proc.returncode == 0, (tmp_path / "log.txt").read_text()[-4000:]
+
+    for kind in ("shuffle", "block"):
+        ranks = [json.loads((out / f"{kind}-rank{r}.json").read_text()) for r in range(2)]
+        ids = [r["ids"] for r in ranks]
+        assert len(ids[0]) == len(ids[1]) == n // 2, kind
+        assert sorted(ids[0] + ids[1]) == list(range(n)), f"{kind}: each sample exactly once"
+        assert ranks[0]["weights"] == ranks[1]["weights"], f"{kind}: DDP kept the ranks in sync"
+        for rank, seen in enumerate(ids):
+            sampler = (
+                ShuffleSampler(ds, seed=1, rank=rank, world_size=2)
+                if kind == "shuffle"
+                else BlockShuffleSampler(
+                    ds, batch_size=4, num_workers=1, seed=1, rank=rank, world_size=2
+                )
+            )
+            assert seen == list(sampler), f"{kind}: rank {rank} follows its sampler"
