@@ -25,16 +25,21 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
-try:  # a real torch Dataset when torch is there; a plain class if not
+from ..errors import ConvertedDatasetError
+
+_T = TypeVar("_T")
+
+try:  # a real torch Dataset when torch is there; a plain generic class if not
     from torch.utils.data import Dataset as _DatasetBase
 except ImportError:  # pragma: no cover - exercised only without torch
-    _DatasetBase = object  # type: ignore[assignment,misc]
 
-from ..errors import ConvertedDatasetError
+    class _DatasetBase(Generic[_T]):  # type: ignore[no-redef]
+        """Stands in for ``torch.utils.data.Dataset``."""
+
 
 __all__ = [
     "DESCRIPTOR_NAME",

@@ -348,6 +348,7 @@ def _encode_tensor(value: Any, write: Write) -> None:
     name = str(value.dtype).removeprefix("torch.")
     flat = value.detach().contiguous().reshape(-1)
     raw = flat.view(_torch_bytes_dtype()).numpy() if flat.numel() else np.empty(0, np.uint8)
+    write(b"p")
     _encode(name, write, 0)
     write(bytes([value.dim()]) + b"".join(_U64.pack(n) for n in value.shape))
     write(_U64.pack(raw.nbytes))

@@ -56,15 +56,16 @@ def copy_bytes(src: Path, dst: IO[bytes], offset: int = 0, length: int | None = 
     return copied
 
 
-def iter_raw_chunks(path: Path, dtype: np.dtype[Any], row: int = 1) -> Any:
-    """Yield ``path`` (raw bytes, no header) as arrays of ``dtype``, ``row`` items per row."""
-    step = max(1, COPY_CHUNK // max(1, dtype.itemsize * row)) * row
+def iter_raw_chunks(path: Path, dtype: np.dtype[Any], row: int | None = None) -> Any:
+    """Yield ``path`` (raw bytes, no header) as 1-d arrays of ``dtype``, or 2-d of ``row`` columns."""
+    width = 1 if row is None else row
+    step = max(1, COPY_CHUNK // max(1, dtype.itemsize * width)) * width
     with open(path, "rb") as fh:
         while True:
             chunk = np.fromfile(fh, dtype=dtype, count=step)
             if chunk.size == 0:
                 return
-            yield chunk.reshape(-1, row) if row > 1 else chunk
+            yield chunk if row is None else chunk.reshape(-1, row)
 
 
 class NpyWriter:

@@ -220,13 +220,15 @@ def _read_env(root: Path, fail: Any) -> Any:
     """This process's read-only environment for ``root`` (lmdb opens a path once per process)."""
     key = os.path.realpath(root)
     held = _ENVS.get(key)
-    if held is not None and held[0] == os.getpid():
-        return held[1]
+    if held is not None:
+        if held[0] == os.getpid():
+            return held[1]
+        # Inherited through fork (a DataLoader worker): lmdb refuses to open files that an
+        # environment it knows of still holds, so let go of the parent's copy first.
+        held[1].close()
     lmdb = import_lmdb()
     try:
-        env = lmdb.open(
-            key, subdir=True, readonly=True, lock=False, readahead=False, meminit=False
-        )
+        env = lmdb.open(key, subdir=True, readonly=True, lock=False, readahead=False, meminit=False)
     except lmdb.Error as exc:
         raise fail(f"cannot open the LMDB environment: {exc}") from None
     _ENVS[key] = (os.getpid(), env)

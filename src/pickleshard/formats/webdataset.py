@@ -33,14 +33,9 @@ import sys
 import tarfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Generic, TypeVar
 
 import numpy as np
-
-try:  # a real torch IterableDataset when torch is there; plain class if not
-    from torch.utils.data import IterableDataset as _IterableBase
-except ImportError:  # pragma: no cover - exercised only without torch
-    _IterableBase = object  # type: ignore[assignment,misc]
 
 from ..sampling import distributed_rank_and_world
 from .base import (
@@ -56,6 +51,16 @@ from .base import (
 )
 from .encoding import decode_member, encode_member
 from .files import NpyWriter, iter_raw_chunks
+
+_T = TypeVar("_T")
+
+try:  # a real torch IterableDataset when torch is there; a plain generic class if not
+    from torch.utils.data import IterableDataset as _IterableBase
+except ImportError:  # pragma: no cover - exercised only without torch
+
+    class _IterableBase(Generic[_T]):  # type: ignore[no-redef]
+        """Stands in for ``torch.utils.data.IterableDataset``."""
+
 
 __all__ = ["WebDatasetFormat", "WebDatasetReader", "index_dtype"]
 
