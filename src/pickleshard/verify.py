@@ -1,7 +1,7 @@
 """Check a conversion against its source, sample by sample, by content hash.
 
-A sample's content hash is :func:`pickleshard.formats.encoding.sample_digest`: BLAKE2b-128 of
-its safe encoding, which covers every value's type, dtype, shape and bytes. :func:`verify`
+A sample's content hash is :func:`pickleshard.formats.encoding.sample_digest`: SHA-256 (first 16
+bytes) of its safe encoding, which covers every value's type, dtype, shape and bytes. :func:`verify`
 reads samples from the output (:func:`pickleshard.formats.open_dataset`) and from the source
 (:class:`pickleshard.PickleDataset`), or, when no source is given, compares the output with the
 digests ``convert`` stored in ``hashes.npy`` as it read the source.

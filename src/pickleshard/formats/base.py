@@ -12,7 +12,7 @@ Every converted dataset directory holds, besides the format's own files::
     pickleshard.json   the descriptor: {"format": "pickleshard-converted", "version": 1,
                        "to": <format>, "num_samples": N, "fields": [{"name": ...}, ...],
                        "hashes": "hashes.npy", "source": ..., "options": ..., <format keys>}
-    hashes.npy         uint8 (N, 16): BLAKE2b-128 of each source sample's safe encoding
+    hashes.npy         uint8 (N, 16): SHA-256 (first 16 bytes) of each sample's safe encoding
                        (:func:`pickleshard.formats.encoding.sample_digest`), used by verify
 """
 

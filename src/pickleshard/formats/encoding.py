@@ -27,8 +27,8 @@ object ndarray (``u8`` ndim + shape + items in C order), ``g`` numpy scalar (len
 bytes of the 0-d array), ``p`` CPU torch tensor (dtype name as a ``s`` value, ``u8`` ndim, shape,
 then length + raw bytes). Decoding never imports or calls anything named by the data.
 
-:func:`sample_digest` hashes a sample as the BLAKE2b-128 of its PSS encoding, so two samples have
-the same digest exactly when they hold the same types, dtypes, shapes and values.
+:func:`sample_digest` hashes a sample as the SHA-256 (first 16 bytes) of its PSS encoding, so two
+samples have the same digest exactly when they hold the same types, dtypes, shapes and values.
 """
 
 from __future__ import annotations
@@ -312,11 +312,7 @@ def _encode(value: Any, write: Write, depth: int) -> None:
     elif t is np.ndarray:
         _encode_ndarray(value, write, depth)
     elif isinstance(value, np.generic) and not value.dtype.hasobject:
-        parts: list[Any] = []
-        encode_npy(np.asarray(value), parts.append)
-        write(b"g" + _U64.pack(sum(len(memoryview(p).cast("B")) for p in parts)))
-        for p in parts:
-            write(p)
+        _write_npy_value(b"g", np.asarray(value), write)
     elif (tensor := _torch_tensor_type()) is not None and t is tensor:
         _encode_tensor(value, write)
     else:
@@ -335,11 +331,23 @@ def _encode_ndarray(value: np.ndarray[Any, Any], write: Write, depth: int) -> No
         for v in value.reshape(-1):
             _encode(v, write, depth + 1)
         return
-    parts: list[Any] = []
-    encode_npy(value, parts.append)
-    write(b"a" + _U64.pack(sum(len(memoryview(p).cast("B")) for p in parts)))
-    for p in parts:
-        write(p)
+    _write_npy_value(b"a", value, write)
+
+
+def _write_npy_value(tag: bytes, value: np.ndarray[Any, Any], write: Write) -> None:
+    """``tag``, the length, then the ``.npy`` bytes of ``value`` (array data not copied)."""
+    try:
+        header = _npy_header(value.dtype, value.shape)
+    except UnicodeEncodeError:
+        parts: list[Any] = []
+        encode_npy(value, parts.append)
+        data = b"".join(parts)
+        write(tag + _U64.pack(len(data)))
+        write(data)
+        return
+    write(tag + _U64.pack(len(header) + value.nbytes))
+    write(header)
+    write(raw_bytes(value))
 
 
 def _encode_tensor(value: Any, write: Write) -> None:
@@ -473,7 +481,11 @@ def decode_pss(buf: bytes | bytearray | memoryview) -> Any:
 
 
 def sample_digest(sample: Sequence[Any]) -> bytes:
-    """BLAKE2b-128 of the PSS encoding of ``tuple(sample)``, fed without copying array data."""
-    h = hashlib.blake2b(digest_size=16)
+    """The first 16 bytes of the SHA-256 of the PSS encoding of ``tuple(sample)``.
+
+    Array data is fed to the hash without a copy. SHA-256 rather than BLAKE2: CPUs with SHA
+    instructions hash it 3-4x faster, and hashing is a large share of conversion time.
+    """
+    h = hashlib.sha256()
     _encode(tuple(sample), h.update, 0)
-    return h.digest()
+    return h.digest()[:16]

@@ -100,8 +100,8 @@ class WebDatasetPartWriter(PartWriter):
         self.shards: list[dict[str, int]] = []
         self._fh: IO[bytes] | None = None
         self._tar: tarfile.TarFile | None = None
-        self._rows = np.zeros(_ROWS, dtype=index_dtype(len(self.stems)))
-        self._filled = 0
+        self._dtype = index_dtype(len(self.stems))
+        self._pending: list[tuple[int, list[int], list[int], list[int]]] = []
         self._index = open(part_dir / "index.bin", "wb")  # noqa: SIM115 - closed in close()
 
     def _close_shard(self) -> None:
@@ -114,31 +114,33 @@ class WebDatasetPartWriter(PartWriter):
     def write(self, index: int, sample: Sample) -> None:
         members = [encode_member(v) for v in sample]
         size = sum(_BLOCK + _padded(len(data)) for _, data in members)
-        limit = self.options.shard_bytes
-        if self._tar is not None and _tar_size(self._tar.offset + size) > limit:
+        if self._tar is not None and _tar_size(self._tar.offset + size) > self.options.shard_bytes:
             self._close_shard()
         if self._tar is None:
             self._fh = open(self.part_dir / f"shard-{len(self.shards):05d}.tar", "wb")  # noqa: SIM115
-            self._tar = tarfile.open(fileobj=self._fh, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115
+            self._tar = tarfile.open(fileobj=self._fh, mode="w", format=tarfile.GNU_FORMAT)  # noqa: SIM115
             self.shards.append({"count": 0, "bytes": 0})
-        row = self._rows[self._filled]
-        row["shard"] = len(self.shards) - 1
-        for k, ((kind, data), stem) in enumerate(zip(members, self.stems, strict=True)):
-            info = tarfile.TarInfo(f"{index:0{KEY_DIGITS}d}.{stem}.{kind.ext}")
+        key = f"{index:0{KEY_DIGITS}d}"
+        offsets, sizes = [], []
+        for (kind, data), stem in zip(members, self.stems, strict=True):
+            info = tarfile.TarInfo(f"{key}.{stem}.{kind.ext}")
             info.size, info.mtime, info.mode = len(data), 0, 0o444
             self._tar.addfile(info, io.BytesIO(data))
-            row["offset"][k] = self._tar.offset - _padded(len(data))
-            row["size"][k] = len(data)
-            row["kind"][k] = int(kind)
+            offsets.append(self._tar.offset - _padded(len(data)))
+            sizes.append(len(data))
         self._tar.members.clear()  # type: ignore[attr-defined]  # tarfile keeps every TarInfo it wrote; nothing here reads them
+        self._pending.append((len(self.shards) - 1, offsets, sizes, [int(k) for k, _ in members]))
         self.shards[-1]["count"] += 1
-        self._filled += 1
-        if self._filled == _ROWS:
+        if len(self._pending) >= _ROWS:
             self._flush()
 
     def _flush(self) -> None:
-        self._index.write(self._rows[: self._filled].tobytes())
-        self._filled = 0
+        rows = np.zeros(len(self._pending), dtype=self._dtype)
+        if self._pending:
+            shard, offsets, sizes, kinds = zip(*self._pending, strict=True)
+            rows["shard"], rows["offset"], rows["size"], rows["kind"] = shard, offsets, sizes, kinds
+        self._index.write(rows.tobytes())
+        self._pending.clear()
 
     def close(self) -> dict[str, Any]:
         self._close_shard()
@@ -254,26 +256,35 @@ class WebDatasetReader(ConvertedDataset, _IterableBase[Sample]):
                 raise self._corrupt(f"cannot open shard {path.name}: {exc.strerror}") from None
         return fd
 
-    def _decode(self, i: int, row: Any, block: bytes, base: int) -> Sample:
+    def _decode(
+        self, i: int, members: Sequence[tuple[int, int, int]], block: bytes, base: int
+    ) -> Sample:
+        """Sample ``i`` from its members ``(offset, size, kind)``; ``block`` starts at ``base``."""
+        view = memoryview(block)
         out = []
-        for off, size, kind in zip(
-            row["offset"].tolist(), row["size"].tolist(), row["kind"].tolist(), strict=True
-        ):
+        for off, size, kind in members:
             a = off - base
-            if a < 0 or a + size > len(block):
+            if a < 0 or a + size > len(view):
                 raise self._corrupt("index points outside its shard", i)
             try:
-                out.append(decode_member(kind, memoryview(block)[a : a + size]))
+                out.append(decode_member(kind, view[a : a + size]))
             except ValueError as exc:
                 raise self._corrupt(f"cannot decode member: {exc}", i) from None
         return tuple(out)
 
+    def _members(self, rows: Any) -> list[list[tuple[int, int, int]]]:
+        """Per row of the index, its members as ``(offset, size, kind)``, as Python ints."""
+        cols = zip(
+            rows["offset"].tolist(), rows["size"].tolist(), rows["kind"].tolist(), strict=True
+        )
+        return [list(zip(o, s, k, strict=True)) for o, s, k in cols]
+
     def _get(self, i: int) -> Sample:
-        row = self.index[i]
-        lo = int(row["offset"][0])
-        hi = int(row["offset"][-1] + row["size"][-1])
-        block = os.pread(self._fd(int(row["shard"])), hi - lo, lo)
-        return self._decode(i, row, block, lo)
+        (members,) = self._members(self.index[i : i + 1])
+        lo = members[0][0]
+        hi = members[-1][0] + members[-1][1]
+        block = os.pread(self._fd(int(self.index["shard"][i])), hi - lo, lo)
+        return self._decode(i, members, block, lo)
 
     # ---- iteration ----------------------------------------------------------------------------
 
@@ -308,15 +319,15 @@ class WebDatasetReader(ConvertedDataset, _IterableBase[Sample]):
             rows = self.index[a:b]
             starts = rows["offset"][:, 0].astype(np.int64)
             ends = (rows["offset"][:, -1] + rows["size"][:, -1]).astype(np.int64)
+            fd = self._fd(int(rows["shard"][0])) if b > a else -1
             i = 0
             while i < b - a:
                 lo = int(starts[i])
                 stop = int(np.searchsorted(ends, lo + _READ_BLOCK, side="right"))
                 stop = min(b - a, max(stop, i + 1))
-                fd = self._fd(int(rows["shard"][i]))
                 block = os.pread(fd, int(ends[stop - 1]) - lo, lo)
-                for k in range(i, stop):
-                    yield self._decode(a + k, rows[k], block, lo)
+                for k, members in enumerate(self._members(rows[i:stop]), start=i):
+                    yield self._decode(a + k, members, block, lo)
                 i = stop
 
     def __iter__(self) -> Iterator[Sample]:
