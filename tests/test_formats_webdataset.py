@@ -1,9 +1,134 @@
-"""The shared format tests (pickleshard.testing.FormatTests) for the webdataset format."""
+"""The WebDataset format: the shared kit, the real ``webdataset`` reader, shard sizes, splitting."""
 
 from __future__ import annotations
 
-from pickleshard.testing import FormatTests
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import webdataset as wds
+
+from pickleshard.convert import convert
+from pickleshard.errors import ConvertedDatasetError
+from pickleshard.formats import open_dataset
+from pickleshard.formats.webdataset import WebDatasetReader
+from pickleshard.testing import FormatTests, assert_same, oracle_samples, write_files
 
 
 class TestWebDatasetFormat(FormatTests):
     format = "webdataset"
+
+
+class TestWebDatasetFormatWithTinyShards(FormatTests):
+    """Every kit test again with shards of at most 12 KiB: most samples cross a shard boundary."""
+
+    format = "webdataset"
+    convert_kwargs = {"shard_bytes": 12 << 10}  # noqa: RUF012 - read-only class setting
+
+    # covered with default shards; a second kill run would only cost time
+    test_kill_and_resume_gives_the_uninterrupted_output = None  # type: ignore[assignment]
+
+
+def _convert(tmp_path: Path, objects: list[Any], **kwargs: Any) -> tuple[Path, list[Any]]:
+    paths = write_files(tmp_path / "src", objects)
+    convert(tmp_path / "src", tmp_path / "out", to="webdataset", **kwargs)
+    return tmp_path / "out", oracle_samples(paths)
+
+
+def _labelled(files: int, per_file: int) -> list[Any]:
+    rng = np.random.default_rng(0)
+    return [
+        ([rng.standard_normal((4, 8)).astype(np.float32) for _ in range(per_file)],
+         list(range(f * per_file, (f + 1) * per_file)))
+        for f in range(files)
+    ]  # fmt: skip
+
+
+def test_plain_webdataset_decodes_every_sample(tmp_path: Path) -> None:
+    out, want = _convert(tmp_path, _labelled(3, 7), shard_bytes=8 << 10, jobs=2)
+    desc = json.loads((out / "pickleshard.json").read_text())
+    assert len(desc["shards"]) > 1
+    got = list(
+        wds.WebDataset(str(out / desc["urls"]), shardshuffle=False, empty_check=False).decode()
+    )
+    assert len(got) == len(want)
+    for i, (sample, (x, y)) in enumerate(zip(got, want, strict=True)):
+        assert sample["__key__"] == f"{i:010d}"
+        assert_same(sample["x.npy"], x)
+        assert sample["y.cls"] == y
+
+
+def test_plain_webdataset_decodes_json_and_scalars(tmp_path: Path) -> None:
+    objects = [([{"text": "a", "ids": [1, 2]}, "plain"], [np.float32(0.5), np.float32(1.5)])]
+    out, want = _convert(tmp_path, objects)
+    (sample0, sample1) = list(
+        wds.WebDataset(str(out / "shard-000000.tar"), shardshuffle=False).decode()
+    )
+    assert sample0["x.json"] == want[0][0]
+    assert sample1["x.json"] == "plain"
+    assert sample0["y.scalar.npy"] == np.float32(0.5)
+
+
+def test_shards_stay_within_shard_bytes(tmp_path: Path) -> None:
+    limit = 20 << 10
+    out, _ = _convert(tmp_path, _labelled(2, 40), shard_bytes=limit)
+    desc = json.loads((out / "pickleshard.json").read_text())
+    for shard in desc["shards"]:
+        size = (out / shard["name"]).stat().st_size
+        assert size == shard["bytes"]
+        assert size <= limit or shard["count"] == 1
+    assert sum(s["count"] for s in desc["shards"]) == 80
+
+
+def test_a_sample_larger_than_a_shard_gets_its_own(tmp_path: Path) -> None:
+    out, want = _convert(tmp_path, [([np.zeros(50_000), np.zeros(3)], [0, 1])], shard_bytes=1 << 10)
+    desc = json.loads((out / "pickleshard.json").read_text())
+    assert [s["count"] for s in desc["shards"]] == [1, 1]
+    ds = open_dataset(out)
+    assert_same(ds[0], want[0])
+
+
+def _indices(reader: WebDatasetReader, workers: int) -> list[list[int]]:
+    return [[i for a, b in reader.runs(w, workers) for i in range(a, b)] for w in range(workers)]
+
+
+@pytest.mark.parametrize(("world", "workers"), [(1, 1), (2, 1), (2, 3), (3, 2)])
+def test_ranks_and_workers_split_an_epoch(tmp_path: Path, world: int, workers: int) -> None:
+    out, _ = _convert(tmp_path, _labelled(5, 7), shard_bytes=4 << 10)
+    n = 35
+    everything: list[int] = []
+    for rank in range(world):
+        reader = open_dataset(out, rank=rank, world_size=world, seed=1)
+        assert isinstance(reader, WebDatasetReader)
+        parts = _indices(reader, workers)
+        per_rank = sum(len(p) for p in parts)
+        assert per_rank == -(-n // world) == reader.samples_per_rank
+        everything += [i for p in parts for i in p]
+        kept = open_dataset(out, rank=rank, world_size=world, drop_last=True)
+        assert sum(len(p) for p in _indices(kept, workers)) == n // world  # type: ignore[arg-type]
+    assert set(everything) == set(range(n))
+    assert len(everything) - n == -(-n // world) * world - n  # only the padding repeats
+
+
+def test_iteration_is_a_seeded_shuffle_per_epoch(tmp_path: Path) -> None:
+    out, _ = _convert(tmp_path, _labelled(4, 10), shard_bytes=4 << 10)
+    reader = open_dataset(out, seed=3, buffer_size=8)
+    assert isinstance(reader, WebDatasetReader)
+    first = [y for _, y in reader]
+    assert first == [y for _, y in reader]
+    reader.set_epoch(1)
+    second = [y for _, y in reader]
+    assert first != second
+    assert sorted(first) == sorted(second) == list(range(40))
+    ordered = open_dataset(out, shuffle=False)
+    assert [y for _, y in ordered] == list(range(40))
+
+
+def test_a_missing_shard_is_a_clear_error(tmp_path: Path) -> None:
+    out, _ = _convert(tmp_path, _labelled(1, 10), shard_bytes=4 << 10)
+    (out / "shard-000001.tar").unlink()
+    ds = open_dataset(out)
+    with pytest.raises(ConvertedDatasetError, match=r"shard-000001\.tar"):
+        list(ds)

@@ -432,10 +432,16 @@ def _decode(r: _Reader, depth: int) -> Any:
     if tag in (b"l", b"t", b"S", b"Z"):
         items = [_decode(r, depth + 1) for _ in range(r.count())]
         kind: type = {b"l": list, b"t": tuple, b"S": set, b"Z": frozenset}[tag]
-        return items if kind is list else kind(items)
+        try:
+            return items if kind is list else kind(items)
+        except TypeError as exc:  # damaged bytes can put a list where a set item was
+            raise ValueError(f"bad PSS set: {exc}") from None
     if tag in (b"d", b"o"):
         pairs = [(_decode(r, depth + 1), _decode(r, depth + 1)) for _ in range(r.count())]
-        return dict(pairs) if tag == b"d" else OrderedDict(pairs)
+        try:
+            return dict(pairs) if tag == b"d" else OrderedDict(pairs)
+        except TypeError as exc:
+            raise ValueError(f"bad PSS dict key: {exc}") from None
     if tag == b"a":
         return decode_npy(r.take(r.u64()))
     if tag == b"g":

@@ -213,25 +213,29 @@ def _put(env: Any, lmdb: ModuleType, batch: list[tuple[bytes, bytes]]) -> None:
             env.set_mapsize(int(env.info()["map_size"]) * 2)
 
 
-_ENVS: dict[str, tuple[int, Any]] = {}
+_ENVS: dict[str, tuple[int, tuple[int, int], Any]] = {}
 
 
 def _read_env(root: Path, fail: Any) -> Any:
-    """This process's read-only environment for ``root`` (lmdb opens a path once per process)."""
+    """This process's read-only environment for ``root`` (lmdb opens a file once per process)."""
     key = os.path.realpath(root)
+    try:
+        st = os.stat(os.path.join(key, "data.mdb"))
+    except OSError as exc:
+        raise fail(f"cannot open data.mdb: {exc.strerror or exc}") from None
     held = _ENVS.get(key)
     if held is not None:
-        if held[0] == os.getpid():
-            return held[1]
-        # Inherited through fork (a DataLoader worker): lmdb refuses to open files that an
-        # environment it knows of still holds, so let go of the parent's copy first.
-        held[1].close()
+        if held[0] == os.getpid() and held[1] == (st.st_dev, st.st_ino):
+            return held[2]
+        # Inherited through fork (a DataLoader worker), or the files were replaced: lmdb refuses
+        # to open files that an environment it knows of still holds, so let that one go first.
+        held[2].close()
     lmdb = import_lmdb()
     try:
         env = lmdb.open(key, subdir=True, readonly=True, lock=False, readahead=False, meminit=False)
     except lmdb.Error as exc:
         raise fail(f"cannot open the LMDB environment: {exc}") from None
-    _ENVS[key] = (os.getpid(), env)
+    _ENVS[key] = (os.getpid(), (st.st_dev, st.st_ino), env)
     return env
 
 
@@ -253,7 +257,10 @@ class LmdbDataset(ConvertedDataset):
         return self._txn
 
     def _get(self, i: int) -> Sample:
-        value = self._open().get(sample_key(i))
+        try:
+            value = self._open().get(sample_key(i))
+        except import_lmdb().Error as exc:  # e.g. the files were replaced and reopened elsewhere
+            raise self._corrupt(f"cannot read from the LMDB environment: {exc}", i) from None
         if value is None:
             raise self._corrupt("no value under this sample's key", i)
         try:

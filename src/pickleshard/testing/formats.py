@@ -227,6 +227,7 @@ class FormatTests:
         self.convert(tmp_path / "src", tmp_path / "two", jobs=2)
         assert tree_bytes(tmp_path / "one") == tree_bytes(tmp_path / "two")
 
+    @pytest.mark.slow
     def test_kill_and_resume_gives_the_uninterrupted_output(self, tmp_path: Path) -> None:
         rng = np.random.default_rng(5)
         src, out = tmp_path / "src", tmp_path / "out"
