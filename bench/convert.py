@@ -1,0 +1,315 @@
+"""``python -m bench.convert``: converting to memmap / LMDB / WebDataset, and reading them back.
+
+Two tables, measured in one process on one synthetic dataset (``bench.data``: float32
+``(3, 32, 32)`` arrays and int labels, ``pickle.dump((x_list, y_list))`` per file):
+
+1. **Conversion**: seconds and seconds per GB of source pickles, for ``pickleshard.convert`` to
+   each format against the naive loop a user would write (load each pickle whole, then write
+   with the plain library: ``np.lib.format.open_memmap``, ``lmdb`` with pickled values,
+   ``webdataset.ShardWriter``). The source's index is built first and timed on its own row.
+2. **Shuffled epoch**: samples/s over one epoch through ``DataLoader(batch_size=256,
+   shuffle=True, num_workers=0)``: pickleshard's readers against raw ``np.memmap`` on the same
+   ``.npy`` files (per sample, and batched with fancy indexing), a plain LMDB reader
+   (``pickle.loads`` per key), and ``webdataset.WebDataset(...).shuffle(1000).decode()`` on
+   the same shards. Target: the memmap reader at >= 0.9x the faster raw ``np.memmap`` row.
+
+Writes ``bench/results/issue6-convert[-quick].md`` and ``.json``. ``--quick`` is a smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import shlex
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import numpy as np
+import webdataset as wds  # type: ignore[import-untyped]
+from torch.utils.data import DataLoader, Dataset
+
+from pickleshard import PickleDataset
+from pickleshard.convert import convert
+from pickleshard.formats import open_dataset
+from pickleshard.verify import verify
+
+from .data import DataSpec, ensure_data
+from .report import busy_note, describe_machine
+
+__all__ = ["main"]
+
+HERE = Path(__file__).resolve().parent
+SIZES = {"quick": (4, 250), "full": (8, 5000)}
+BATCH = 256
+SHARD_BYTES = 64 << 20
+FORMATS = ("memmap", "LMDB", "WebDataset")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One measurement: ``seconds`` for ``samples`` samples (``nbytes`` source or read bytes)."""
+
+    table: str
+    name: str
+    seconds: float
+    samples: int
+    nbytes: int
+    note: str = ""
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+# ---- the naive "load each pickle, write" loops -------------------------------------------------
+
+
+def _load(path: Path) -> tuple[list[np.ndarray[Any, Any]], list[int]]:
+    with open(path, "rb") as fh:
+        xs, ys = pickle.load(fh)
+    return xs, ys
+
+
+def naive_memmap(paths: Sequence[Path], out: Path, n: int, shape: tuple[int, ...]) -> None:
+    out.mkdir(parents=True)
+    x = np.lib.format.open_memmap(out / "x.npy", mode="w+", dtype=np.float32, shape=(n, *shape))
+    y = np.lib.format.open_memmap(out / "y.npy", mode="w+", dtype=np.int64, shape=(n,))
+    i = 0
+    for path in paths:
+        xs, ys = _load(path)
+        x[i : i + len(xs)] = np.stack(xs)
+        y[i : i + len(ys)] = ys
+        i += len(xs)
+    x.flush()
+    y.flush()
+
+
+def naive_lmdb(paths: Sequence[Path], out: Path) -> None:
+    env = lmdb.open(str(out), map_size=1 << 36, lock=False, sync=False)
+    i = 0
+    for path in paths:
+        xs, ys = _load(path)
+        with env.begin(write=True) as txn:
+            for x, y in zip(xs, ys, strict=True):
+                txn.put(i.to_bytes(8, "big"), pickle.dumps((x, y), protocol=5), append=True)
+                i += 1
+    env.sync(True)
+    env.close()
+
+
+def naive_webdataset(paths: Sequence[Path], out: Path) -> None:
+    out.mkdir(parents=True)
+    i = 0
+    with wds.ShardWriter(str(out / "shard-%06d.tar"), maxsize=SHARD_BYTES, verbose=0) as sink:
+        for path in paths:
+            xs, ys = _load(path)
+            for x, y in zip(xs, ys, strict=True):
+                sink.write({"__key__": f"{i:010d}", "x.npy": x, "y.cls": y})
+                i += 1
+
+
+# ---- plain readers ----------------------------------------------------------------------------
+
+
+class RawMemmap(Dataset[tuple[Any, int]]):
+    """``np.load(mmap_mode="r")`` of each field; one sample per ``__getitem__``."""
+
+    def __init__(self, root: Path) -> None:
+        self.x = np.load(root / "x.npy", mmap_mode="r")
+        self.y = np.load(root / "y.npy", mmap_mode="r")
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        return np.array(self.x[i]), int(self.y[i])
+
+
+class RawMemmapBatched(RawMemmap):
+    """The same, plus ``__getitems__`` by fancy indexing, as a careful user would write it."""
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, int]]:
+        idx = np.asarray(indices)
+        return list(zip(self.x[idx], self.y[idx].tolist(), strict=True))
+
+
+class PlainLmdb(Dataset[Any]):
+    """The usual LMDB dataset: ``pickle.loads(txn.get(key))``, environment opened per process."""
+
+    def __init__(self, root: Path, n: int) -> None:
+        self.root, self.n = root, n
+        self._txn: Any = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        if self._txn is None:
+            env = lmdb.open(str(self.root), readonly=True, lock=False, readahead=False)
+            self._txn = env.begin()
+        return pickle.loads(self._txn.get(int(i).to_bytes(8, "big")))
+
+
+def _epoch(loader: Iterable[Any]) -> int:
+    count = 0
+    for _, y in loader:
+        count += len(y)
+    return count
+
+
+def _map_epoch(ds: Any) -> Callable[[], int]:
+    def run() -> int:
+        return _epoch(DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=0))
+
+    return run
+
+
+def _plain_wds(root: Path, shards: int) -> Callable[[], int]:
+    urls = str(root / f"shard-{{000000..{shards - 1:06d}}}.tar")
+
+    def run() -> int:
+        ds = wds.WebDataset(urls, shardshuffle=shards, empty_check=False)
+        pipeline = ds.shuffle(1000).decode().to_tuple("x.npy", "y.cls")
+        return _epoch(DataLoader(pipeline, batch_size=BATCH, num_workers=0))
+
+    return run
+
+
+# ---- the run ----------------------------------------------------------------------------------
+
+
+def _conversions(spec: DataSpec, work: Path, jobs: int) -> list[Row]:
+    paths, n = spec.paths, spec.num_samples
+    nbytes = sum(p.stat().st_size for p in paths)
+    rows = [Row("convert", "index build (once per dataset)", _timed(lambda: PickleDataset(spec.directory, rebuild="auto")), n, nbytes)]  # fmt: skip
+    plans: list[tuple[str, Callable[[], Any]]] = [
+        ("naive memmap: load + open_memmap", lambda: naive_memmap(paths, work / "naive-memmap", n, spec.shape)),
+        ("pickleshard memmap, jobs=1", lambda: convert(spec.directory, work / "memmap-1", jobs=1)),
+        (f"pickleshard memmap, jobs={jobs}", lambda: convert(spec.directory, work / "memmap", jobs=jobs)),
+        ("naive LMDB: load + put(pickle)", lambda: naive_lmdb(paths, work / "naive-lmdb")),
+        ("pickleshard LMDB, jobs=1", lambda: convert(spec.directory, work / "lmdb-1", to="lmdb", jobs=1)),
+        (f"pickleshard LMDB, jobs={jobs}", lambda: convert(spec.directory, work / "lmdb", to="lmdb", jobs=jobs)),
+        ("naive WebDataset: load + ShardWriter", lambda: naive_webdataset(paths, work / "naive-wds")),
+        ("pickleshard WebDataset, jobs=1", lambda: convert(spec.directory, work / "wds-1", to="webdataset", jobs=1, shard_bytes=SHARD_BYTES)),
+        (f"pickleshard WebDataset, jobs={jobs}", lambda: convert(spec.directory, work / "wds", to="webdataset", jobs=jobs, shard_bytes=SHARD_BYTES)),
+        ("pickleshard verify memmap (stored digests)", lambda: verify(None, work / "memmap")),
+    ]  # fmt: skip
+    for name, fn in plans:
+        rows.append(Row("convert", name, _timed(fn), n, nbytes))
+        print(f"  {name}: {rows[-1].seconds:.2f} s", flush=True)
+    for name in ("memmap-1", "lmdb-1", "wds-1"):
+        shutil.rmtree(work / name)
+    return rows
+
+
+def _reads(spec: DataSpec, work: Path) -> list[Row]:
+    n = spec.num_samples
+    sample_bytes = int(np.prod(spec.shape)) * 4 + 8
+    shards = len(json.loads((work / "wds" / "pickleshard.json").read_text())["shards"])
+    plans: list[tuple[str, Callable[[], int]]] = [
+        ("raw np.memmap, __getitem__", _map_epoch(RawMemmap(work / "memmap"))),
+        ("raw np.memmap, __getitems__ (fancy index)", _map_epoch(RawMemmapBatched(work / "memmap"))),
+        ("pickleshard memmap (open_dataset)", _map_epoch(open_dataset(work / "memmap"))),
+        ("plain LMDB, pickle.loads per key", _map_epoch(PlainLmdb(work / "naive-lmdb", n))),
+        ("pickleshard LMDB (open_dataset)", _map_epoch(open_dataset(work / "lmdb"))),
+        ("plain webdataset: shuffle(1000).decode()", _plain_wds(work / "wds", shards)),
+        ("pickleshard WebDataset (buffer 1000)", lambda: _epoch(DataLoader(open_dataset(work / "wds", buffer_size=1000), batch_size=BATCH))),
+    ]  # fmt: skip
+    rows = []
+    for name, fn in plans:
+        fn()  # warm-up epoch: page cache, decoder caches
+        t0 = time.perf_counter()
+        seen = fn()
+        rows.append(Row("read", name, time.perf_counter() - t0, seen, seen * sample_bytes))
+        print(f"  {name}: {seen / rows[-1].seconds:,.0f} samples/s", flush=True)
+        if seen != n:
+            raise RuntimeError(f"{name} read {seen} samples, expected {n}")
+    return rows
+
+
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _tables(rows: Sequence[Row]) -> list[str]:
+    conv = [r for r in rows if r.table == "convert"]
+    naive = {f: next(r for r in conv if r.name.startswith(f"naive {f}")) for f in FORMATS}
+    out = ["| conversion | seconds | s/GB of pickles | speed vs naive |", "|---|---:|---:|---:|"]
+    for r in conv:
+        fmt = next((f for f in FORMATS if r.name.startswith(f"pickleshard {f},")), None)
+        speed = f"{naive[fmt].seconds / r.seconds:.2f}x" if fmt else ""
+        out.append(f"| {r.name} | {r.seconds:.2f} | {r.seconds / (r.nbytes / 1e9):.1f} | {speed} |")
+    reads = [r for r in rows if r.table == "read"]
+    best_raw = max(r.samples / r.seconds for r in reads if r.name.startswith("raw"))
+    out += [
+        "",
+        "| shuffled epoch (DataLoader, batch 256, 0 workers) | samples/s | MB/s | vs best raw np.memmap |",
+        "|---|---:|---:|---:|",
+    ]
+    for r in reads:
+        rate = r.samples / r.seconds
+        out.append(
+            f"| {r.name} | {rate:,.0f} | {r.nbytes / r.seconds / 1e6:,.0f} | {rate / best_raw:.2f}x |"
+        )
+    mine = next(r for r in reads if r.name.startswith("pickleshard memmap"))
+    ratio = mine.samples / mine.seconds / best_raw
+    verdict = "met" if ratio >= 0.9 else "NOT met"
+    out += ["", f"Target: pickleshard memmap >= 0.9x the best raw np.memmap row: **{ratio:.2f}x, {verdict}**."]  # fmt: skip
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.convert", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--quick", action="store_true", help="a tiny smoke run (4 files x 250)")
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument("--data", type=Path, default=HERE / "data", help="where datasets live")
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    args = parser.parse_args(argv)
+    files, per_file = SIZES["quick" if args.quick else "full"]
+    spec = DataSpec(args.data, files, per_file, (3, 32, 32))
+    machine = describe_machine(
+        shlex.join([sys.executable, "-m", "bench.convert", *(argv or sys.argv[1:])])
+    )
+    ensure_data(spec)
+    work = args.data / f"convert-{spec.name}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        print(f"converting {spec.directory} ({spec.num_samples} samples)", flush=True)
+        rows = _conversions(spec, work, args.jobs)
+        sizes = {name: _size(work / name) for name in ("memmap", "lmdb", "wds", "naive-memmap", "naive-lmdb", "naive-wds")}  # fmt: skip
+        print("reading", flush=True)
+        rows += _reads(spec, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    source = sum(p.stat().st_size for p in spec.paths)
+    name = "issue6-convert-quick" if args.quick else "issue6-convert"
+    lines = [f"# Conversion and converted-format readers ({spec.name})", "", "## Machine", ""]
+    lines += [f"- {k}: {v}" for k, v in machine.items()]
+    note = busy_note(machine)
+    lines += ["", note] if note else []
+    lines += ["", "## Setup", "", f"- {spec.num_samples} samples in {files} files, {source / 1e6:,.0f} MB of pickles; index built before conversion rows; outputs in the page cache when read"]  # fmt: skip
+    lines += ["- output sizes (MB): " + ", ".join(f"{k} {v / 1e6:,.0f}" for k, v in sizes.items())]
+    lines += ["", "## Results", "", *_tables(rows), ""]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{name}.md").write_text("\n".join(lines))
+    raw = {"machine": machine, "sizes": sizes, "rows": [asdict(r) for r in rows]}
+    (args.out / f"{name}.json").write_text(json.dumps(raw, indent=1) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
