@@ -141,7 +141,7 @@ def test_crash_before_publishing_then_resume(
     assert tree_bytes(tmp_path / "out") == tree_bytes(tmp_path / "reference")
 
 
-def test_a_partial_run_of_a_changed_source_is_refused(
+def test_a_partial_run_of_a_changed_source_starts_over(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     src = _source(tmp_path)
@@ -150,11 +150,10 @@ def test_a_partial_run_of_a_changed_source_is_refused(
         convert(src, tmp_path / "out")
     monkeypatch.undo()
     write_files(src, [([1], [2])])  # part-000.pkl now holds other samples
-    with pytest.raises(ConversionStateError) as info:
-        convert(src, tmp_path / "out")
-    assert ".out.partial" in str(info.value)
-    report = convert(src, tmp_path / "out", overwrite=True)
-    assert report.num_samples == 16
+    report = convert(src, tmp_path / "out")
+    assert (report.num_samples, report.parts_reused) == (16, 0)
+    convert(src, tmp_path / "reference")
+    assert tree_bytes(tmp_path / "out") == tree_bytes(tmp_path / "reference")
 
 
 def test_a_locked_staging_directory_is_refused(tmp_path: Path) -> None:
@@ -238,3 +237,16 @@ def test_memory_does_not_grow_with_the_dataset(tmp_path: Path) -> None:
     # one decoded file, its copy in flight, and ~10 MiB of buffers: not the 19 MiB of data
     assert large < small * 1.5 + file_bytes
     assert large < 3 * file_bytes + (12 << 20) < 30 * file_bytes
+
+
+def test_an_error_in_a_worker_process_names_its_file(tmp_path: Path) -> None:
+    from fractions import Fraction
+
+    write_files(tmp_path / "src", [([1, 2], [3, 4]), ([5, 6], [7, Fraction(1, 2)])])
+    with pytest.raises(UnencodableValueError) as info:
+        convert(tmp_path / "src", tmp_path / "out", jobs=2, trusted=True)
+    assert "part-001.pkl" in str(info.value)
+    assert info.value.sample == 3
+    assert not (tmp_path / "out").exists()
+    write_files(tmp_path / "src", [([1, 2], [3, 4]), ([5, 6], [7, 8])])
+    assert convert(tmp_path / "src", tmp_path / "out", jobs=2).num_samples == 4

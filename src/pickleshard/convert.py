@@ -18,7 +18,8 @@ How :func:`convert` runs:
 Killed at any point, the same command resumes: finished parts are kept, unfinished ones are
 redone from scratch, and finalizing reruns if it had not finished. Each part's output is a pure
 function of its samples, so the result is byte-identical to an uninterrupted run, and also
-independent of ``jobs``. A run whose source or options differ from the manifest's is refused.
+independent of ``jobs``. A run whose source files or options differ from the manifest's starts
+over: nothing staged for other inputs applies.
 
 Memory: each job holds the samples of one read batch, at most ``memory_bytes / jobs / 4`` of
 decoded data by the index's estimate (while whole-file reading is in use, the one decoded source
@@ -329,14 +330,16 @@ def convert(
     what it returns, after its ``transform``). ``to`` is ``"memmap"``, ``"lmdb"``,
     ``"webdataset"`` or a :class:`~pickleshard.formats.Format`. ``jobs`` processes write parts
     (default: CPUs, at most 8). ``shard_bytes`` caps WebDataset shards. ``memory_bytes`` is the
-    read budget across jobs. ``verify=True`` re-reads every sample of the output and compares
-    its content hash with the source's. ``overwrite=True`` replaces an existing conversion.
+    read budget across jobs. ``verify=True`` then reads every sample of the output back and
+    compares its content hash with the digest taken of the source sample as it was converted
+    (``hashes.npy``), without reading the source again. ``overwrite=True`` replaces an existing
+    conversion.
 
     Rerunning after a kill resumes; rerunning after success returns at once
     (``already_done``). Raises :class:`~pickleshard.errors.OutputPathError` if ``out`` cannot
     be written, :class:`~pickleshard.errors.OutputExistsError` if it holds something else,
-    :class:`~pickleshard.errors.ConversionStateError` if a partial conversion there belongs to
-    another source, :class:`~pickleshard.errors.UnencodableValueError` for a value the safe
+    :class:`~pickleshard.errors.ConversionStateError` if another conversion to ``out`` is
+    running, :class:`~pickleshard.errors.UnencodableValueError` for a value the safe
     encoding cannot store, and :class:`~pickleshard.errors.VerifyMismatchError` from ``verify``.
     """
     t0 = time.perf_counter()
@@ -356,7 +359,7 @@ def convert(
     reused = 0
     done_already = _finished(out_path, identity, overwrite)
     if not done_already:
-        with Staging(out_path, identity, plan, overwrite) as stage:
+        with Staging(out_path, identity, plan) as stage:
             reused = len(plan) if stage.finalized else len(stage.done)
             options = WriteOptions(tuple(ds.fields), len(ds), shard_bytes)
             n_jobs = max(1, jobs if jobs is not None else min(os.cpu_count() or 1, 8))
@@ -375,7 +378,7 @@ def convert(
     if verify:
         from .verify import verify as verify_output
 
-        verified = verify_output(ds, out_path, progress=progress).checked
+        verified = verify_output(None, out_path, progress=progress).checked
     return ConvertReport(
         out=out_path,
         to=fmt.name,

@@ -13,7 +13,9 @@ import importlib
 import os
 from pathlib import Path
 
+from ..errors import ConvertedDatasetError
 from .base import (
+    DESCRIPTOR_NAME,
     ConvertedDataset,
     Format,
     IterableOptions,
@@ -83,4 +85,9 @@ def open_dataset(
     root = Path(out)
     descriptor = read_descriptor(root)
     options = IterableOptions(shuffle, seed, buffer_size, rank, world_size, drop_last)
+    if descriptor["to"] not in _BACKENDS:
+        raise ConvertedDatasetError(
+            root / DESCRIPTOR_NAME,
+            f"unknown format {descriptor['to']!r}; this pickleshard reads {', '.join(FORMAT_NAMES)}",
+        )
     return get_format(descriptor["to"]).open(root, descriptor, options)

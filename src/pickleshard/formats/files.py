@@ -40,10 +40,28 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 
 def copy_bytes(src: Path, dst: IO[bytes], offset: int = 0, length: int | None = None) -> int:
-    """Append ``length`` bytes of ``src`` from ``offset`` (default: to its end) to ``dst``."""
+    """Append ``length`` bytes of ``src`` from ``offset`` (default: to its end) to ``dst``.
+
+    Uses ``os.copy_file_range`` (the kernel copies, no buffer here) where the system has it,
+    else reads and writes :data:`COPY_CHUNK` bytes at a time.
+    """
     copied = 0
     with open(src, "rb") as fh:
-        fh.seek(offset)
+        if hasattr(os, "copy_file_range"):
+            size = os.fstat(fh.fileno()).st_size
+            want_all = size - offset if length is None else length
+            dst.flush()  # the kernel writes at the descriptor's offset: nothing may sit buffered
+            try:
+                while copied < want_all:
+                    n = os.copy_file_range(
+                        fh.fileno(), dst.fileno(), want_all - copied, offset + copied
+                    )
+                    if n == 0:
+                        break
+                    copied += n
+            except OSError:  # not supported between these files: copy through Python
+                pass
+        fh.seek(offset + copied)
         while length is None or copied < length:
             want = COPY_CHUNK if length is None else min(COPY_CHUNK, length - copied)
             chunk = fh.read(want)

@@ -41,18 +41,16 @@ _MANIFEST_VERSION = 1
 class Staging:
     """Context manager over the staging directory of the conversion to ``out``.
 
-    On entry: creates the directory, takes the lock, loads or creates the manifest (a manifest
-    for another ``identity`` is refused, or discarded when ``overwrite``), and deletes leftovers.
+    On entry: creates the directory, takes the lock (another run holding it is refused with
+    :class:`ConversionStateError`), loads the manifest or creates one (staging left by a run of
+    another source or other options is emptied: nothing in it applies), and deletes leftovers.
     """
 
-    def __init__(
-        self, out: Path, identity: dict[str, Any], plan: Sequence[PartSpec], overwrite: bool = False
-    ) -> None:
+    def __init__(self, out: Path, identity: dict[str, Any], plan: Sequence[PartSpec]) -> None:
         self.out = out
         self.path = out.parent / f".{out.name}.partial"
         self.identity = identity
         self.plan = list(plan)
-        self.overwrite = overwrite
         self.done: dict[str, Any] = {}
         self.lock_fd = -1
 
@@ -115,12 +113,8 @@ class Staging:
     def _load(self) -> None:
         stored = self._stored_identity()
         if stored != self.identity:
-            if not self.overwrite and stored is not None:
-                raise ConversionStateError(
-                    self.path,
-                    "holds a partial conversion of another source or with other options; "
-                    "delete it or pass overwrite=True (CLI: --overwrite) to start over",
-                )
+            # Left by a run over other files or options: nothing in it can be reused, and it
+            # is ours alone (the lock is held), so start over.
             self._clear()
         manifest_path = self.path / MANIFEST_NAME
         if manifest_path.is_file() and stored == self.identity:
