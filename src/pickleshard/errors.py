@@ -195,7 +195,7 @@ class OutputExistsError(FileProblem, FileExistsError):
 
 
 class ConversionStateError(FileProblem, ValueError):
-    """A partial conversion's manifest belongs to another source or options, or another run holds it."""
+    """Another conversion to the same output is running (it holds the staging directory's lock)."""
 
 
 class ConvertedDatasetError(FileProblem, ValueError):
