@@ -327,7 +327,8 @@ def convert(
 
     ``source`` is what :class:`~pickleshard.PickleDataset` takes (directory, glob, file list)
     or a PickleDataset (its ``trusted``/``allow_globals`` then apply, not these; samples are
-    what it returns, after its ``transform``). ``to`` is ``"memmap"``, ``"lmdb"``,
+    what it returns, after its ``transform``, which the manifest cannot tell apart: resume with
+    the same one). ``to`` is ``"memmap"``, ``"lmdb"``,
     ``"webdataset"`` or a :class:`~pickleshard.formats.Format`. ``jobs`` processes write parts
     (default: CPUs, at most 8). ``shard_bytes`` caps WebDataset shards. ``memory_bytes`` is the
     read budget across jobs. ``verify=True`` then reads every sample of the output back and
