@@ -24,6 +24,7 @@ from pickleshard.errors import (
 )
 from pickleshard.formats import FORMAT_NAMES, get_format
 from pickleshard.formats.base import PartWriter
+from pickleshard.formats.files import NpyWriter
 from pickleshard.formats.lmdb import LmdbPartWriter
 from pickleshard.formats.memmap import MemmapPartWriter
 from pickleshard.formats.staging import Staging
@@ -93,6 +94,29 @@ def test_crash_inside_finalize_then_resume(
     monkeypatch.setattr(cls, "finalize", real)
     report = convert(src, tmp_path / "out", to=to, jobs=2, shard_bytes=2048)
     assert report.parts_reused == report.parts
+    assert tree_bytes(tmp_path / "out") == tree_bytes(tmp_path / "reference")
+
+
+@pytest.mark.parametrize("to", FORMAT_NAMES)
+def test_crash_halfway_through_a_final_file_then_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, to: str
+) -> None:
+    src = _source(tmp_path)
+    convert(src, tmp_path / "reference", to=to, jobs=2, shard_bytes=2048)
+
+    def killed_before_rename(self: NpyWriter) -> None:
+        self.fh.close()  # the temporary file stays behind, as after a SIGKILL
+        raise Crash
+
+    monkeypatch.setattr(NpyWriter, "close", killed_before_rename)
+    with pytest.raises(Crash):
+        convert(src, tmp_path / "out", to=to, jobs=2, shard_bytes=2048)
+    leftovers = [p for p in (tmp_path / ".out.partial").iterdir() if ".tmp-" in p.name]
+    assert leftovers
+    for p in leftovers:  # as a killed process (another pid) would have left them
+        p.rename(p.with_name(p.name.replace(f".tmp-{os.getpid()}", ".tmp-999999")))
+    monkeypatch.undo()
+    convert(src, tmp_path / "out", to=to, jobs=2, shard_bytes=2048)
     assert tree_bytes(tmp_path / "out") == tree_bytes(tmp_path / "reference")
 
 

@@ -374,6 +374,7 @@ def convert(
                 bar.update(sum(p.count for p in plan) - sum(p.count for p in todo))
                 _run_parts(job, todo, min(n_jobs, len(todo)), stage, bar)
             if not stage.finalized:
+                stage.clear_outputs()
                 _finalize(job, stage, plan, identity)
             stage.publish()
     if verify:

@@ -160,9 +160,9 @@ class Format(ABC):
     ) -> dict[str, Any]:
         """Build the final files in ``staging`` from ``parts``; return descriptor entries.
 
-        Must be idempotent: after a kill it runs again from the start over the same parts, so
-        it writes each final file under a temporary name and renames it, and never changes a
-        part until its last use. Must include ``"fields"``: one dict per field with ``"name"``.
+        After a kill it runs again from the start over the same parts, in a staging directory
+        emptied of everything but the parts: so it must not change or remove anything in a
+        part. The returned dict must include ``"fields"``: one dict per field with ``"name"``.
         """
 
     @abstractmethod

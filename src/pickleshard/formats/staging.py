@@ -7,7 +7,9 @@
                         first_file, end_file], ...], "done": {"<id>": <part summary>, ...}}
     parts/part-<id>/   a finished part (a part is written as part-<id>.tmp-<pid> and renamed)
     .lock              flock'ed by the running conversion
-    ...                the final files, once finalizing has begun; pickleshard.json last
+    ...                the final files, once finalizing has begun; pickleshard.json last.
+                       Finalizing starts by deleting whatever an interrupted finalize left here;
+                       it never changes parts/, so it can always start again.
 
 Only the coordinating process writes the manifest, always through a temporary file and a
 rename, and only after the part's directory has its final name: a part listed as done is
@@ -141,6 +143,16 @@ class Staging:
         for child in parts.iterdir():
             if child.name not in keep:
                 shutil.rmtree(child, ignore_errors=True)
+
+    def clear_outputs(self) -> None:
+        """Delete what an interrupted finalize left (everything but parts, manifest and lock)."""
+        for child in self.path.iterdir():
+            if child.name in ("parts", MANIFEST_NAME, ".lock"):
+                continue
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
 
     def mark_done(self, spec: PartSpec, summary: dict[str, Any]) -> None:
         """Record part ``spec`` as final (its directory is already renamed into place)."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import shutil
 import sys
 import tarfile
 from collections.abc import Iterator, Sequence
@@ -167,17 +168,12 @@ class WebDatasetFormat(Format):
             base = len(shards)
             for k, shard in enumerate(part.summary["shards"]):
                 name = f"shard-{len(shards):06d}.tar"
-                src = part.dir / f"shard-{k:05d}.tar"
-                if src.exists():  # else moved by a run killed after this step
-                    os.replace(src, staging / name)
+                _link_or_copy(part.dir / f"shard-{k:05d}.tar", staging / name)
                 shards.append({"name": name, **shard})
             for rows in iter_raw_chunks(part.dir / "index.bin", dtype):
                 rows["shard"] += base
                 index.write(rows)
         index.close()
-        missing = [s["name"] for s in shards if not (staging / s["name"]).exists()]
-        if missing:
-            raise FileNotFoundError(f"{staging}: shards missing after the move: {missing[:3]}")
         stems = field_stems(options.fields)
         last = f"{len(shards) - 1:06d}"
         return {
@@ -195,6 +191,16 @@ class WebDatasetFormat(Format):
         self, root: Path, descriptor: dict[str, Any], iterable: IterableOptions
     ) -> ConvertedDataset:
         return WebDatasetReader(root, descriptor, iterable)
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """Hard-link ``src`` as ``dst`` (instant, and the part stays whole), else copy it."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        tmp = dst.with_name(f"{dst.name}.tmp-{os.getpid()}")
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
 
 
 def cut_runs(
