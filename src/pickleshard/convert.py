@@ -173,7 +173,8 @@ _JOB: _Job | None = None
 def _install(job: _Job, lock_fd: int) -> None:
     global _JOB
     _JOB = job
-    os.close(lock_fd)  # the lock must die with the coordinator, not live on in orphans
+    if lock_fd >= 0:  # inherited through fork: the lock must die with the coordinator
+        os.close(lock_fd)
 
 
 def _run_installed(spec: PartSpec) -> dict[str, Any]:
@@ -235,12 +236,13 @@ def _run_parts(job: _Job, todo: Sequence[PartSpec], jobs: int, stage: Staging, b
             stage.mark_done(spec, _write_part(job, spec))
             bar.update(spec.count)
         return
-    methods = get_all_start_methods()
-    ctx = get_context("fork" if "fork" in methods else "spawn")
+    # fork where available (as index.py and DataLoader do): spawn would re-run the caller's
+    # __main__, and the workers would not share the parent's mapped index pages.
+    fork = "fork" in get_all_start_methods()
+    ctx = get_context("fork" if fork else "spawn")
     job.parent = os.getpid()
-    with ProcessPoolExecutor(
-        jobs, ctx, initializer=_install, initargs=(job, stage.lock_fd)
-    ) as pool:
+    lock_fd = stage.lock_fd if fork else -1
+    with ProcessPoolExecutor(jobs, ctx, initializer=_install, initargs=(job, lock_fd)) as pool:
         futures = {pool.submit(_run_installed, spec): spec for spec in todo}
         try:
             for fut in as_completed(futures):
