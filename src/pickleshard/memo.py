@@ -21,7 +21,7 @@ from __future__ import annotations
 import pickle
 from bisect import bisect_left
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -34,6 +34,7 @@ __all__ = [
     "ExternalMemo",
     "InspectUnpickler",
     "NotInspectable",
+    "Opaque",
     "Payload",
     "SpanFile",
     "SpanUnpickler",
@@ -204,16 +205,58 @@ class SpanUnpickler(pickle._Unpickler):
 
 
 class NotInspectable(Exception):
-    """The span needs a global outside the inspection allowlist, or is not the expected shape."""
+    """The span cannot be evaluated (a memo reference that cannot be resolved, bad bytes)."""
 
 
-@dataclass(frozen=True)
-class Payload:
-    """Stand-in for a bulk payload the inspector skipped: ``length`` bytes at file ``offset``."""
+class Opaque:
+    """What the inspector builds from any global outside its allowlist: an inert stand-in.
+
+    Nothing is imported or run; calling it, instantiating it, giving it state or items all yield
+    stand-ins, so a span that merely *contains* unknown objects can still be replayed for the
+    dtypes and strings it defines. A value that *is* a stand-in has an unknown type.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Opaque:
+        return object.__new__(Opaque)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Opaque:
+        return Opaque()
+
+    def __setstate__(self, state: Any) -> None:
+        pass
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        pass
+
+    def append(self, value: Any) -> None:
+        pass
+
+    def extend(self, values: Any) -> None:
+        pass
+
+    def add(self, value: Any) -> None:
+        pass
+
+
+class Payload(bytes):
+    """Stand-in for a payload the inspector skipped: ``length`` bytes at file ``offset``.
+
+    It *is* the payload's bytes when shorter than 4 KiB (dtype metadata, small arrays), and
+    empty otherwise; ``kind`` is "bytes", "bytearray" or "text".
+    """
 
     offset: int
     length: int
-    kind: str  # "bytes", "bytearray" or "text"
+    kind: str
+
+    @classmethod
+    def make(cls, data: bytes, offset: int, length: int, kind: str) -> Payload:
+        p = cls(data)
+        p.offset, p.length, p.kind = offset, length, kind
+        return p
 
 
 class _Latin1Text:
@@ -229,7 +272,7 @@ class ArraySpec:
     dtype: np.dtype[Any] | None = None
     shape: tuple[int, ...] = ()
     problem: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    swap: bool = False  # numpy's __setstate__ byte-swaps a non-native array to native order
 
     def __setstate__(self, state: Any) -> None:  # BUILD after numpy's _reconstruct
         if not isinstance(state, tuple) or len(state) not in (4, 5):
@@ -237,6 +280,7 @@ class ArraySpec:
             return
         shape, dtype, fortran, data = state[-4:]
         self._describe(data, dtype, shape, "F" if fortran else "C")
+        self.swap = self.dtype is not None and self.dtype.byteorder in "<>" and not self.dtype.isnative
 
     def _describe(self, data: Any, dtype: Any, shape: Any, order: str) -> None:
         self.dtype = dtype if isinstance(dtype, np.dtype) else None
@@ -266,10 +310,8 @@ def _frombuffer(buf: Any, dtype: Any, shape: Any, order: str, axis_order: Any = 
     return spec
 
 
-def _reconstruct(cls: Any, shape: Any, typecode: Any) -> ArraySpec:
-    if cls is not np.ndarray:
-        raise NotInspectable("an ndarray subclass")
-    return ArraySpec()
+def _reconstruct(cls: Any, shape: Any, typecode: Any) -> Any:
+    return ArraySpec() if cls is np.ndarray else Opaque()
 
 
 def _latin1(text: Any, encoding: str = "utf-8") -> _Latin1Text:
@@ -291,9 +333,8 @@ class InspectUnpickler(SpanUnpickler):
     """A :class:`SpanUnpickler` that runs no code and reads no bulk payload.
 
     Only numpy's array and dtype reconstruction globals (both the 1.x ``numpy.core`` and the 2.x
-    ``numpy._core`` spellings) and ``_codecs.encode`` are allowed, and they build
-    :class:`ArraySpec` records instead of arrays; any other global raises
-    :class:`NotInspectable`. ``bytes`` / ``bytearray`` payloads of at least ``bytes_min`` bytes
+    ``numpy._core`` spellings) and ``_codecs.encode`` are known, and they build
+    :class:`ArraySpec` records instead of arrays; any other global is an :class:`Opaque`. ``bytes`` / ``bytearray`` payloads of at least ``bytes_min`` bytes
     and text payloads of at least 4 KiB become :class:`Payload` placeholders and are skipped.
     """
 
@@ -304,17 +345,17 @@ class InspectUnpickler(SpanUnpickler):
         self._bytes_min = bytes_min
 
     def find_class(self, module: str, name: str) -> Any:
-        try:
-            return _ALLOWED[(module, name)]
-        except KeyError:
-            raise NotInspectable(f"global {module}.{name}") from None
+        return _ALLOWED.get((module, name)) or Opaque()
 
     def _payload(self, n: int, kind: str, make: Callable[[bytes], Any]) -> None:
-        if n >= (self._bytes_min if kind != "text" else _TEXT_PLACEHOLDER_MIN):
-            self.append(Payload(self.span.offset, n, kind))
-            self.span.skip(n)
-        else:
+        if n < (self._bytes_min if kind != "text" else _TEXT_PLACEHOLDER_MIN):
             self.append(make(self.read(n)))
+        elif n < _TEXT_PLACEHOLDER_MIN:
+            offset = self.span.offset
+            self.append(Payload.make(self.read(n), offset, n, kind))
+        else:
+            self.append(Payload.make(b"", self.span.offset, n, kind))
+            self.span.skip(n)
 
     def load_short_binbytes(self) -> None:
         self._payload(self.read(1)[0], "bytes", bytes)

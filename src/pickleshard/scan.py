@@ -20,12 +20,12 @@ over every payload), matches the top-level object against the layouts of
   one element of :class:`SharedTable`.
 
 A file holding several pickles one after another (one ``pickle.dump`` call each) is read as
-*chunks* when its first pickle is itself a recognised layout (layout ``appended_<layout>``; every
-pickle must then have the same layout and fields, and samples are concatenated in file order),
-and otherwise as *one sample per pickle*: layout ``appended_samples`` (a tuple pickle gives fields
-``x``, ``y``, ``f2``...; any other object is the single field ``x``) or ``appended_dict_samples``
-(dict pickles; fields are the first one's keys). ``pickle.load`` called once per pickle is the
-reference for both.
+*chunks* when every pickle is itself a recognised layout (layout ``appended_<layout>``; they must
+all have the same layout and fields, and samples are concatenated in file order), and otherwise
+as *one sample per pickle*: layout ``appended_samples`` (an exact tuple gives fields ``x``,
+``y``, ``f2``...; any other object is the single field ``x``) or ``appended_dict_samples``
+(exact dicts; fields are the first one's keys). ``pickle.load`` called once per pickle, with
+these rules, is the reference for both.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from .memo import (
     InspectUnpickler,
     MemoRefusal,
     NotInspectable,
+    Opaque,
     SharedTable,
     SpanFile,
 )
@@ -74,10 +75,12 @@ _FORMAT = 1
 
 @dataclass(frozen=True)
 class ArrayRow:
-    """How to read one row of an ``array_row`` field: ``row_shape`` items of ``dtype``."""
+    """How to read one row of an ``array_row`` field: ``row_shape`` items of ``dtype``, whose
+    bytes are stored byte-swapped when ``swap`` (numpy < protocol 5 loads such arrays native)."""
 
     dtype: np.dtype[Any]
     row_shape: tuple[int, ...]
+    swap: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -325,6 +328,7 @@ class _Inspector:
 
 
 _MEMO_TAIL = {1: MEMOIZE_OP, 2: BINPUT_OP, 5: LONG_BINPUT_OP}
+_KEY_TYPES = (str, bytes, int, float, complex, bool, type(None))
 
 
 def _array_field(spec: Any, name: str) -> _Field:
@@ -333,10 +337,11 @@ def _array_field(spec: Any, name: str) -> _Field:
             raise _NotLayout("a 0-d numpy array is not a field")
         if spec.problem is not None or spec.payload is None or spec.dtype is None:
             raise NotSpanIndexableError(name, f"a field is a numpy array, but {spec.problem}")
-        row = ArrayRow(spec.dtype, spec.shape[1:])
+        dtype = spec.dtype.newbyteorder("=") if spec.swap else spec.dtype
+        row = ArrayRow(dtype, spec.shape[1:], spec.swap)
         starts = spec.payload.offset + np.arange(spec.shape[0], dtype=np.int64) * row.nbytes
         return _Field(starts, starts + row.nbytes, row)
-    if spec is _UNKNOWN or isinstance(spec, (list, tuple)):
+    if spec is _UNKNOWN or isinstance(spec, (list, tuple, Opaque)):
         raise NotSpanIndexableError(
             name, "a top-level field whose type the scanner cannot establish"
         )
@@ -361,7 +366,7 @@ def _dict_order(keys: list[Any], name: str) -> dict[Any, int]:
     """``{key: position}`` as a dict built from these keys in order would hold them."""
     order: dict[Any, int] = {}
     for j, k in enumerate(keys):
-        if k is _UNKNOWN:
+        if k is _UNKNOWN or type(k) not in _KEY_TYPES:
             raise NotSpanIndexableError(name, "a dict key the scanner cannot evaluate")
         try:
             order[k] = j

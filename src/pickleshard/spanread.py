@@ -399,6 +399,8 @@ class SpanReader:
         view = memoryview(out.reshape(-1).view(np.uint8))
         if self._readinto_at(start, view) != end - start:
             raise TruncatedPickleError(self.path, "file ends inside an array row", offset=start)
+        if spec.swap:
+            out.byteswap(inplace=True)
         self.stats.array_rows += 1
         return out if out.ndim else out[()]
 
