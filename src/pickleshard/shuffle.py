@@ -3,7 +3,7 @@
 The epoch's order is a keyed bijection ``perm`` of ``[0, N)``, computed on the fly in numpy chunks
 and never stored: a balanced Feistel network on ``2h`` bits (``4**h >= N``, six rounds, round keys
 from ``numpy.random.SeedSequence([seed, epoch])``), restricted to ``[0, N)`` by cycle walking
-(re-encrypt while the value is ``>= N``; at most ~4 encryptions per value on average). Position
+(re-encrypt while the value is ``>= N``: fewer than 4 encryptions per value on average). Position
 ``q`` of the epoch holds sample ``perm(q mod N)``: positions ``>= N`` wrap around and serve as
 padding.
 
