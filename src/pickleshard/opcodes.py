@@ -548,6 +548,8 @@ def walk_opcodes(buf: Any, size: int, name: str) -> Walked:
     pos = 0
     while pos < size:
         first = not w.records
+        if first and size == 1 and buf[0] == PROTO_OP:
+            raise TruncatedPickleError(name, "stream ends inside the PROTO opcode", offset=0)
         if buf[pos] != PROTO_OP or pos + 2 > size or not 2 <= buf[pos + 1] <= HIGHEST_PROTOCOL:
             proto = buf[pos + 1] if buf[pos] == PROTO_OP and pos + 2 <= size else None
             if first and proto is not None and proto > HIGHEST_PROTOCOL:

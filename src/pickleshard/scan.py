@@ -331,21 +331,24 @@ _MEMO_TAIL = {1: MEMOIZE_OP, 2: BINPUT_OP, 5: LONG_BINPUT_OP}
 _KEY_TYPES = (str, bytes, int, float, complex, bool, type(None))
 
 
-def _array_field(spec: Any, name: str) -> _Field:
+def _not_a_field(spec: Any) -> str | None:
+    """Why an inspected top-level value is certainly not a field, or None if it may be one."""
     if isinstance(spec, ArraySpec):
-        if not spec.shape:
-            raise _NotLayout("a 0-d numpy array is not a field")
-        if spec.problem is not None or spec.payload is None or spec.dtype is None:
-            raise NotSpanIndexableError(name, f"a field is a numpy array, but {spec.problem}")
-        dtype = spec.dtype.newbyteorder("=") if spec.swap else spec.dtype
-        row = ArrayRow(dtype, spec.shape[1:], spec.swap)
-        starts = spec.payload.offset + np.arange(spec.shape[0], dtype=np.int64) * row.nbytes
-        return _Field(starts, starts + row.nbytes, row)
+        return None if spec.shape else "a 0-d numpy array is not a field"
     if spec is _UNKNOWN or isinstance(spec, (list, tuple, Opaque)):
-        raise NotSpanIndexableError(
-            name, "a top-level field whose type the scanner cannot establish"
-        )
-    raise _NotLayout(f"a top-level field is a {type(spec).__name__}, not a sequence")
+        return None
+    return f"a top-level field is a {type(spec).__name__}, not a sequence"
+
+
+def _array_field(spec: Any, name: str) -> _Field:
+    if not isinstance(spec, ArraySpec):
+        raise NotSpanIndexableError(name, "a top-level field whose type the scanner cannot establish")
+    if spec.problem is not None or spec.payload is None or spec.dtype is None:
+        raise NotSpanIndexableError(name, f"a field is a numpy array, but {spec.problem}")
+    dtype = spec.dtype.newbyteorder("=") if spec.swap else spec.dtype
+    row = ArrayRow(dtype, spec.shape[1:], spec.swap)
+    starts = spec.payload.offset + np.arange(spec.shape[0], dtype=np.int64) * row.nbytes
+    return _Field(starts, starts + row.nbytes, row)
 
 
 def _leaves(cand: _Cand) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -391,10 +394,10 @@ def _fields(cand: _Cand, insp: _Inspector, name: str) -> tuple[tuple[str, ...], 
         values, ends = [values[j] for j in order.values()], [ends[j] for j in order.values()]
     else:
         names = default_field_names(len(values))
-    cols = [
-        _Field(*_spans([v])) if type(v) is Node else _array_field(insp.value(v, e), name)
-        for v, e in zip(values, ends, strict=True)
-    ]
+    specs = [None if type(v) is Node else insp.value(v, e) for v, e in zip(values, ends, strict=True)]
+    for why in filter(None, (_not_a_field(sp) for v, sp in zip(values, specs, strict=True) if type(v) is not Node)):
+        raise _NotLayout(why)
+    cols = [_Field(*_spans([v])) if type(v) is Node else _array_field(sp, name) for v, sp in zip(values, specs, strict=True)]
     lengths = [len(c.starts) for c in cols]
     if len(set(lengths)) > 1:
         detail = ", ".join(f"len({f}) = {n}" for f, n in zip(names, lengths, strict=True))
