@@ -57,6 +57,7 @@ MAGIC = b"PSL1"
 META_KEY = b"__pickleshard__"
 KEY_BYTES = 8
 _HEAD = struct.Struct("<BQ")
+_HEADS: dict[int, struct.Struct] = {}
 _LEN = struct.Struct("<Q")
 _BATCH_BYTES = 32 << 20
 _PAGE = 4096
@@ -82,18 +83,27 @@ def pack_sample(sample: Sample) -> bytes:
     return b"".join([MAGIC, struct.pack("<H", len(members)), heads, *(d for _, d in members)])
 
 
+def _heads(nf: int) -> struct.Struct:
+    """The struct of ``nf`` field headers, made once per field count."""
+    heads = _HEADS.get(nf)
+    if heads is None:
+        heads = _HEADS[nf] = struct.Struct("<" + "BQ" * nf)
+    return heads
+
+
 def unpack_sample(value: bytes | memoryview) -> Sample:
     """Inverse of :func:`pack_sample`; raises ``ValueError`` on malformed bytes."""
     view = memoryview(value).cast("B")
-    if len(view) < 6 or view[:4] != MAGIC:
+    if len(view) < 6 or view[:4].tobytes() != MAGIC:
         raise ValueError("value does not start with the PSL1 magic")
-    (nf,) = struct.unpack_from("<H", view, 4)
+    nf = view[4] | view[5] << 8
     pos = 6 + 9 * nf
     if pos > len(view):
         raise ValueError("value ends inside its field headers")
+    heads = _heads(nf).unpack_from(view, 6)
     out = []
     for k in range(nf):
-        kind, n = _HEAD.unpack_from(view, 6 + 9 * k)
+        kind, n = heads[2 * k], heads[2 * k + 1]
         if pos + n > len(view):
             raise ValueError(f"field {k} runs past the end of the value")
         out.append(decode_member(kind, view[pos : pos + n]))

@@ -21,7 +21,7 @@ Write = Callable[[Any], object]
 _HEADER_CACHE_MAX = 1024
 
 _npy_headers: dict[tuple[np.dtype[Any], tuple[int, ...]], bytes] = {}
-_npy_parsed: dict[bytes, tuple[np.dtype[Any], tuple[int, ...], int]] = {}
+_npy_parsed: dict[bytes, tuple[np.dtype[Any], tuple[int, ...], int, int]] = {}
 
 
 def raw_bytes(arr: np.ndarray[Any, Any]) -> memoryview:
@@ -70,24 +70,19 @@ def decode_npy(buf: bytes | bytearray | memoryview) -> np.ndarray[Any, Any]:
         raise ValueError("not .npy bytes (bad magic)")
     major = view[6]
     if major == 1:
-        start, hlen = 10, int.from_bytes(view[8:10], "little")
-    elif major in (2, 3):
-        if len(view) < 12:
-            raise ValueError(".npy header is truncated")
+        start, hlen = 10, view[8] | view[9] << 8
+    elif major in (2, 3) and len(view) >= 12:
         start, hlen = 12, int.from_bytes(view[8:12], "little")
     else:
-        raise ValueError(f"unsupported .npy format version {major}")
-    head = bytes(view[: start + hlen])
+        raise ValueError(f"unsupported or truncated .npy header (format version {major})")
+    head = view[: start + hlen].tobytes()
     parsed = _npy_parsed.get(head)
     if parsed is None:
-        parsed = _parsenpy_header(head[start:], major, start + hlen)
+        parsed = _parse_header(head[start:], major, start + hlen)
         if len(_npy_parsed) >= _HEADER_CACHE_MAX:
             _npy_parsed.clear()
         _npy_parsed[head] = parsed
-    dtype, shape, offset = parsed
-    count = 1
-    for n in shape:
-        count *= n
+    dtype, shape, offset, count = parsed
     if len(view) - offset != count * dtype.itemsize:
         raise ValueError(
             f".npy data holds {len(view) - offset} bytes, expected {count * dtype.itemsize}"
@@ -99,9 +94,10 @@ def decode_npy(buf: bytes | bytearray | memoryview) -> np.ndarray[Any, Any]:
     return out
 
 
-def _parsenpy_header(
+def _parse_header(
     text: bytes, major: int, offset: int
-) -> tuple[np.dtype[Any], tuple[int, ...], int]:
+) -> tuple[np.dtype[Any], tuple[int, ...], int, int]:
+    """``(dtype, shape, data offset, element count)`` of a header's dict text."""
     try:
         d = ast.literal_eval(text.decode("utf8" if major == 3 else "latin1"))
         dtype = np.lib.format.descr_to_dtype(d["descr"])
@@ -115,4 +111,7 @@ def _parsenpy_header(
         raise ValueError("Fortran-order .npy is not produced by pickleshard")
     if any(n < 0 for n in shape):
         raise ValueError(f"bad .npy shape {shape}")
-    return dtype, shape, offset
+    count = 1
+    for n in shape:
+        count *= n
+    return dtype, shape, offset, count
