@@ -112,13 +112,14 @@ def source_dataset(
     *,
     trusted: bool = False,
     allow_globals: Iterable[str] = (),
+    encoding: str = "ASCII",
     jobs: int | None = None,
     progress: bool = False,
 ) -> PickleDataset:
     """``source`` as a :class:`~pickleshard.PickleDataset` that keeps one decoded file at a time.
 
-    A PickleDataset is copied (without its cache); anything else is opened with ``trusted`` and
-    ``allow_globals``, its index built (``jobs`` processes) if missing or stale.
+    A PickleDataset is copied (without its cache); anything else is opened with ``trusted``,
+    ``allow_globals`` and ``encoding``, its index built (``jobs`` processes) if missing or stale.
     """
     from .dataset import PickleDataset
 
@@ -130,6 +131,7 @@ def source_dataset(
             rebuild="auto",
             trusted=trusted,
             allow_globals=allow_globals,
+            encoding=encoding,
             jobs=jobs,
             progress=progress,
         )
@@ -151,6 +153,7 @@ def _identity(ds: PickleDataset, fmt: Format, shard_bytes: int) -> dict[str, Any
             "to": fmt.name,
             "format": fmt.options_key(),
             "shard_bytes": shard_bytes if fmt.name == "webdataset" else None,
+            "encoding": ds.policy.encoding,
         },
     }
 
@@ -323,12 +326,13 @@ def convert(
     progress: bool = False,
     trusted: bool = False,
     allow_globals: Iterable[str] = (),
+    encoding: str = "ASCII",
     overwrite: bool = False,
 ) -> ConvertReport:
     """Convert ``source`` to format ``to`` in directory ``out``; see the module docstring.
 
     ``source`` is what :class:`~pickleshard.PickleDataset` takes (directory, glob, file list)
-    or a PickleDataset (its ``trusted``/``allow_globals`` then apply, not these; samples are
+    or a PickleDataset (its ``trusted``/``allow_globals``/``encoding`` then apply; samples are
     what it returns, after its ``transform``, which the manifest cannot tell apart: resume with
     the same one). ``to`` is ``"memmap"``, ``"lmdb"``,
     ``"webdataset"`` or a :class:`~pickleshard.formats.Format`. ``jobs`` processes write parts
@@ -353,7 +357,12 @@ def convert(
     fmt = get_format(to)
     out_path = Path(out).absolute()
     ds = source_dataset(
-        source, trusted=trusted, allow_globals=allow_globals, jobs=jobs, progress=progress
+        source,
+        trusted=trusted,
+        allow_globals=allow_globals,
+        encoding=encoding,
+        jobs=jobs,
+        progress=progress,
     )
     identity = _identity(ds, fmt, shard_bytes)
     files = ds.index.files

@@ -79,13 +79,15 @@ def verify(
     seed: int = 0,
     trusted: bool = False,
     allow_globals: Iterable[str] = (),
+    encoding: str = "ASCII",
     progress: bool = False,
 ) -> VerifyReport:
     """Compare every sample of conversion ``out`` (or ``sample`` random ones) with ``source``.
 
-    ``source`` is what :func:`pickleshard.convert` took; ``None`` compares with the digests
-    stored at conversion time instead (no source needed, catches corruption since). With
-    ``sample=K`` only K samples, drawn without replacement from ``seed``, are checked.
+    ``source`` is what :func:`pickleshard.convert` took (``trusted``, ``allow_globals`` and
+    ``encoding`` as there); ``None`` compares with the digests stored at conversion time
+    instead (no source needed; catches corruption since). With ``sample=K`` only K samples,
+    drawn without replacement from ``seed``, are checked.
     Raises :class:`~pickleshard.errors.VerifyMismatchError` naming the first sample (in index
     order) whose content differs or cannot be read, or a sample count that differs.
     """
@@ -97,7 +99,9 @@ def verify(
     if source is not None:
         from .convert import source_dataset
 
-        src = source_dataset(source, trusted=trusted, allow_globals=allow_globals)
+        src = source_dataset(
+            source, trusted=trusted, allow_globals=allow_globals, encoding=encoding
+        )
         if len(src) != n:
             raise VerifyMismatchError(root, f"has {n} samples, the source has {len(src)}")
     stored = _stored_hashes(root, n) if src is None else None
