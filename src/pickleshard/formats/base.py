@@ -10,8 +10,11 @@ the descriptor. :meth:`Format.open` reads the result back as a :class:`Converted
 Every converted dataset directory holds, besides the format's own files::
 
     pickleshard.json   the descriptor: {"format": "pickleshard-converted", "version": 1,
-                       "to": <format>, "num_samples": N, "fields": [{"name": ...}, ...],
-                       "hashes": "hashes.npy", "source": ..., "options": ..., <format keys>}
+                       "to": <format>, "tool_version": ..., "num_samples": N,
+                       "hashes": "hashes.npy", "fields": [{"name": ..., ...}, ...],
+                       <format keys>, "identity": {"source": {root, fields, num_samples,
+                       files: [[path, size, mtime_ns, fingerprint, samples], ...]},
+                       "options": {to, format, shard_bytes, encoding}}}
     hashes.npy         uint8 (N, 16): SHA-256 (first 16 bytes) of each sample's safe encoding
                        (:func:`pickleshard.formats.encoding.sample_digest`), used by verify
 """
