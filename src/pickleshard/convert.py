@@ -23,8 +23,9 @@ over: nothing staged for other inputs applies.
 
 Memory: each job holds the samples of one read batch, at most ``memory_bytes / jobs / 4`` of
 decoded data by the index's estimate (while whole-file reading is in use, the one decoded source
-file the batch comes from), plus fixed write buffers of a few MiB per field; finalizing streams
-through buffers of at most 32 MiB. Nothing grows with the number of samples.
+file the batch comes from), plus write buffers of at most ~10 MiB per field (1 MiB file buffers
+and up to 65,536 pending shapes or lengths); finalizing streams through buffers of at most
+32 MiB (an LMDB transaction). Nothing grows with the number of samples or files.
 """
 
 from __future__ import annotations
