@@ -28,6 +28,7 @@ buffers, ``DUP``), for the scanner's :class:`~pickleshard.errors.NotSpanIndexabl
 
 from __future__ import annotations
 
+import gc
 import mmap
 import os
 import pickle
@@ -190,6 +191,14 @@ for _op in pickletools.opcodes:
 
 HIGHEST_PROTOCOL: Final = pickle.HIGHEST_PROTOCOL
 PROTO_OP: Final = 0x80
+# Total size of each fixed-size opcode that only pushes a value (the scanner's fast path), and of
+# each fixed-size opcode the span rewriter copies as is (not a memo opcode, not FRAME); else 0.
+PUSH_STEP: list[int] = [1 + ARGLEN[b] if ACTION[b] == A_PUSH and FORM[b] == F_FIXED else 0 for b in range(256)]
+COPY_STEP: list[int] = [
+    1 + ARGLEN[b] if FORM[b] == F_FIXED and ACTION[b] not in (A_BAD, A_GET, A_PUT, A_FRAME) else 0 for b in range(256)
+]
+if any(ACTION[b] != A_PUSH for b in range(256) if FORM[b] in (F_LEN1, F_LEN4S, F_LEN4U, F_LEN8U)):
+    raise AssertionError("the scanner assumes every length-prefixed opcode pushes one value")
 STOP_OP: Final = ord(".")
 FRAME_OP: Final = 0x95
 MEMOIZE_OP: Final = 0x94
@@ -227,77 +236,67 @@ def encode_get(local_id: int) -> bytes:
 
 
 LIST, TUPLE, DICT = 1, 2, 3
-_KIND_NAME = {LIST: "list", TUPLE: "tuple", DICT: "dict"}
 
-
-class Node:
-    """A list, tuple or dict on the scanner's stack.
-
-    ``items`` holds, per item, its start offset (an ``int``) or its own :class:`Node`;
-    ``bounds`` is a flat list ``[count, end, count, end...]``: after each batch
-    (APPENDS/SETITEMS/TUPLE...) the item count and the offset of the consuming opcode, which
-    ends the batch's last item. ``sub`` lists the indices of items that are still nodes; once a
-    node is itself an item of another node, those are turned into ints (only two levels below
-    any node on the stack are kept). ``key`` is the memo key stored from this node, or -1.
-    """
-
-    __slots__ = ("bounds", "items", "key", "kind", "start", "sub")
-
-    def __init__(self, kind: int, start: int, items: list[Any], bounds: list[int]) -> None:
-        self.kind = kind
-        self.start = start
-        self.items = items
-        self.bounds = bounds
-        self.sub: list[int] | None = None
-        self.key = -1
-
-
-Value = int | Node
+# A node is a list, tuple or dict built on the scanner's stack, kept as a plain Python list
+# (three times cheaper to make than an object) with these slots:
+#   KIND    LIST, TUPLE or DICT
+#   START   offset of the first opcode of the value
+#   ITEMS   per item, its start offset (an int) or its own node
+#   BOUNDS  flat [count, end, count, end...]: after each batch (APPENDS, SETITEMS, TUPLE...) the
+#           item count and the offset of the consuming opcode, which ends the batch's last item
+#   SUB     indices of the items that are still nodes, or None. When a node becomes an item of
+#           another, its own node items are turned into their start offsets: only two levels
+#           below any node on the stack are kept, which is all a layout needs.
+#   KEY     the memo key stored from this node, or -1
+KIND, START, ITEMS, BOUNDS, SUB, KEY = range(6)
+Node = list  # type: ignore[type-arg]
+Value = Any  # an int (start offset of an opaque value) or a Node
 
 
 def _start(v: Value) -> int:
-    return v if type(v) is int else v.start  # type: ignore[union-attr]
+    return v if type(v) is int else v[START]  # type: ignore[no-any-return]
 
 
 def _prune(node: Node, memo_nodes: dict[int, Node]) -> None:
-    sub, items = node.sub, node.items
+    sub = node[SUB]
     if sub:
+        items = node[ITEMS]
         for idx in sub:
             g = items[idx]
-            if type(g) is not int:
-                items[idx] = g.start
-                if g.key >= 0:
-                    memo_nodes.pop(g.key, None)
-    node.sub = None
+            if type(g) is list:
+                items[idx] = g[START]
+                if g[KEY] >= 0:
+                    memo_nodes.pop(g[KEY], None)
+    node[SUB] = None
 
 
-def _adopt(
-    target: Node,
-    stack: list[Value],
-    m: int,
-    end: int,
-    nodepos: list[int],
-    memo_nodes: dict[int, Node],
-) -> None:
-    items = stack[m:]
-    del stack[m:]
-    base = len(target.items)
+def _claim(stack: list[Value], m: int, base: int, nodepos: list[int], memo_nodes: dict[int, Node]) -> list[int]:
+    """Nodes among ``stack[m:]`` become items (at ``base + j - m``) of another node: prune them."""
+    sub = []
+    while nodepos and nodepos[-1] >= m:
+        j = nodepos.pop()
+        _prune(stack[j], memo_nodes)
+        sub.append(base + j - m)
+    return sub
+
+
+def _adopt(target: Node, stack: list[Value], m: int, end: int, nodepos: list[int], memo_nodes: dict[int, Node]) -> None:
+    """Move ``stack[m:]`` into ``target``'s items; the last of them ends at ``end``."""
+    items = target[ITEMS]
     if nodepos and nodepos[-1] >= m:
-        sub = target.sub if target.sub is not None else []
-        while nodepos and nodepos[-1] >= m:
-            j = nodepos.pop()
-            _prune(items[j - m], memo_nodes)  # type: ignore[arg-type]
-            sub.append(base + j - m)
-        target.sub = sub
-    target.items += items
-    target.bounds += (len(target.items), end)
+        if target[SUB] is None:
+            target[SUB] = []
+        target[SUB] += _claim(stack, m, len(items), nodepos, memo_nodes)
+    items += stack[m:]
+    del stack[m:]
+    target[BOUNDS] += (len(items), end)
 
 
 def _discard(stack: list[Value], m: int, nodepos: list[int], memo_nodes: dict[int, Node]) -> None:
     while nodepos and nodepos[-1] >= m:
-        nd: Node = stack[nodepos.pop()]  # type: ignore[assignment]
-        if nd.key >= 0:
-            memo_nodes.pop(nd.key, None)
+        nd = stack[nodepos.pop()]
+        if nd[KEY] >= 0:
+            memo_nodes.pop(nd[KEY], None)
         _prune(nd, memo_nodes)
     del stack[m:]
 
@@ -327,44 +326,69 @@ def _trunc(name: str, pos: int, what: str) -> TruncatedPickleError:
 
 
 def _walk_record(buf: Any, pos: int, end: int, w: Walked) -> tuple[Value, int, int]:
-    """Walk one pickle from just after its PROTO to its STOP; return (root, end, first id)."""
+    """Walk one pickle from just after its PROTO to its STOP; return (root, end, first id).
+
+    The hot loop: one table lookup and one ``list.append`` for the common fixed-size pushes,
+    a length read and a seek for payloads; containers, marks and the memo are the rest.
+    """
     name = w.name
     defs, goffs, gkeys = w.defs, w.get_offs, w.get_keys
     stack: list[Value] = []
+    push = stack.append
     nodepos: list[int] = []
     marks: list[int] = []
     moffs: list[int] = []
     memo_nodes: dict[int, Node] = {}
-    key0, first_id, carry, skipped = len(defs), -1, -1, 0
+    key0, first_id, carry, skipped, fence = len(defs), -1, -1, 0, 0
+    step_of, form_of, action_of = PUSH_STEP, FORM, ACTION
     while True:
         if pos >= end:
             raise _trunc(name, pos, "the opcode stream (no STOP)")
         op = buf[pos]
-        form = FORM[op]
+        step = step_of[op]
+        if step:
+            push(pos)
+            pos += step
+            continue
+        if op == MEMOIZE_OP:
+            if len(stack) <= fence:
+                raise CorruptPickleError(name, "MEMOIZE with nothing on the stack", offset=pos)
+            if first_id:
+                if first_id > 0:
+                    raise _Refused("MEMOIZE after PUTs that did not start at id 0", pos)
+                first_id = 0
+            top = stack[-1]
+            if type(top) is list:
+                memo_nodes[len(defs)] = top
+                top[KEY] = len(defs)
+            defs.append(pos)
+            pos += 1
+            continue
+        form = form_of[op]
+        if form == F_LEN1 and pos + 2 <= end:
+            n = buf[pos + 1]
+            if pos + 2 + n > end:
+                raise _trunc(name, pos, f"the {n}-byte payload of {OPNAME[op]}")
+            skipped += n
+            push(pos)
+            pos += 2 + n
+            continue
+        if F_LEN1 <= form <= F_LEN8U:  # every length-prefixed opcode pushes one value
+            hdr = 2 if form == F_LEN1 else 9 if form == F_LEN8U else 5
+            if pos + hdr > end:
+                raise _trunc(name, pos, f"the length of {OPNAME[op]}")
+            n = buf[pos + 1] if form == F_LEN1 else (I4 if form == F_LEN4S else U4 if form == F_LEN4U else U8)(buf, pos + 1)[0]
+            if n < 0:
+                raise CorruptPickleError(name, f"{OPNAME[op]} declares a negative length {n}", offset=pos)
+            if pos + hdr + n > end:
+                raise _trunc(name, pos, f"the {n}-byte payload of {OPNAME[op]} ({end - pos - hdr} bytes left)")
+            skipped += n
+            push(pos)
+            pos += hdr + n
+            continue
         if form == F_FIXED:
             nxt = pos + 1 + ARGLEN[op]
-        elif form == F_LEN1:
-            if pos + 2 > end:
-                raise _trunc(name, pos, f"the argument of {OPNAME[op]}")
-            n = buf[pos + 1]
-            nxt, skipped = pos + 2 + n, skipped + n
-        elif form in (F_LEN4U, F_LEN4S, F_LEN8U):
-            k = ARGLEN[op]
-            if pos + 1 + k > end:
-                raise _trunc(name, pos, f"the length of {OPNAME[op]}")
-            n = (U4 if form == F_LEN4U else I4 if form == F_LEN4S else U8)(buf, pos + 1)[0]
-            if n < 0:
-                raise CorruptPickleError(
-                    name, f"{OPNAME[op]} declares a negative length {n}", offset=pos
-                )
-            nxt, skipped = pos + 1 + k + n, skipped + n
-            if nxt > end:
-                raise _trunc(
-                    name,
-                    pos,
-                    f"the {n}-byte payload of {OPNAME[op]} ({end - pos - 1 - k} bytes left)",
-                )
-        elif form in (F_LINE, F_LINE2):
+        elif form == F_LINE or form == F_LINE2:
             nl = buf.find(b"\n", pos + 1, end)
             if nl >= 0 and form == F_LINE2:
                 nl = buf.find(b"\n", nl + 1, end)
@@ -375,143 +399,126 @@ def _walk_record(buf: Any, pos: int, end: int, w: Walked) -> tuple[Value, int, i
             raise CorruptPickleError(name, f"unknown opcode 0x{op:02x}", offset=pos)
         if nxt > end:
             raise _trunc(name, pos, f"the argument of {OPNAME[op]}")
-        act = ACTION[op]
-        if act == A_PUSH:
-            stack.append(pos)
-        elif act in (A_MEMOIZE, A_PUT):
-            if len(stack) <= (marks[-1] if marks else 0):
-                raise CorruptPickleError(
-                    name, f"{OPNAME[op]} with nothing on the stack", offset=pos
-                )
-            k = len(defs)
-            if act == A_MEMOIZE:
-                if first_id > 0:
-                    raise _Refused("MEMOIZE after PUTs that did not start at id 0", pos)
-                first_id = 0
-            else:
-                mid = _memo_arg(buf, pos, nxt, op, name)
-                if first_id < 0:
-                    first_id = mid
-                elif mid != first_id + k - key0:
-                    raise _Refused(
-                        f"memo id {mid} stored out of order (expected {first_id + k - key0})", pos
-                    )
-            defs.append(pos)
-            top = stack[-1]
-            if type(top) is Node:
-                memo_nodes[k] = top
-                top.key = k
-        elif act == A_GET:
-            mid = _memo_arg(buf, pos, nxt, op, name)
+        act = action_of[op]
+        if act == A_GET:
+            mid = buf[pos + 1] if op == BINGET_OP else _memo_arg(buf, pos, nxt, op, name)
             k = mid - first_id + key0
             if first_id < 0 or not key0 <= k < len(defs):
-                raise _Refused(
-                    f"GET of memo id {mid}, which this pickle never stored (a Pickler reused across dumps?)",
-                    pos,
-                )
+                raise _Refused(f"GET of memo id {mid}, which this pickle never stored (a Pickler reused across dumps?)", pos)
             goffs.append(pos)
             gkeys.append(k)
             start = pos if carry < 0 else carry
             carry = -1
             target = memo_nodes.get(k)
             if target is None:
-                stack.append(start)
-            else:
-                alias = Node(target.kind, start, target.items, target.bounds)
-                alias.sub = target.sub
+                push(start)
+            else:  # the same list/tuple/dict again: share its items
                 nodepos.append(len(stack))
-                stack.append(alias)
+                push([target[KIND], start, target[ITEMS], target[BOUNDS], target[SUB], -1])
         elif act == A_MARK:
-            marks.append(len(stack))
+            fence = len(stack)
+            marks.append(fence)
             moffs.append(pos)
-        elif act in (A_APPENDS, A_SETITEMS, A_APPEND, A_SETITEM):
-            if act in (A_APPENDS, A_SETITEMS):
+        elif act == A_APPENDS or act == A_SETITEMS or act == A_APPEND or act == A_SETITEM:
+            if act == A_APPENDS or act == A_SETITEMS:
                 if not marks:
                     raise CorruptPickleError(name, f"{OPNAME[op]} without a MARK", offset=pos)
                 m = marks.pop()
+                fence = marks[-1] if marks else 0
                 moffs.pop()
             else:
                 m = len(stack) - (1 if act == A_APPEND else 2)
             if m < 1 or (marks and m <= marks[-1]):
-                raise CorruptPickleError(
-                    name, f"{OPNAME[op]} with no container below its items", offset=pos
-                )
+                raise CorruptPickleError(name, f"{OPNAME[op]} with no container below its items", offset=pos)
             target = stack[m - 1]
-            want = LIST if act in (A_APPENDS, A_APPEND) else DICT
-            if (
-                type(target) is Node
-                and target.kind == want
-                and (want == LIST or (len(stack) - m) % 2 == 0)
-            ):
-                _adopt(target, stack, m, pos, nodepos, memo_nodes)
+            want = LIST if act == A_APPENDS or act == A_APPEND else DICT
+            if type(target) is list and target[KIND] == want and (want == LIST or (len(stack) - m) % 2 == 0):
+                if nodepos and nodepos[-1] >= m:
+                    _adopt(target, stack, m, pos, nodepos, memo_nodes)
+                else:
+                    items = target[ITEMS]
+                    items += stack[m:]
+                    del stack[m:]
+                    target[BOUNDS] += (len(items), pos)
             else:  # a list or dict subclass built by REDUCE/NEWOBJ: its items are not tracked
                 _discard(stack, m, nodepos, memo_nodes)
-        elif act in (A_EMPTY_LIST, A_EMPTY_DICT, A_EMPTY_TUPLE):
+        elif act == A_EMPTY_LIST or act == A_EMPTY_DICT or act == A_EMPTY_TUPLE:
             nodepos.append(len(stack))
-            kind = LIST if act == A_EMPTY_LIST else DICT if act == A_EMPTY_DICT else TUPLE
-            stack.append(Node(kind, pos, [], []))
-        elif act in (A_TUPLEN, A_POPN):
+            push([LIST if act == A_EMPTY_LIST else DICT if act == A_EMPTY_DICT else TUPLE, pos, [], [], None, -1])
+        elif act == A_TUPLEN or act == A_POPN:
             m = len(stack) - NPOP[op]
-            if m < (marks[-1] if marks else 0):
+            if m < fence:
                 raise CorruptPickleError(name, f"stack underflow at {OPNAME[op]}", offset=pos)
             start = _start(stack[m])
             if act == A_TUPLEN:
-                node = Node(TUPLE, start, [], [])
-                _adopt(node, stack, m, pos, nodepos, memo_nodes)
-                nodepos.append(len(stack))
-                stack.append(node)
+                sub = _claim(stack, m, 0, nodepos, memo_nodes) if nodepos and nodepos[-1] >= m else None
+                node = [TUPLE, start, stack[m:], [len(stack) - m, pos], sub, -1]
+                del stack[m:]
+                nodepos.append(m)
+                push(node)
             else:
                 _discard(stack, m, nodepos, memo_nodes)
-                stack.append(start)
-        elif act in (A_TUPLE, A_LIST, A_DICT, A_MARKPOP):
+                push(start)
+        elif act == A_PUT:
+            if len(stack) <= fence:
+                raise CorruptPickleError(name, f"{OPNAME[op]} with nothing on the stack", offset=pos)
+            mid = buf[pos + 1] if op == BINPUT_OP else _memo_arg(buf, pos, nxt, op, name)
+            k = len(defs)
+            if first_id < 0:
+                first_id = mid
+            elif mid != first_id + k - key0:
+                raise _Refused(f"memo id {mid} stored out of order (expected {first_id + k - key0})", pos)
+            top = stack[-1]
+            if type(top) is list:
+                memo_nodes[k] = top
+                top[KEY] = k
+            defs.append(pos)
+        elif act == A_TUPLE or act == A_LIST or act == A_DICT or act == A_MARKPOP:
             if not marks:
                 raise CorruptPickleError(name, f"{OPNAME[op]} without a MARK", offset=pos)
             m, moff = marks.pop(), moffs.pop()
+            fence = marks[-1] if marks else 0
             if act == A_MARKPOP:
                 lo = m - NPOP[op]
-                if lo < (marks[-1] if marks else 0):
+                if lo < fence:
                     raise CorruptPickleError(name, f"stack underflow at {OPNAME[op]}", offset=pos)
                 start = _start(stack[lo]) if lo < m else moff
                 _discard(stack, lo, nodepos, memo_nodes)
-                stack.append(start)
+                push(start)
             else:
                 kind = TUPLE if act == A_TUPLE else LIST if act == A_LIST else DICT
                 if kind == DICT and (len(stack) - m) % 2:
                     raise CorruptPickleError(name, "DICT with an odd number of items", offset=pos)
-                node = Node(kind, moff, [], [])
+                node = [kind, moff, [], [], None, -1]
                 _adopt(node, stack, m, pos, nodepos, memo_nodes)
                 nodepos.append(len(stack))
-                stack.append(node)
+                push(node)
+        elif act == A_PUSH:
+            push(pos)
         elif act == A_FRAME:
             if pos + 9 + U8(buf, pos + 1)[0] > end:
                 raise _trunc(name, pos, f"a FRAME of {U8(buf, pos + 1)[0]} bytes")
         elif act == A_STOP:
             if len(stack) != 1 or marks:
-                raise _Refused(
-                    f"{len(stack)} values and {len(marks)} marks on the stack at STOP", pos
-                )
+                raise _Refused(f"{len(stack)} values and {len(marks)} marks on the stack at STOP", pos)
             w.skipped += skipped
             return stack[0], nxt, max(first_id, 0)
-        elif act in (A_POP, A_POP_MARK):
-            fence = marks[-1] if marks else 0
+        elif act == A_POP or act == A_POP_MARK:
             if act == A_POP and len(stack) > fence:
                 s = _start(stack[-1])
                 _discard(stack, len(stack) - 1, nodepos, memo_nodes)
             elif marks:
                 m, s = marks.pop(), moffs.pop()
+                fence = marks[-1] if marks else 0
                 _discard(stack, m, nodepos, memo_nodes)
             else:
                 raise CorruptPickleError(name, f"{OPNAME[op]} on an empty stack", offset=pos)
             carry = s if carry < 0 else min(carry, s)
             if _next_op(buf, nxt, end) not in (A_POP, A_POP_MARK, A_GET):
-                raise _Refused(
-                    f"{OPNAME[op]} not followed by a GET (only a recursive tuple does that)", pos
-                )
+                raise _Refused(f"{OPNAME[op]} not followed by a GET (only a recursive tuple does that)", pos)
         elif act == A_PROTO:
             if buf[pos + 1] > HIGHEST_PROTOCOL:
-                raise CorruptPickleError(
-                    name, f"PROTO {buf[pos + 1]} is not a known protocol", offset=pos
-                )
+                raise CorruptPickleError(name, f"PROTO {buf[pos + 1]} is not a known protocol", offset=pos)
         elif act == A_REFUSE:
             raise _Refused(REFUSED[op], pos)
         pos = nxt
@@ -566,6 +573,8 @@ def walk_opcodes(buf: Any, size: int, name: str) -> Walked:
                 name, f"appended pickles use protocols {w.protocol} and {proto}", offset=pos
             )
         key0 = len(w.defs)
+        collecting = gc.isenabled()
+        gc.disable()  # the walk builds no cycles; collecting its many young lists costs half its time
         try:
             root, nxt, first_id = _walk_record(buf, pos + 2, size, w)
         except _Refused as exc:
@@ -576,6 +585,9 @@ def walk_opcodes(buf: Any, size: int, name: str) -> Walked:
             raise NotSpanIndexableError(
                 name, f"pickle #{len(w.records) + 1} is damaged: {exc}", offset=pos
             ) from None
+        finally:
+            if collecting:
+                gc.enable()
         w.protocol = proto
         w.roots.append(root)
         w.records.append((pos, nxt, key0 - first_id))

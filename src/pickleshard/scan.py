@@ -53,11 +53,15 @@ from .opcodes import (
     BINGET_OP,
     BINPUT_OP,
     BINUNICODE_OP,
+    BOUNDS,
     DICT,
+    ITEMS,
+    KIND,
     LONG_BINGET_OP,
     LONG_BINPUT_OP,
     MEMOIZE_OP,
     SHORT_BINUNICODE_OP,
+    START,
     TUPLE,
     U4,
     Node,
@@ -190,25 +194,25 @@ class _Field:
 
 def _spans(nodes: Sequence[Node]) -> tuple[np.ndarray, np.ndarray]:
     """Start and end offsets of the items of ``nodes``, concatenated."""
-    total = sum(len(n.items) for n in nodes)
+    total = sum(len(n[ITEMS]) for n in nodes)
     starts = np.fromiter(
-        (x if type(x) is int else x.start for n in nodes for x in n.items), np.int64, total
+        (x if type(x) is int else x[START] for n in nodes for x in n[ITEMS]), np.int64, total
     )
     ends = np.empty(total, np.int64)
     ends[:-1] = starts[1:]
     base = 0
     for n in nodes:
-        b, prev = n.bounds, 0
+        b, prev = n[BOUNDS], 0
         for j in range(0, len(b), 2):
             if b[j] > prev:
                 ends[base + b[j] - 1] = b[j + 1]
             prev = b[j]
-        base += len(n.items)
+        base += len(n[ITEMS])
     return starts, ends
 
 
 def _kind(v: Value) -> int:
-    return v.kind if type(v) is Node else 0
+    return v[KIND] if type(v) is list else 0  # type: ignore[no-any-return]
 
 
 @dataclass
@@ -223,24 +227,24 @@ class _Cand:
 
 def _structure(root: Value, root_end: int) -> _Cand:
     """Mirror :func:`pickleshard.layouts.decode_layout` on the scanner's nodes."""
-    if type(root) is not Node or not root.items:
+    if type(root) is not list or not root[ITEMS]:
         raise _NotLayout("the top-level object is not a non-empty list, tuple or dict")
     starts, ends = _spans([root])
-    values, vends = list(root.items), [int(e) for e in ends]
-    if root.kind == DICT:
+    values, vends = list(root[ITEMS]), [int(e) for e in ends]
+    if root[KIND] == DICT:
         vals = values[1::2]
         if not all(_kind(v) != DICT for v in vals):
             raise _NotLayout("a top-level dict whose values are not all sequences")
         keys = [(int(s), int(e)) for s, e in zip(starts[0::2], ends[0::2], strict=True)]
         return _Cand("dict_columns", vals, vends[1::2], keys)
-    if root.kind == TUPLE:
+    if root[KIND] == TUPLE:
         if any(_kind(v) == DICT for v in values):
             raise _NotLayout("a top-level tuple whose items are not all sequences")
         return _Cand("columns", values, vends, [])
     first = values[0]
-    if _kind(first) == TUPLE and first.items:  # type: ignore[union-attr]
-        n = len(first.items)  # type: ignore[union-attr]
-        if all(_kind(r) == TUPLE and len(r.items) == n for r in values):  # type: ignore[union-attr]
+    if _kind(first) == TUPLE and first[ITEMS]:
+        n = len(first[ITEMS])
+        if all(_kind(r) == TUPLE and len(r[ITEMS]) == n for r in values):
             return _Cand("rows", values, vends, [])
         if any(type(r) is int for r in values):
             raise NotSpanIndexableError("", "a list of tuples with some rows of unknown type")
@@ -355,7 +359,7 @@ def _leaves(cand: _Cand) -> list[tuple[np.ndarray, np.ndarray]]:
     """Every element span of a candidate: items of its fields or rows, keys, opaque fields."""
     if cand.layout in ("rows", "dict_rows"):
         return [_spans(cand.values)]  # type: ignore[arg-type]
-    out = [_spans([v]) for v in cand.values if type(v) is Node]
+    out = [_spans([v]) for v in cand.values if type(v) is list]
     opaque = [(_start(v), e) for v, e in zip(cand.values, cand.ends, strict=True) if type(v) is int]
     out += [
         (np.array([s for s, _ in group], np.int64), np.array([e for _, e in group], np.int64))
@@ -382,7 +386,7 @@ def _fields(cand: _Cand, insp: _Inspector, name: str) -> tuple[tuple[str, ...], 
     """Field names and columns of one pickle whose structure matched ``cand``."""
     if cand.layout == "rows":
         starts, ends = _spans(cand.values)  # type: ignore[arg-type]
-        n = len(cand.values[0].items)  # type: ignore[union-attr]
+        n = len(cand.values[0][ITEMS])
         starts, ends = starts.reshape(-1, n), ends.reshape(-1, n)
         return default_field_names(n), [_Field(starts[:, f], ends[:, f]) for f in range(n)]
     if cand.layout == "dict_rows":
@@ -394,10 +398,10 @@ def _fields(cand: _Cand, insp: _Inspector, name: str) -> tuple[tuple[str, ...], 
         values, ends = [values[j] for j in order.values()], [ends[j] for j in order.values()]
     else:
         names = default_field_names(len(values))
-    specs = [None if type(v) is Node else insp.value(v, e) for v, e in zip(values, ends, strict=True)]
-    for why in filter(None, (_not_a_field(sp) for v, sp in zip(values, specs, strict=True) if type(v) is not Node)):
+    specs = [None if type(v) is list else insp.value(v, e) for v, e in zip(values, ends, strict=True)]
+    for why in filter(None, (_not_a_field(sp) for v, sp in zip(values, specs, strict=True) if type(v) is not list)):
         raise _NotLayout(why)
-    cols = [_Field(*_spans([v])) if type(v) is Node else _array_field(sp, name) for v, sp in zip(values, specs, strict=True)]
+    cols = [_Field(*_spans([v])) if type(v) is list else _array_field(sp, name) for v, sp in zip(values, specs, strict=True)]
     lengths = [len(c.starts) for c in cols]
     if len(set(lengths)) > 1:
         detail = ", ".join(f"len({f}) = {n}" for f, n in zip(names, lengths, strict=True))
@@ -412,7 +416,7 @@ def _dict_rows(
     picks: list[list[int]] = []
     base, keys0 = 0, None
     for row in rows:
-        n = len(row.items)
+        n = len(row[ITEMS])
         order = _dict_order(
             [insp.key(int(starts[base + j]), int(ends[base + j])) for j in range(0, n, 2)], name
         )
@@ -474,9 +478,9 @@ def _scan_chunks(buf: Any, w: Walked, stops: list[int], encoding: str) -> ScanRe
 
 def _scan_samples(buf: Any, w: Walked, stops: list[int], encoding: str) -> ScanResult:
     first = w.roots[0]
-    kind = first.kind if type(first) is Node and first.items and first.kind in (TUPLE, DICT) else 0
+    kind = first[KIND] if type(first) is list and first[ITEMS] and first[KIND] in (TUPLE, DICT) else 0
     if (
-        not all(_kind(r) == kind and len(r.items) == len(first.items) for r in w.roots)
+        not all(_kind(r) == kind and len(r[ITEMS]) == len(first[ITEMS]) for r in w.roots)
         if kind == TUPLE
         else not all(_kind(r) == kind for r in w.roots)
         if kind == DICT
@@ -492,7 +496,7 @@ def _scan_samples(buf: Any, w: Walked, stops: list[int], encoding: str) -> ScanR
     if kind == DICT:
         names, cols = _dict_rows(w.roots, insp, w.name)  # type: ignore[arg-type]
         return _assemble(w, table, insp, "appended_dict_samples", names, cols)
-    n = len(first.items) if kind else 1  # type: ignore[union-attr]
+    n = len(first[ITEMS]) if kind else 1
     starts, ends = (leaves[0][0].reshape(-1, n), leaves[0][1].reshape(-1, n))
     names = default_field_names(n)
     return _assemble(
