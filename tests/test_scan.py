@@ -54,7 +54,11 @@ def _agrees(path: Path, **kwargs: Any) -> ScanResult:
     [
         (([1, 2], ["a", "b"]), "columns", ("x", "y")),
         ([[1, 2], [3, 4], [5, 6]], "columns", ("x", "y", "f2")),
-        ((list(range(5)), tuple(range(5)), list("abcde"), [None] * 5), "columns", ("x", "y", "f2", "f3")),
+        (
+            (list(range(5)), tuple(range(5)), list("abcde"), [None] * 5),
+            "columns",
+            ("x", "y", "f2", "f3"),
+        ),
         ({"img": [1, 2], 3: ["a", "b"]}, "dict_columns", ("img", "3")),
         ([(1, "a", 2.5), (2, "b", 3.5)], "rows", ("x", "y", "f2")),
         ([{"a": 1, "b": 2}, {"b": 3, "a": 4, "c": 5}], "dict_rows", ("a", "b")),
@@ -108,7 +112,9 @@ def test_array_field_rows_are_byte_ranges(tmp_path: Path) -> None:
         (np.array([[1], "a", None, 2.0], dtype=object), "object"),
     ],
 )
-def test_array_fields_whose_rows_are_not_ranges_are_refused(tmp_path: Path, field: np.ndarray, why: str) -> None:
+def test_array_fields_whose_rows_are_not_ranges_are_refused(
+    tmp_path: Path, field: np.ndarray, why: str
+) -> None:
     path = _dump(tmp_path, (field, [1, 2, 3, 4]), 5)
     with pytest.raises(NotSpanIndexableError) as info:
         scan_file(path)
@@ -130,7 +136,9 @@ def test_scan_reads_a_small_fraction_of_a_payload_heavy_file(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize(("case", "data", "expected"), BAD_FILES, ids=[c[0] for c in BAD_FILES])
-def test_bad_files_raise_the_whole_file_errors(tmp_path: Path, case: str, data: bytes, expected: str) -> None:
+def test_bad_files_raise_the_whole_file_errors(
+    tmp_path: Path, case: str, data: bytes, expected: str
+) -> None:
     path = tmp_path / f"{case}.pkl"
     path.write_bytes(data)
     with pytest.raises(errors.PickleshardError) as info:
@@ -149,8 +157,16 @@ def _frame(body: bytes) -> bytes:
 @pytest.mark.parametrize(
     ("data", "error", "offset"),
     [
-        (b"\x80\x04\x8e" + struct.pack("<Q", 2**62) + b"abc.", TruncatedPickleError, 2),  # BINBYTES8
-        (b"\x80\x05\x96" + struct.pack("<Q", 2**63 + 5) + b".", TruncatedPickleError, 2),  # BYTEARRAY8
+        (
+            b"\x80\x04\x8e" + struct.pack("<Q", 2**62) + b"abc.",
+            TruncatedPickleError,
+            2,
+        ),  # BINBYTES8
+        (
+            b"\x80\x05\x96" + struct.pack("<Q", 2**63 + 5) + b".",
+            TruncatedPickleError,
+            2,
+        ),  # BYTEARRAY8
         (b"\x80\x02T" + struct.pack("<i", -5) + b"abc.", CorruptPickleError, 2),  # BINSTRING < 0
         (b"\x80\x02\x8b" + struct.pack("<i", -1) + b".", CorruptPickleError, 2),  # LONG4 < 0
         (b"\x80\x03B" + struct.pack("<I", 100) + b"abc.", TruncatedPickleError, 2),  # BINBYTES
@@ -161,7 +177,9 @@ def _frame(body: bytes) -> bytes:
         (_frame(b"(K\x01"), TruncatedPickleError, 14),  # no STOP
     ],
 )
-def test_bad_lengths_and_opcodes_name_the_file_and_offset(data: bytes, error: type[Exception], offset: int) -> None:
+def test_bad_lengths_and_opcodes_name_the_file_and_offset(
+    data: bytes, error: type[Exception], offset: int
+) -> None:
     with pytest.raises(error) as info:
         scan_bytes(data, "bad.pkl")
     assert type(info.value) is error
@@ -203,8 +221,14 @@ def _persistent() -> bytes:
         (_persistent, "persistent id"),
         (lambda: _reused_pickler(2), "never stored"),
         (lambda: _reused_pickler(4), "never stored"),
-        (lambda: pickle.dumps(([1], [2]), protocol=4) + b"garbage", "do not start a protocol 2+ pickle"),
-        (lambda: pickle.dumps(([1], [2]), protocol=4) + pickle.dumps(([1], [2]), protocol=5), "protocols"),
+        (
+            lambda: pickle.dumps(([1], [2]), protocol=4) + b"garbage",
+            "are not a protocol 4 pickle",
+        ),
+        (
+            lambda: pickle.dumps(([1], [2]), protocol=4) + pickle.dumps(([1], [2]), protocol=5),
+            "are not a protocol 4 pickle",
+        ),
         (lambda: b"\x80\x04]\x94(K\x01K\x022e\x85\x94.", "DUP"),
         (lambda: b"\x80\x04]\x94(K\x01h\x00e]\x94K\x01a\x86\x94.", "outside every sample"),
         (lambda: pickle.dumps(5, protocol=4), "not a layout"),
@@ -217,7 +241,9 @@ def test_what_the_scanner_cannot_prove_is_refused_with_a_reason(make: Any, reaso
 
 
 @pytest.mark.parametrize(("case", "obj_and_error"), LAYOUT_CASES.items())
-def test_objects_that_are_not_layouts(tmp_path: Path, case: str, obj_and_error: tuple[Any, str]) -> None:
+def test_objects_that_are_not_layouts(
+    tmp_path: Path, case: str, obj_and_error: tuple[Any, str]
+) -> None:
     with pytest.raises(NotSpanIndexableError):
         scan_file(_dump(tmp_path, obj_and_error[0], 4))
 
@@ -249,14 +275,20 @@ def test_self_references_inside_a_sample(tmp_path: Path) -> None:
 @pytest.mark.parametrize("protocol", [2, 4, 5])
 def test_appended_pickles(tmp_path: Path, protocol: int) -> None:
     chunks = tmp_path / "chunks.pkl"
-    chunks.write_bytes(b"".join(pickle.dumps(([i, i + 1], ["a", "b"]), protocol=protocol) for i in range(3)))
+    chunks.write_bytes(
+        b"".join(pickle.dumps(([i, i + 1], ["a", "b"]), protocol=protocol) for i in range(3))
+    )
     assert _agrees(chunks).layout == "appended_columns"
     samples = tmp_path / "samples.pkl"
-    samples.write_bytes(b"".join(pickle.dumps((np.ones(3) * i, i), protocol=protocol) for i in range(4)))
+    samples.write_bytes(
+        b"".join(pickle.dumps((np.ones(3) * i, i), protocol=protocol) for i in range(4))
+    )
     scan = _agrees(samples)
     assert (scan.layout, scan.fields, scan.num_samples) == ("appended_samples", ("x", "y"), 4)
     dicts = tmp_path / "dicts.pkl"
-    dicts.write_bytes(b"".join(pickle.dumps({"a": i, "b": "s"}, protocol=protocol) for i in range(3)))
+    dicts.write_bytes(
+        b"".join(pickle.dumps({"a": i, "b": "s"}, protocol=protocol) for i in range(3))
+    )
     assert _agrees(dicts).layout == "appended_dict_samples"
     single = tmp_path / "single.pkl"
     single.write_bytes(b"".join(pickle.dumps(i * 1.5, protocol=protocol) for i in range(3)))
@@ -273,6 +305,10 @@ def test_stored_form_round_trips_through_json_and_npy(tmp_path: Path) -> None:
         np.save(tmp_path / f"{name}.npy", arr)
         arrays[name] = np.load(tmp_path / f"{name}.npy", mmap_mode="r")
     stored = ScanResult.from_stored(path, meta, arrays)
-    assert stored.fields == scan.fields and stored.arrays == scan.arrays and stored.shared == scan.shared
+    assert (
+        stored.fields == scan.fields
+        and stored.arrays == scan.arrays
+        and stored.shared == scan.shared
+    )
     for got, want in zip(_read_all(stored), _read_all(scan), strict=True):
         assert_same(got, want)

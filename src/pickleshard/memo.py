@@ -280,7 +280,9 @@ class ArraySpec:
             return
         shape, dtype, fortran, data = state[-4:]
         self._describe(data, dtype, shape, "F" if fortran else "C")
-        self.swap = self.dtype is not None and self.dtype.byteorder in "<>" and not self.dtype.isnative
+        self.swap = (
+            self.dtype is not None and self.dtype.byteorder in "<>" and not self.dtype.isnative
+        )
 
     def _describe(self, data: Any, dtype: Any, shape: Any, order: str) -> None:
         self.dtype = dtype if isinstance(dtype, np.dtype) else None

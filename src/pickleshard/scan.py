@@ -346,7 +346,9 @@ def _not_a_field(spec: Any) -> str | None:
 
 def _array_field(spec: Any, name: str) -> _Field:
     if not isinstance(spec, ArraySpec):
-        raise NotSpanIndexableError(name, "a top-level field whose type the scanner cannot establish")
+        raise NotSpanIndexableError(
+            name, "a top-level field whose type the scanner cannot establish"
+        )
     if spec.problem is not None or spec.payload is None or spec.dtype is None:
         raise NotSpanIndexableError(name, f"a field is a numpy array, but {spec.problem}")
     dtype = spec.dtype.newbyteorder("=") if spec.swap else spec.dtype
@@ -398,10 +400,17 @@ def _fields(cand: _Cand, insp: _Inspector, name: str) -> tuple[tuple[str, ...], 
         values, ends = [values[j] for j in order.values()], [ends[j] for j in order.values()]
     else:
         names = default_field_names(len(values))
-    specs = [None if type(v) is list else insp.value(v, e) for v, e in zip(values, ends, strict=True)]
-    for why in filter(None, (_not_a_field(sp) for v, sp in zip(values, specs, strict=True) if type(v) is not list)):
+    specs = [
+        None if type(v) is list else insp.value(v, e) for v, e in zip(values, ends, strict=True)
+    ]
+    for why in filter(
+        None, (_not_a_field(sp) for v, sp in zip(values, specs, strict=True) if type(v) is not list)
+    ):
         raise _NotLayout(why)
-    cols = [_Field(*_spans([v])) if type(v) is list else _array_field(sp, name) for v, sp in zip(values, specs, strict=True)]
+    cols = [
+        _Field(*_spans([v])) if type(v) is list else _array_field(sp, name)
+        for v, sp in zip(values, specs, strict=True)
+    ]
     lengths = [len(c.starts) for c in cols]
     if len(set(lengths)) > 1:
         detail = ", ".join(f"len({f}) = {n}" for f, n in zip(names, lengths, strict=True))
@@ -478,7 +487,9 @@ def _scan_chunks(buf: Any, w: Walked, stops: list[int], encoding: str) -> ScanRe
 
 def _scan_samples(buf: Any, w: Walked, stops: list[int], encoding: str) -> ScanResult:
     first = w.roots[0]
-    kind = first[KIND] if type(first) is list and first[ITEMS] and first[KIND] in (TUPLE, DICT) else 0
+    kind = (
+        first[KIND] if type(first) is list and first[ITEMS] and first[KIND] in (TUPLE, DICT) else 0
+    )
     if (
         not all(_kind(r) == kind and len(r[ITEMS]) == len(first[ITEMS]) for r in w.roots)
         if kind == TUPLE

@@ -30,6 +30,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import struct
 import sys
 import types
 from collections.abc import Callable, Sequence
@@ -47,24 +48,39 @@ __all__ = ["BIG", "ReaderStats", "SpanReader", "rewrite_span"]
 
 BIG = 64 * 1024
 FindClass = Callable[[str, str], Any]
-_PROLOGUE: dict[int, bytes] = {}
+_HEADS: dict[tuple[int, int], bytes] = {}
+_P4 = struct.Struct("<I").pack
 
 
-def _prologue(n_ext: int) -> bytes:
-    """Store persistent ids 0..n_ext-1 at memo ids 0..n_ext-1 (``BININT j BINPERSID PUT j POP``)."""
-    got = _PROLOGUE.get(n_ext)
+def _encode_put(local_id: int) -> bytes:
+    """``BINPUT`` / ``LONG_BINPUT`` storing the top of the stack at memo id ``local_id``."""
+    return bytes((oc.BINPUT_OP, local_id)) if local_id < 256 else b"r" + _P4(local_id)
+
+
+def _encode_get(local_id: int) -> bytes:
+    """``BINGET`` / ``LONG_BINGET`` pushing memo id ``local_id``."""
+    return bytes((oc.BINGET_OP, local_id)) if local_id < 256 else b"j" + _P4(local_id)
+
+
+_GETS = [_encode_get(j) for j in range(256)]
+_PUTS = [_encode_put(j) for j in range(256)]
+
+
+def _head(protocol: int, n_ext: int) -> bytes:
+    """``PROTO p``, then persistent ids 0..n_ext-1 stored at memo ids 0..n_ext-1."""
+    got = _HEADS.get((protocol, n_ext))
     if got is None:
-        parts = []
+        parts = [bytes((oc.PROTO_OP, protocol))]
         for j in range(n_ext):
             pid = (
                 bytes((oc.BININT1_OP, j))
                 if j < 256
                 else bytes((oc.BININT_OP,)) + j.to_bytes(4, "little")
             )
-            parts.append(pid + bytes((oc.BINPERSID_OP,)) + oc.encode_put(j) + bytes((oc.POP_OP,)))
+            parts.append(pid + bytes((oc.BINPERSID_OP,)) + _encode_put(j) + bytes((oc.POP_OP,)))
         got = b"".join(parts)
         if n_ext < 64:
-            _PROLOGUE[n_ext] = got
+            _HEADS[(protocol, n_ext)] = got
     return got
 
 
@@ -83,89 +99,120 @@ def rewrite_span(
     """Rewrite span ``[start, end)`` into a standalone pickle; return ``(pickle, buffers)``.
 
     ``externals`` are the span's external memo keys: persistent id ``j`` must resolve to the
-    value of ``externals[j]``. ``read_payload(offset, length, kind)`` (kind ``P_BYTES`` or
-    ``P_BYTEARRAY``) reads an out-of-band payload; without it every payload stays in band.
+    value of ``externals[j]``. The span is read in windows of 64 KiB; a ``bytes``/``bytearray``
+    payload of at least ``big`` bytes that does not fit in the current window is read by
+    ``read_payload(offset, length, kind)`` (kind ``P_BYTES`` or ``P_BYTEARRAY``) and passed out of
+    band. Raises ``EOFError`` if the file ends early or an opcode runs past ``end``.
     """
     n_ext = len(externals)
-    local = {int(k): j for j, k in enumerate(externals)}
-    out = bytearray(bytes((oc.PROTO_OP, protocol)) + _prologue(n_ext))
+    local = {k: j for j, k in enumerate(externals)} if n_ext else {}
+    out = bytearray(_head(protocol, n_ext))
     buffers: list[Any] = []
-    FORM, ARGLEN, ACTION = oc.FORM, oc.ARGLEN, oc.ACTION
+    copy_step, form_of, arglen, action_of, payload_of = (
+        oc.COPY_STEP,
+        oc.FORM,
+        oc.ARGLEN,
+        oc.ACTION,
+        oc.PAYLOAD,
+    )
+    F_LINE, F_LINE2, F_LEN1, F_LEN4S, F_LEN4U, F_LEN8U = (
+        oc.F_LINE,
+        oc.F_LINE2,
+        oc.F_LEN1,
+        oc.F_LEN4S,
+        oc.F_LEN4U,
+        oc.F_LEN8U,
+    )
+    A_GET, A_PUT, A_FRAME, P_BYTES, P_BYTEARRAY = (
+        oc.A_GET,
+        oc.A_PUT,
+        oc.A_FRAME,
+        oc.P_BYTES,
+        oc.P_BYTEARRAY,
+    )
+    gets, puts, unpack4 = _GETS, _PUTS, oc.U4
     here = start  # file offset of buf[0]
-    buf = read_at(here, min(end - here, max(WINDOW, big)))
+    buf = read_at(here, min(end - here, WINDOW))
+    blen = len(buf)
     i = mark = 0
     while True:
-        blen = len(buf)
-        if i >= blen:
-            out += buf[mark:i]
-            here += i
+        if i >= blen:  # window done; a plain opcode or payload may run on into the next one
+            out += buf[mark:blen]
+            here += blen
             if here >= end:
+                if here > end or i > blen:
+                    raise EOFError(f"an opcode runs past the span end {end}")
                 break
-            buf, i, mark = read_at(here, min(end - here, WINDOW)), 0, 0
-            if not buf:
+            i -= blen
+            buf = read_at(here, min(end - here, max(WINDOW, i + 16)))
+            blen, mark = len(buf), 0
+            if not blen:
                 raise EOFError(f"file ends at byte {here}, inside a span ending at {end}")
             continue
         op = buf[i]
-        form = FORM[op]
-        need = 1 + ARGLEN[op]
-        if form == oc.F_FIXED:
-            nxt = i + need
-        elif form == oc.F_LINE or form == oc.F_LINE2:
+        step = copy_step[op]
+        if step:
+            i += step
+            continue
+        form = form_of[op]
+        need = 1 + arglen[op]
+        if form == F_LINE or form == F_LINE2:
             nl = buf.find(b"\n", i + 1)
-            if nl >= 0 and form == oc.F_LINE2:
+            if nl >= 0 and form == F_LINE2:
                 nl = buf.find(b"\n", nl + 1)
-            if nl < 0 and here + blen >= end:
-                raise EOFError(
-                    f"text argument at byte {here + i} has no newline before the span end"
-                )
-            nxt = nl + 1 if nl >= 0 else blen + WINDOW
-        elif i + need > blen:
-            nxt = i + need
-        else:
-            n = (
-                buf[i + 1]
-                if form == oc.F_LEN1
-                else (oc.I4 if form == oc.F_LEN4S else oc.U4 if form == oc.F_LEN4U else oc.U8)(
-                    buf, i + 1
-                )[0]
-            )
-            nxt = i + need + n
-            if (
-                nxt > blen
-                and read_payload is not None
-                and n >= big
-                and oc.PAYLOAD[op] in (oc.P_BYTES, oc.P_BYTEARRAY)
-            ):
-                out += buf[mark:i]
-                out.append(oc.NEXT_BUFFER_OP)
-                buffers.append(read_payload(here + i + need, n, oc.PAYLOAD[op]))
-                here += nxt
-                buf, i, mark = read_at(here, min(end - here, WINDOW)), 0, 0
-                continue
-        if nxt > blen:  # the opcode runs past the window: read again from its start
-            if here + nxt > end and form not in (oc.F_LINE, oc.F_LINE2):
+            need = nl + 1 - i if nl >= 0 else blen - i + WINDOW
+        if i + need > blen:  # the opcode's head is cut by the window: read again from it
+            if here + blen >= end:
                 raise EOFError(f"opcode at byte {here + i} runs past the span end {end}")
             out += buf[mark:i]
             here += i
-            buf, i, mark = read_at(here, min(end - here, max(WINDOW, nxt - i, 2 * blen))), 0, 0
+            buf = read_at(here, min(end - here, max(WINDOW, 2 * need)))
+            blen, i, mark = len(buf), 0, 0
             continue
-        act = ACTION[op]
-        if act == oc.A_GET or act == oc.A_PUT or act == oc.A_FRAME:
+        nxt = i + need
+        if F_LEN1 <= form <= F_LEN8U:
+            n = (
+                buf[i + 1]
+                if form == F_LEN1
+                else (oc.I4 if form == F_LEN4S else unpack4 if form == F_LEN4U else oc.U8)(
+                    buf, i + 1
+                )[0]
+            )
+            if (
+                nxt + n > blen
+                and n >= big
+                and read_payload is not None
+                and payload_of[op] in (P_BYTES, P_BYTEARRAY)
+            ):
+                out += buf[mark:i]
+                out.append(oc.NEXT_BUFFER_OP)
+                buffers.append(read_payload(here + nxt, n, payload_of[op]))
+                here += nxt + n  # resume after the payload, in a new window
+                buf = read_at(here, min(end - here, WINDOW))
+                blen, i, mark = len(buf), 0, 0
+                continue
+            i = nxt + n
+            continue
+        act = action_of[op]
+        if act == A_GET or act == A_PUT or act == A_FRAME:
             out += buf[mark:i]
             mark = nxt
-            if act != oc.A_FRAME:
+            if act != A_FRAME:
                 ident = (
-                    int(buf[i + 1])
-                    if ARGLEN[op] == 1
-                    else int(oc.U4(buf, i + 1)[0])
-                    if ARGLEN[op] == 4
+                    buf[i + 1]
+                    if need == 2
+                    else unpack4(buf, i + 1)[0]
+                    if need == 5
                     else int(buf[i + 1 : nxt - 1])
                 )
                 key = ident + shift
-                if act == oc.A_PUT:
-                    out += oc.encode_put(n_ext + key - memo_base)
-                else:
-                    out += oc.encode_get(local[key] if key < memo_base else n_ext + key - memo_base)
+                new = local[key] if act == A_GET and key < memo_base else n_ext + key - memo_base
+                table = gets if act == A_GET else puts
+                out += (
+                    table[new]
+                    if new < 256
+                    else (_encode_get(new) if act == A_GET else _encode_put(new))
+                )
         i = nxt
     out.append(oc.STOP_OP)
     return out, buffers
@@ -197,38 +244,31 @@ def _immutable(v: Any, depth: int = 0) -> bool:
     return False
 
 
-class _FastUnpickler(pickle.Unpickler):
-    def __init__(
-        self, file: Any, ext: list[Any], find_class: FindClass | None, **kwargs: Any
-    ) -> None:
+class _HookedUnpickler(pickle.Unpickler):
+    """The C unpickler with a caller's ``find_class``."""
+
+    def __init__(self, file: Any, find_class: FindClass, **kwargs: Any) -> None:
         super().__init__(file, **kwargs)
-        self._ext = ext
         self._find_class_hook = find_class
 
-    def persistent_load(self, pid: Any) -> Any:
-        return self._ext[pid]
-
     def find_class(self, module: str, name: str) -> Any:
-        if self._find_class_hook is not None:
-            return self._find_class_hook(module, name)
-        return super().find_class(module, name)
+        return self._find_class_hook(module, name)
 
 
-class _Read:
-    """One read_sample call: memo values of the elements replayed (or fields read) during it."""
-
-    def __init__(self) -> None:
-        self.memos: dict[int, dict[int, Any]] = {}
+_MISSING = object()
+Memos = dict[int, dict[int, Any]]  # per read: shared element -> {memo key: value}
 
 
 class SpanReader:
     """Reads samples of one scanned file by span; one per file and process.
 
     ``encoding`` / ``errors`` are those of :func:`pickle.load` (``"latin1"`` or ``"bytes"`` for
-    Python 2 pickles). ``find_class(module, name)``, if given, replaces the unpickler's global
-    lookup everywhere. ``general=True`` reads every pickle span with the pure-Python general path.
-    Immutable shared values are cached up to ``shared_bytes`` (``sys.getsizeof`` estimate). The
-    file descriptor is opened on first use and reopened after a fork.
+    Python 2 pickles). ``find_class(module, name)``, if given, replaces the global lookup of
+    every unpickler this reader builds (:meth:`_fast_unpickler` and :meth:`_general_unpickler`
+    are the only places they are built). ``general=True`` reads every pickle span with the
+    pure-Python general path. Immutable shared values are cached up to ``shared_bytes``
+    (``sys.getsizeof`` estimate, see :class:`ReaderStats`). The file descriptor is opened on
+    first use and reopened after a fork; a pickled reader travels without it.
     """
 
     def __init__(
@@ -250,15 +290,17 @@ class SpanReader:
         self.big = big
         self.stats = ReaderStats()
         self._shared: dict[int, Any] = {}
-        self._definer_starts = {s: j for j, (s, _, _, _) in enumerate(scan.shared.elements)}
+        self._definers = {s: j for j, (s, _, _, _) in enumerate(scan.shared.elements)}
+        self._is_row = [k == "array_row" for k in scan.kinds]
         self._rec_starts = np.ascontiguousarray(scan.records[:, 0])
+        self._one_shift = int(scan.records[0, 2]) if len(scan.records) == 1 else None
         self._fd = -1
         self._pid = -1
 
     def close(self) -> None:
         if self._fd >= 0 and self._pid == os.getpid():
             os.close(self._fd)
-        self._fd = -1
+        self._fd, self._pid = -1, -1
 
     def __enter__(self) -> SpanReader:
         return self
@@ -284,14 +326,14 @@ class SpanReader:
         return self._fd
 
     def _read_at(self, offset: int, n: int) -> bytes:
-        data = os.pread(self._fileno(), n, offset)
+        data = os.pread(self._fd if self._pid == os.getpid() else self._fileno(), n, offset)
         self.stats.bytes_read += len(data)
         return data
 
     def _readinto_at(self, offset: int, view: memoryview) -> int:
-        got = 0
+        fd, got = self._fileno(), 0
         while got < len(view):
-            k = os.preadv(self._fileno(), [view[got:]], offset + got)
+            k = os.preadv(fd, [view[got:]], offset + got)
             if k <= 0:
                 break
             got += k
@@ -300,7 +342,7 @@ class SpanReader:
 
     def _payload(self, offset: int, n: int, kind: int) -> Any:
         if kind == oc.P_BYTES:
-            data = self._read_at(offset, n)
+            data: Any = self._read_at(offset, n)
             ok = len(data) == n
         else:
             data = bytearray(n)
@@ -309,35 +351,69 @@ class SpanReader:
             raise EOFError(f"file ends inside a {n}-byte payload at byte {offset}")
         return data
 
+    # -- unpicklers: built here and nowhere else ------------------------------------------------
+
+    def _fast_load(self, data: bytearray, objs: list[Any], buffers: list[Any]) -> Any:
+        if objs or self.find_class is not None:
+            return self._fast_unpickler(data, objs, buffers).load()
+        return pickle.loads(data, encoding=self.encoding, errors=self.errors, buffers=buffers)
+
+    def _fast_unpickler(
+        self, data: bytearray, objs: list[Any], buffers: list[Any]
+    ) -> pickle.Unpickler:
+        kwargs: dict[str, Any] = {
+            "encoding": self.encoding,
+            "errors": self.errors,
+            "buffers": buffers,
+        }
+        if self.find_class is None:
+            u = pickle.Unpickler(io.BytesIO(data), **kwargs)
+        else:
+            u = _HookedUnpickler(io.BytesIO(data), self.find_class, **kwargs)
+        if objs:
+            u.persistent_load = objs.__getitem__  # type: ignore[method-assign,assignment]
+        return u
+
+    def _general_unpickler(
+        self, start: int, end: int, first_id: int, resolve: Callable[[int], Any]
+    ) -> SpanUnpickler:
+        span = SpanFile(
+            self._read_at, start, end, self.scan.protocol, readinto_at=self._readinto_at
+        )
+        return SpanUnpickler(
+            span,
+            first_id=first_id,
+            resolve=resolve,
+            encoding=self.encoding,
+            errors=self.errors,
+            find_class=self.find_class,
+        )
+
     # -- one span -------------------------------------------------------------------------------
 
     def _shift(self, start: int) -> int:
+        if self._one_shift is not None:
+            return self._one_shift
         return int(self.scan.records[int(np.searchsorted(self._rec_starts, start, "right")) - 1, 2])
 
     def _span(
-        self, start: int, end: int, base: int, ext: Sequence[int], read: _Read, capture: int
+        self, start: int, end: int, base: int, ext: list[int], memos: Memos, capture: int
     ) -> Any:
         """Unpickle one span; if ``capture >= 0`` keep its memo as that of shared element ``capture``."""
         shift = self._shift(start)
+        memo: dict[int, Any] | None = None
         try:
             if self.general:
                 self.stats.general_reads += 1
-                span = SpanFile(
-                    self._read_at, start, end, self.scan.protocol, readinto_at=self._readinto_at
-                )
-                u = SpanUnpickler(
-                    span,
-                    first_id=base - shift,
-                    resolve=lambda i: self._external(i + shift, read),
-                    encoding=self.encoding,
-                    errors=self.errors,
-                    find_class=self.find_class,
+                u = self._general_unpickler(
+                    start, end, base - shift, lambda i: self._external(i + shift, memos)
                 )
                 value = u.load()
-                memo = {i + shift: v for i, v in u.memo.items()} if capture >= 0 else None
+                if capture >= 0:
+                    memo = {i + shift: v for i, v in u.memo.items()}
             else:
                 self.stats.fast_reads += 1
-                objs = [self._external(int(k), read) for k in ext]
+                objs = [self._external(k, memos) for k in ext]
                 data, buffers = rewrite_span(
                     self._read_at,
                     start,
@@ -349,39 +425,32 @@ class SpanReader:
                     read_payload=self._payload,
                     big=self.big,
                 )
-                f = _FastUnpickler(
-                    io.BytesIO(data),
-                    objs,
-                    self.find_class,
-                    encoding=self.encoding,
-                    errors=self.errors,
-                    buffers=buffers,
-                )
-                value = f.load()
-                n_ext = len(objs)
-                memo = (
-                    {base + i - n_ext: v for i, v in f.memo.copy().items() if i >= n_ext}
-                    if capture >= 0
-                    else None
-                )
+                if capture < 0:
+                    value = self._fast_load(data, objs, buffers)
+                else:
+                    f = self._fast_unpickler(data, objs, buffers)
+                    value = f.load()
+                    n_ext = len(objs)
+                    memo = {base + i - n_ext: v for i, v in f.memo.copy().items() if i >= n_ext}
         except (EOFError, pickle.UnpicklingError) as exc:
             raise _damaged(self.path, start, exc) from None
         if memo is not None:
-            read.memos[capture] = memo
+            memos[capture] = memo
         return value
 
-    def _external(self, key: int, read: _Read) -> Any:
-        if key in self._shared:
+    def _external(self, key: int, memos: Memos) -> Any:
+        value = self._shared.get(key, _MISSING)
+        if value is not _MISSING:
             self.stats.shared_hits += 1
-            return self._shared[key]
+            return value
         self.stats.shared_misses += 1
         e = self.scan.shared.element(key)
-        memo = read.memos.get(e)
+        memo = memos.get(e)
         if memo is None:
             self.stats.replays += 1
             start, end, base, ext = self.scan.shared.elements[e]
-            self._span(start, end, base, ext, read, e)
-            memo = read.memos[e]
+            self._span(start, end, base, list(ext), memos, e)
+            memo = memos[e]
         value = memo[key]
         if _immutable(value):
             size = sys.getsizeof(value)
@@ -396,8 +465,7 @@ class SpanReader:
         spec = self.scan.arrays[f]
         assert spec is not None
         out = np.empty(spec.row_shape, spec.dtype)
-        view = memoryview(out.reshape(-1).view(np.uint8))
-        if self._readinto_at(start, view) != end - start:
+        if self._readinto_at(start, memoryview(out.reshape(-1).view(np.uint8))) != end - start:
             raise TruncatedPickleError(self.path, "file ends inside an array row", offset=start)
         if spec.swap:
             out.byteswap(inplace=True)
@@ -405,38 +473,44 @@ class SpanReader:
         return out if out.ndim else out[()]
 
     def read_sample(self, i: int) -> tuple[Any, ...]:
-        """Sample ``i`` as a tuple with one value per field, equal to the whole-file reading."""
+        """Sample ``i`` as a tuple with one value per field, equal to the whole-file reading.
+
+        Fields are read in file order; one that a later field refers to is reused by it.
+        """
         scan = self.scan
         n = scan.num_samples
         if not -n <= i < n:
             raise IndexError(f"sample {i} out of range for {self.path} ({n} samples)")
-        i %= n
-        starts, ends, bases = scan.starts[i], scan.ends[i], scan.memo_base[i]
-        read = _Read()
-        out: list[Any] = [None] * len(scan.fields)
-        for f in np.argsort(starts, kind="stable") if len(out) > 1 else range(len(out)):
-            f = int(f)
-            s, e = int(starts[f]), int(ends[f])
-            if scan.kinds[f] == "array_row":
-                out[f] = self._row(f, s, e)
+        if i < 0:
+            i += n
+        starts, ends, bases = (
+            scan.starts[i].tolist(),
+            scan.ends[i].tolist(),
+            scan.memo_base[i].tolist(),
+        )
+        nf = len(starts)
+        offs = scan.ext_offsets[i * nf : i * nf + nf + 1].tolist()
+        memos: Memos = {}
+        out: list[Any] = [None] * nf
+        for f in sorted(range(nf), key=starts.__getitem__) if nf > 1 else range(nf):
+            s = starts[f]
+            if self._is_row[f]:
+                out[f] = self._row(f, s, ends[f])
             else:
-                out[f] = self._span(
-                    s, e, int(bases[f]), scan.externals(i, f), read, self._definer_starts.get(s, -1)
-                )
+                ext = scan.ext_keys[offs[f] : offs[f + 1]].tolist() if offs[f + 1] > offs[f] else []
+                out[f] = self._span(s, ends[f], bases[f], ext, memos, self._definers.get(s, -1))
         return tuple(out)
 
     def read_samples(self, indices: Sequence[int]) -> list[tuple[Any, ...]]:
         """Samples at ``indices`` (in that order), read in file-offset order."""
-        idx = np.asarray(indices, dtype=np.int64)
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         out: list[tuple[Any, ...]] = [()] * len(idx)
         if len(idx):
             n = self.scan.num_samples
-            order = np.argsort(
-                self.scan.starts[idx % max(n, 1), 0] if self.scan.starts.shape[1] else idx,
-                kind="stable",
-            )
-            for k in order:
-                out[int(k)] = self.read_sample(int(idx[k]))
+            wrapped = np.where(idx < 0, idx + n, idx).clip(0, max(n - 1, 0))
+            firsts = self.scan.starts[wrapped].min(axis=1) if self.scan.starts.shape[1] else wrapped
+            for k in np.argsort(firsts, kind="stable").tolist():
+                out[k] = self.read_sample(int(idx[k]))
         return out
 
 
