@@ -239,11 +239,12 @@ def assert_same(got: Any, want: Any, _ids: dict[int, int] | None = None, _path: 
         seen = ids.setdefault(id(want), id(got))
         assert seen == id(got), f"{_path}: sharing differs from pickle.load"
     if isinstance(want, np.ndarray):
-        assert got.dtype == want.dtype and got.shape == want.shape, _path
+        assert (got.dtype, got.shape) == (want.dtype, want.shape), _path
         assert got.tobytes() == want.tobytes(), _path
         assert got.flags.writeable == want.flags.writeable, f"{_path}: writeable flag differs"
     elif isinstance(want, torch.Tensor):
-        assert got.dtype == want.dtype and torch.equal(got, want), _path
+        assert got.dtype == want.dtype, _path
+        assert torch.equal(got, want), _path
     elif isinstance(want, (list, tuple)):
         assert len(got) == len(want), _path
         for k, (g, w) in enumerate(zip(got, want, strict=True)):

@@ -171,6 +171,11 @@ class SpanUnpickler(pickle._Unpickler):
     """
 
     dispatch: ClassVar[dict[int, Any]] = dict(pickle._Unpickler.dispatch)
+    # set by pickle._Unpickler, which typeshed does not describe
+    stack: list[Any]
+    read: Callable[[int], bytes]
+    append: Callable[[Any], None]
+    _decode_string: Callable[[bytes], Any]
 
     def __init__(
         self,

@@ -58,16 +58,13 @@ P_NONE, P_BYTES, P_BYTEARRAY, P_TEXT = range(4)
 
 _FORM_BY_N = {-1: F_LINE, -2: F_LEN1, -3: F_LEN4S, -4: F_LEN4U, -5: F_LEN8U}  # pickletools' n
 _PREFIX_LEN = {F_LEN1: 1, F_LEN4S: 4, F_LEN4U: 4, F_LEN8U: 8}
-_SPECIAL = {
-    **dict.fromkeys(("PUT", "BINPUT", "LONG_BINPUT"), A_PUT),
-    **dict.fromkeys(("GET", "BINGET", "LONG_BINGET"), A_GET),
-    **dict.fromkeys(("TUPLE1", "TUPLE2", "TUPLE3"), A_TUPLEN),
-    **{"FRAME": A_FRAME, "PROTO": A_PROTO, "STOP": A_STOP, "MARK": A_MARK, "POP": A_POP},
-    **{"POP_MARK": A_POP_MARK, "MEMOIZE": A_MEMOIZE, "TUPLE": A_TUPLE, "LIST": A_LIST},
-    **{"EMPTY_LIST": A_EMPTY_LIST, "EMPTY_DICT": A_EMPTY_DICT, "EMPTY_TUPLE": A_EMPTY_TUPLE},
-    **{"DICT": A_DICT, "APPEND": A_APPEND, "APPENDS": A_APPENDS, "SETITEM": A_SETITEM},
-    **{"SETITEMS": A_SETITEMS},
-}
+# opcodes whose action is named like them (FRAME -> A_FRAME...), then families of opcodes
+_SAME = "FRAME PROTO STOP MARK POP POP_MARK MEMOIZE EMPTY_LIST EMPTY_DICT EMPTY_TUPLE TUPLE LIST"
+_SAME += " DICT APPEND APPENDS SETITEM SETITEMS"
+_SPECIAL: dict[str, int] = {name: globals()[f"A_{name}"] for name in _SAME.split()}
+_SPECIAL |= dict.fromkeys(("PUT", "BINPUT", "LONG_BINPUT"), A_PUT)
+_SPECIAL |= dict.fromkeys(("GET", "BINGET", "LONG_BINGET"), A_GET)
+_SPECIAL |= dict.fromkeys(("TUPLE1", "TUPLE2", "TUPLE3"), A_TUPLEN)
 _PERSID = "a persistent id ({}), resolved by the pickler's owner, not by the file"
 _OUT_OF_BAND = "an out-of-band buffer ({}) whose bytes are not in the file"
 _REFUSE_WHY = {
@@ -75,11 +72,8 @@ _REFUSE_WHY = {
     **{name: _OUT_OF_BAND.format(name) for name in ("NEXT_BUFFER", "READONLY_BUFFER")},
     "DUP": "a DUP opcode (one value in two places; CPython's pickler never writes it)",
 }
-_PAYLOAD_BY_ARG = {
-    "bytes1": P_BYTES,
-    "bytes4": P_BYTES,
-    "bytes8": P_BYTES,
-    "bytearray8": P_BYTEARRAY,
+_PAYLOAD_BY_ARG = dict.fromkeys(("bytes1", "bytes4", "bytes8"), P_BYTES) | {
+    "bytearray8": P_BYTEARRAY
 }
 
 FORM: list[int] = [F_BAD] * 256
@@ -106,14 +100,14 @@ def _generic_action(op: pickletools.OpcodeInfo) -> tuple[int, int]:
 for _op in pickletools.opcodes:
     _b = ord(_op.code.encode("latin-1"))
     OPNAME[_b] = _op.name
-    _n = _op.arg.n if _op.arg is not None else 0
+    _n, _arg = (_op.arg.n, _op.arg.name) if _op.arg is not None else (0, "")
     if _n >= 0:
         FORM[_b], ARGLEN[_b] = F_FIXED, _n
     else:
-        FORM[_b] = F_LINE2 if _op.arg.name == "stringnl_noescape_pair" else _FORM_BY_N[_n]
+        FORM[_b] = F_LINE2 if _arg == "stringnl_noescape_pair" else _FORM_BY_N[_n]
         ARGLEN[_b] = _PREFIX_LEN.get(FORM[_b], 0)
         if FORM[_b] in _PREFIX_LEN:
-            PAYLOAD[_b] = _PAYLOAD_BY_ARG.get(_op.arg.name, P_TEXT)
+            PAYLOAD[_b] = _PAYLOAD_BY_ARG.get(_arg, P_TEXT)
     if _op.name in _REFUSE_WHY:
         ACTION[_b], REFUSED[_b] = A_REFUSE, _REFUSE_WHY[_op.name]
     elif _op.name in _SPECIAL:
@@ -167,8 +161,8 @@ Node = list[Any]
 Value = Any  # an int (start offset of an opaque value) or a Node
 
 
-def _start(v: Value) -> int:
-    return v if type(v) is int else v[START]  # type: ignore[no-any-return]
+def start_of(v: Value) -> int:
+    return v if type(v) is int else v[START]  # type: ignore[no-any-return,unused-ignore]
 
 
 def _prune(node: Node, memo_nodes: dict[int, Node]) -> None:
@@ -304,7 +298,7 @@ def _walk_record(buf: Any, pos: int, end: int, w: Walked) -> tuple[Value, int, i
             continue
         if form == F_FIXED:
             nxt = pos + 1 + ARGLEN[op]
-        elif form == F_LINE or form == F_LINE2:
+        elif form in (F_LINE, F_LINE2):
             nl = buf.find(b"\n", pos + 1, end)
             if nl >= 0 and form == F_LINE2:
                 nl = buf.find(b"\n", nl + 1, end)
@@ -337,7 +331,7 @@ def _walk_record(buf: Any, pos: int, end: int, w: Walked) -> tuple[Value, int, i
             marks.append(fence)
             moffs.append(pos)
         elif A_APPEND <= act <= A_SETITEMS:  # APPEND, APPENDS, SETITEM, SETITEMS
-            if act == A_APPENDS or act == A_SETITEMS:
+            if act in (A_APPENDS, A_SETITEMS):
                 if not marks:
                     raise _bad(w, pos, op, "without a MARK")
                 m = marks.pop()
@@ -366,11 +360,11 @@ def _walk_record(buf: Any, pos: int, end: int, w: Walked) -> tuple[Value, int, i
             nodepos.append(len(stack))
             kind = LIST if act == A_EMPTY_LIST else DICT if act == A_EMPTY_DICT else TUPLE
             push([kind, pos, [], [], None, -1])
-        elif act == A_TUPLEN or act == A_POPN:
+        elif act in (A_TUPLEN, A_POPN):
             m = len(stack) - NPOP[op]
             if m < fence:
                 raise _bad(w, pos, op, "underflows the stack")
-            start = _start(stack[m])
+            start = start_of(stack[m])
             if act == A_POPN:
                 _discard(stack, m, nodepos, memo)
                 push(start)
@@ -394,7 +388,7 @@ def _walk_record(buf: Any, pos: int, end: int, w: Walked) -> tuple[Value, int, i
                 memo[k] = top
                 top[KEY] = k
             defs.append(pos)
-        elif act == A_TUPLE or act == A_LIST or act == A_DICT or act == A_MARKPOP:
+        elif act in (A_TUPLE, A_LIST, A_DICT, A_MARKPOP):
             if not marks:
                 raise _bad(w, pos, op, "without a MARK")
             m, moff = marks.pop(), moffs.pop()
@@ -403,7 +397,7 @@ def _walk_record(buf: Any, pos: int, end: int, w: Walked) -> tuple[Value, int, i
                 lo = m - NPOP[op]
                 if lo < fence:
                     raise _bad(w, pos, op, "underflows the stack")
-                start = _start(stack[lo]) if lo < m else moff
+                start = start_of(stack[lo]) if lo < m else moff
                 _discard(stack, lo, nodepos, memo)
                 push(start)
             else:
@@ -424,9 +418,9 @@ def _walk_record(buf: Any, pos: int, end: int, w: Walked) -> tuple[Value, int, i
                 raise _Refused(f"{len(stack)} values and {len(marks)} marks at STOP", pos)
             w.skipped += skipped
             return stack[0], nxt, max(first_id, 0)
-        elif act == A_POP or act == A_POP_MARK:  # only a recursive tuple: POPs, then a GET
+        elif act in (A_POP, A_POP_MARK):  # only a recursive tuple: POPs, then a GET
             if act == A_POP and len(stack) > fence:
-                s = _start(stack[-1])
+                s = start_of(stack[-1])
                 _discard(stack, len(stack) - 1, nodepos, memo)
             elif marks:
                 m, s = marks.pop(), moffs.pop()

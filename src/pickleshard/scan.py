@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from . import opcodes as oc
 from .errors import FieldLengthMismatchError, NotSpanIndexableError
 from .layouts import MAX_LIST_FIELDS, default_field_names
 from .memo import (
@@ -49,28 +50,7 @@ from .memo import (
     SharedTable,
     SpanFile,
 )
-from .opcodes import (
-    BINGET_OP,
-    BINPUT_OP,
-    BINUNICODE_OP,
-    BOUNDS,
-    DICT,
-    ITEMS,
-    KIND,
-    LONG_BINGET_OP,
-    LONG_BINPUT_OP,
-    MEMOIZE_OP,
-    SHORT_BINUNICODE_OP,
-    START,
-    TUPLE,
-    U4,
-    Node,
-    Value,
-    Walked,
-    _start,
-    open_buffer,
-    walk_opcodes,
-)
+from .opcodes import ITEMS, KIND, START, Node, Value, Walked
 
 __all__ = ["ArrayRow", "ScanResult", "scan_bytes", "scan_file"]
 
@@ -91,14 +71,13 @@ class ArrayRow:
         return self.dtype.itemsize * int(np.prod(self.row_shape, dtype=np.int64))
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "descr": np.lib.format.dtype_to_descr(self.dtype),
-            "row_shape": list(self.row_shape),
-        }
+        descr = np.lib.format.dtype_to_descr(self.dtype)
+        return {"descr": descr, "row_shape": list(self.row_shape), "swap": self.swap}
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> ArrayRow:
-        return cls(np.lib.format.descr_to_dtype(_tuples(obj["descr"])), tuple(obj["row_shape"]))
+        dtype = np.lib.format.descr_to_dtype(_tuples(obj["descr"]))
+        return cls(dtype, tuple(obj["row_shape"]), bool(obj["swap"]))
 
 
 def _tuples(descr: Any) -> Any:
@@ -143,40 +122,46 @@ class ScanResult:
 
     def meta(self) -> dict[str, Any]:
         """The per-file part, JSON-serialisable (the per-sample part is :meth:`arrays_dict`)."""
+        plain = {k: getattr(self, k) for k in ("size", "protocol", "layout", "bytes_read")}
         return {
+            **plain,
             "format": _FORMAT,
-            "size": self.size,
-            "protocol": self.protocol,
-            "layout": self.layout,
             "fields": list(self.fields),
             "kinds": list(self.kinds),
             "arrays": [a.to_json() if a is not None else None for a in self.arrays],
             "shared": self.shared.to_json(),
-            "bytes_read": self.bytes_read,
         }
 
     def arrays_dict(self) -> dict[str, np.ndarray]:
-        """The numpy arrays to store as ``.npy`` (``records`` is per file but may be long)."""
-        names = ("starts", "ends", "memo_base", "ext_offsets", "ext_keys", "records")
-        return {n: getattr(self, n) for n in names}
+        """The numpy arrays to store as ``.npy``: the per-sample ones, and ``records``."""
+        return {n: getattr(self, n) for n in _ARRAYS}
 
     @classmethod
     def from_stored(
         cls, path: str | os.PathLike[str], meta: dict[str, Any], arrays: dict[str, np.ndarray]
     ) -> ScanResult:
-        """Rebuild from :meth:`meta` (after a JSON round trip) and :meth:`arrays_dict` (may be mmaps)."""
+        """Rebuild from :meth:`meta` (after a JSON round trip) and :meth:`arrays_dict` (mmaps
+        are fine); raises ``ValueError`` for a ``meta`` of another format version."""
+        if meta.get("format") != _FORMAT:
+            raise ValueError(f"scan format {meta.get('format')!r}, expected {_FORMAT}")
+        plain: dict[str, Any] = {k: meta[k] for k in ("size", "protocol", "layout", "bytes_read")}
         return cls(
             path=os.fspath(path),
-            size=meta["size"],
-            protocol=meta["protocol"],
-            layout=meta["layout"],
             fields=tuple(meta["fields"]),
             kinds=tuple(meta["kinds"]),
-            arrays=tuple(ArrayRow.from_json(a) if a is not None else None for a in meta["arrays"]),
+            arrays=tuple(ArrayRow.from_json(a) if a else None for a in meta["arrays"]),
             shared=SharedTable.from_json(meta["shared"]),
-            bytes_read=meta["bytes_read"],
-            **arrays,
+            starts=arrays["starts"],
+            ends=arrays["ends"],
+            memo_base=arrays["memo_base"],
+            ext_offsets=arrays["ext_offsets"],
+            ext_keys=arrays["ext_keys"],
+            records=arrays["records"],
+            **plain,
         )
+
+
+_ARRAYS = ("starts", "ends", "memo_base", "ext_offsets", "ext_keys", "records")
 
 
 class _NotLayout(Exception):
@@ -202,7 +187,7 @@ def _spans(nodes: Sequence[Node]) -> tuple[np.ndarray, np.ndarray]:
     ends[:-1] = starts[1:]
     base = 0
     for n in nodes:
-        b, prev = n[BOUNDS], 0
+        b, prev = n[oc.BOUNDS], 0
         for j in range(0, len(b), 2):
             if b[j] > prev:
                 ends[base + b[j] - 1] = b[j + 1]
@@ -212,7 +197,7 @@ def _spans(nodes: Sequence[Node]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _kind(v: Value) -> int:
-    return v[KIND] if type(v) is list else 0  # type: ignore[no-any-return]
+    return v[KIND] if type(v) is list else 0  # type: ignore[no-any-return,unused-ignore]
 
 
 @dataclass
@@ -225,34 +210,34 @@ class _Cand:
     keys: list[tuple[int, int]]  # dict_columns: key spans
 
 
-def _structure(root: Value, root_end: int) -> _Cand:
+def _structure(root: Value, name: str) -> _Cand:
     """Mirror :func:`pickleshard.layouts.decode_layout` on the scanner's nodes."""
     if type(root) is not list or not root[ITEMS]:
         raise _NotLayout("the top-level object is not a non-empty list, tuple or dict")
     starts, ends = _spans([root])
     values, vends = list(root[ITEMS]), [int(e) for e in ends]
-    if root[KIND] == DICT:
+    if root[KIND] == oc.DICT:
         vals = values[1::2]
-        if not all(_kind(v) != DICT for v in vals):
+        if not all(_kind(v) != oc.DICT for v in vals):
             raise _NotLayout("a top-level dict whose values are not all sequences")
         keys = [(int(s), int(e)) for s, e in zip(starts[0::2], ends[0::2], strict=True)]
         return _Cand("dict_columns", vals, vends[1::2], keys)
-    if root[KIND] == TUPLE:
-        if any(_kind(v) == DICT for v in values):
+    if root[KIND] == oc.TUPLE:
+        if any(_kind(v) == oc.DICT for v in values):
             raise _NotLayout("a top-level tuple whose items are not all sequences")
         return _Cand("columns", values, vends, [])
     first = values[0]
-    if _kind(first) == TUPLE and first[ITEMS]:
+    if _kind(first) == oc.TUPLE and first[ITEMS]:
         n = len(first[ITEMS])
-        if all(_kind(r) == TUPLE and len(r[ITEMS]) == n for r in values):
+        if all(_kind(r) == oc.TUPLE and len(r[ITEMS]) == n for r in values):
             return _Cand("rows", values, vends, [])
         if any(type(r) is int for r in values):
-            raise NotSpanIndexableError("", "a list of tuples with some rows of unknown type")
-    if _kind(first) == DICT:
-        if all(_kind(r) == DICT for r in values):
+            raise NotSpanIndexableError(name, "a list of tuples with some rows of unknown type")
+    if _kind(first) == oc.DICT:
+        if all(_kind(r) == oc.DICT for r in values):
             return _Cand("dict_rows", values, vends, [])
         raise _NotLayout("a list of dicts with some rows of other types")
-    if len(values) <= MAX_LIST_FIELDS and all(_kind(v) != DICT for v in values):
+    if len(values) <= MAX_LIST_FIELDS and all(_kind(v) != oc.DICT for v in values):
         return _Cand("columns", values, vends, [])
     raise _NotLayout("a top-level list that is neither rows nor at most 64 columns")
 
@@ -315,23 +300,25 @@ class _Inspector:
     def key(self, start: int, end: int) -> Any:
         """A dict key's value; short strings and GETs of them are decoded without an unpickler."""
         buf, op = self.buf, self.buf[start]
-        if op in (SHORT_BINUNICODE_OP, BINUNICODE_OP):
-            hdr = 2 if op == SHORT_BINUNICODE_OP else 5
-            stop = start + hdr + (buf[start + 1] if hdr == 2 else U4(buf, start + 1)[0])
+        if op in (oc.SHORT_BINUNICODE_OP, oc.BINUNICODE_OP):
+            hdr = 2 if op == oc.SHORT_BINUNICODE_OP else 5
+            stop = start + hdr + (buf[start + 1] if hdr == 2 else oc.U4(buf, start + 1)[0])
             tail = end - stop
             if tail == 0 or (tail in _MEMO_TAIL and buf[stop] == _MEMO_TAIL[tail]):
                 value = str(buf[start + hdr : stop], "utf-8", "surrogatepass")
                 self.consts[stop] = value
                 return value
-        if (op == BINGET_OP and end - start == 2) or (op == LONG_BINGET_OP and end - start == 5):
-            mid = buf[start + 1] if op == BINGET_OP else U4(buf, start + 1)[0]
-            value = self.consts.get(int(self.table.defs[mid + self._shift(start)]))
-            if value is not None:
-                return value
+        if (op == oc.BINGET_OP and end - start == 2) or (
+            op == oc.LONG_BINGET_OP and end - start == 5
+        ):
+            mid = buf[start + 1] if op == oc.BINGET_OP else oc.U4(buf, start + 1)[0]
+            known = self.consts.get(int(self.table.defs[mid + self._shift(start)]))
+            if known is not None:
+                return known
         return self.value(start, end, bytes_min=4096)
 
 
-_MEMO_TAIL = {1: MEMOIZE_OP, 2: BINPUT_OP, 5: LONG_BINPUT_OP}
+_MEMO_TAIL = {1: oc.MEMOIZE_OP, 2: oc.BINPUT_OP, 5: oc.LONG_BINPUT_OP}
 _KEY_TYPES = (str, bytes, int, float, complex, bool, type(None))
 
 
@@ -360,9 +347,11 @@ def _array_field(spec: Any, name: str) -> _Field:
 def _leaves(cand: _Cand) -> list[tuple[np.ndarray, np.ndarray]]:
     """Every element span of a candidate: items of its fields or rows, keys, opaque fields."""
     if cand.layout in ("rows", "dict_rows"):
-        return [_spans(cand.values)]  # type: ignore[arg-type]
+        return [_spans(cand.values)]
     out = [_spans([v]) for v in cand.values if type(v) is list]
-    opaque = [(_start(v), e) for v, e in zip(cand.values, cand.ends, strict=True) if type(v) is int]
+    opaque = [
+        (oc.start_of(v), e) for v, e in zip(cand.values, cand.ends, strict=True) if type(v) is int
+    ]
     out += [
         (np.array([s for s, _ in group], np.int64), np.array([e for _, e in group], np.int64))
         for group in (opaque, cand.keys)
@@ -387,26 +376,23 @@ def _dict_order(keys: list[Any], name: str) -> dict[Any, int]:
 def _fields(cand: _Cand, insp: _Inspector, name: str) -> tuple[tuple[str, ...], list[_Field]]:
     """Field names and columns of one pickle whose structure matched ``cand``."""
     if cand.layout == "rows":
-        starts, ends = _spans(cand.values)  # type: ignore[arg-type]
+        starts, ends = _spans(cand.values)
         n = len(cand.values[0][ITEMS])
         starts, ends = starts.reshape(-1, n), ends.reshape(-1, n)
         return default_field_names(n), [_Field(starts[:, f], ends[:, f]) for f in range(n)]
     if cand.layout == "dict_rows":
-        return _dict_rows(cand.values, insp, name)  # type: ignore[arg-type]
-    values, ends = cand.values, cand.ends
+        return _dict_rows(cand.values, insp, name)
+    values, vends = cand.values, cand.ends
     if cand.layout == "dict_columns":
         order = _dict_order([insp.key(s, e) for s, e in cand.keys], name)
         names = tuple(str(k) for k in order)
-        values, ends = [values[j] for j in order.values()], [ends[j] for j in order.values()]
+        values, vends = [values[j] for j in order.values()], [vends[j] for j in order.values()]
     else:
         names = default_field_names(len(values))
-    specs = [
-        None if type(v) is list else insp.value(v, e) for v, e in zip(values, ends, strict=True)
-    ]
-    for why in filter(
-        None, (_not_a_field(sp) for v, sp in zip(values, specs, strict=True) if type(v) is not list)
-    ):
+    opaque = {j: insp.value(v, vends[j]) for j, v in enumerate(values) if type(v) is not list}
+    for why in filter(None, map(_not_a_field, opaque.values())):
         raise _NotLayout(why)
+    specs = [opaque.get(j) for j in range(len(values))]
     cols = [
         _Field(*_spans([v])) if type(v) is list else _array_field(sp, name)
         for v, sp in zip(values, specs, strict=True)
@@ -457,7 +443,7 @@ def _table(w: Walked, leaves: list[tuple[np.ndarray, np.ndarray]]) -> ElementTab
 
 
 def _scan_chunks(buf: Any, w: Walked, stops: list[int], encoding: str) -> ScanResult:
-    cands = [_structure(r, s) for r, s in zip(w.roots, stops, strict=True)]
+    cands = [_structure(r, w.name) for r in w.roots]
     table = _table(w, [leaf for c in cands for leaf in _leaves(c)])
     insp = _Inspector(buf, w, table, encoding)
     parts = [_fields(c, insp, w.name) for c in cands]
@@ -474,13 +460,14 @@ def _scan_chunks(buf: Any, w: Walked, stops: list[int], encoding: str) -> ScanRe
                 offset=w.records[r][0],
             )
     if len(parts) > 1:
-        cols = [
-            _Field(
-                *(np.concatenate([getattr(p[1][f], a) for p in parts]) for a in ("starts", "ends")),
-                cols[f].array,
-            )
+        joined = [
+            [
+                np.concatenate([p[1][f].starts for p in parts]),
+                np.concatenate([p[1][f].ends for p in parts]),
+            ]
             for f in range(len(names))
         ]
+        cols = [_Field(st, en, cols[f].array) for f, (st, en) in enumerate(joined)]
     layout = cands[0].layout if len(parts) == 1 else f"appended_{cands[0].layout}"
     return _assemble(w, table, insp, layout, names, cols)
 
@@ -488,24 +475,28 @@ def _scan_chunks(buf: Any, w: Walked, stops: list[int], encoding: str) -> ScanRe
 def _scan_samples(buf: Any, w: Walked, stops: list[int], encoding: str) -> ScanResult:
     first = w.roots[0]
     kind = (
-        first[KIND] if type(first) is list and first[ITEMS] and first[KIND] in (TUPLE, DICT) else 0
+        first[KIND]
+        if type(first) is list and first[ITEMS] and first[KIND] in (oc.TUPLE, oc.DICT)
+        else 0
     )
     if (
         not all(_kind(r) == kind and len(r[ITEMS]) == len(first[ITEMS]) for r in w.roots)
-        if kind == TUPLE
+        if kind == oc.TUPLE
         else not all(_kind(r) == kind for r in w.roots)
-        if kind == DICT
+        if kind == oc.DICT
         else False
-    ):  # type: ignore[union-attr]
+    ):
         raise NotSpanIndexableError(w.name, "appended pickles are samples of different shapes")
     if kind:
-        leaves = [_spans(w.roots)]  # type: ignore[arg-type]
+        leaves = [_spans(w.roots)]
     else:
-        leaves = [(np.array([_start(r) for r in w.roots], np.int64), np.array(stops, np.int64))]
+        leaves = [
+            (np.array([oc.start_of(r) for r in w.roots], np.int64), np.array(stops, np.int64))
+        ]
     table = _table(w, leaves)
     insp = _Inspector(buf, w, table, encoding)
-    if kind == DICT:
-        names, cols = _dict_rows(w.roots, insp, w.name)  # type: ignore[arg-type]
+    if kind == oc.DICT:
+        names, cols = _dict_rows(w.roots, insp, w.name)
         return _assemble(w, table, insp, "appended_dict_samples", names, cols)
     n = len(first[ITEMS]) if kind else 1
     starts, ends = (leaves[0][0].reshape(-1, n), leaves[0][1].reshape(-1, n))
@@ -563,7 +554,7 @@ def _assemble(
 
 
 def _scan(buf: Any, size: int, name: str, encoding: str) -> ScanResult:
-    w = walk_opcodes(buf, size, name)
+    w = oc.walk_opcodes(buf, size, name)
     stops = [end - 1 for _, end, _ in w.records]
     try:
         return _scan_chunks(buf, w, stops, encoding)
@@ -585,7 +576,7 @@ def scan_file(path: str | os.PathLike[str], *, encoding: str = "ASCII") -> ScanR
     other :class:`~pickleshard.errors.PickleshardError` classes for bad files.
     """
     name = os.fspath(path)
-    buf, size = open_buffer(name)
+    buf, size = oc.open_buffer(name)
     try:
         return _scan(buf, size, name, encoding)
     finally:

@@ -156,7 +156,7 @@ def rewrite_span(
             continue
         form = form_of[op]
         need = 1 + arglen[op]
-        if form == F_LINE or form == F_LINE2:
+        if form in (F_LINE, F_LINE2):
             nl = buf.find(b"\n", i + 1)
             if nl >= 0 and form == F_LINE2:
                 nl = buf.find(b"\n", nl + 1)
@@ -194,7 +194,7 @@ def rewrite_span(
             i = nxt + n
             continue
         act = action_of[op]
-        if act == A_GET or act == A_PUT or act == A_FRAME:
+        if act in (A_GET, A_PUT, A_FRAME):
             out += buf[mark:i]
             mark = nxt
             if act != A_FRAME:
@@ -371,7 +371,7 @@ class SpanReader:
         else:
             u = _HookedUnpickler(io.BytesIO(data), self.find_class, **kwargs)
         if objs:
-            u.persistent_load = objs.__getitem__  # type: ignore[method-assign,assignment]
+            u.persistent_load = objs.__getitem__  # type: ignore[method-assign]
         return u
 
     def _general_unpickler(
@@ -465,7 +465,7 @@ class SpanReader:
         spec = self.scan.arrays[f]
         assert spec is not None
         out = np.empty(spec.row_shape, spec.dtype)
-        if self._readinto_at(start, memoryview(out.reshape(-1).view(np.uint8))) != end - start:
+        if self._readinto_at(start, memoryview(out.reshape(-1).view(np.uint8).data)) != end - start:
             raise TruncatedPickleError(self.path, "file ends inside an array row", offset=start)
         if spec.swap:
             out.byteswap(inplace=True)
