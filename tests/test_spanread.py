@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import pickle
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
 from picklegen import assert_same, build, datasets, oracle, write
-from pickleshard.errors import NotSpanIndexableError, UnsupportedLayoutError
+from pickleshard.errors import NotSpanIndexableError, TruncatedPickleError, UnsupportedLayoutError
 from pickleshard.scan import ScanResult, scan_file
-from pickleshard.spanread import SpanReader
+from pickleshard.spanread import SpanReader, rewrite_span
+
+# pickles written with numpy 1.x module paths load through numpy's deprecated numpy.core shims
+pytestmark = pytest.mark.filterwarnings("ignore:numpy.core:DeprecationWarning")
 
 # Reasons the scanner may give for a generated file it will not read span by span.
 _ALLOWED_REFUSALS = ("cannot establish", "cannot evaluate", "differs from the first")
@@ -60,3 +66,108 @@ def test_every_sample_equals_pickle_load(
         numpy1=data["numpy1"],
     )
     _check_file(path, data["protocol"])
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_spans_longer_than_a_window(tmp_path: Path, protocol: int) -> None:
+    # One sample spans many 64 KiB windows: small opcodes across window edges, text and bytes
+    # payloads straddling them, big bytes passed out of band, a big str kept in band.
+    sample = [
+        list(range(30_000)),
+        [f"w{i}" for i in range(5_000)],
+        "é" * 50_001,
+        b"b" * 70_001,
+        bytearray(b"c" * 100_003),
+        "s" * 150_000,
+        np.arange(40_000, dtype=np.float64),
+    ]
+    path = tmp_path / "big.pkl"
+    path.write_bytes(pickle.dumps(([sample, sample[:3], [1]], [0, 1, 2]), protocol=protocol))
+    scan = _check_file(path, protocol)
+    assert scan is not None
+    start, end = int(scan.starts[0, 0]), int(scan.ends[0, 0])
+    raw = path.read_bytes()
+
+    def read_at(offset: int, n: int) -> bytes:
+        return raw[offset : offset + n]
+
+    kwargs: dict[str, Any] = {
+        "protocol": protocol,
+        "memo_base": int(scan.memo_base[0, 0]),
+        "shift": 0,
+    }
+    kwargs["externals"] = scan.externals(0, 0).tolist()
+    oob = []
+    data, buffers = rewrite_span(
+        read_at,
+        start,
+        end,
+        read_payload=lambda o, n, k: oob.append(n) or bytes(raw[o : o + n]),
+        **kwargs,
+    )
+    inband, none = rewrite_span(read_at, start, end, **kwargs)
+    assert none == []
+    if protocol >= 3:  # at protocol 2 bytes are text; bytearray is a REDUCE there
+        assert len(inband) > len(data)
+        assert len(buffers) >= 2
+        assert min(oob) >= 64 * 1024
+
+
+def test_python2_pickles_need_an_encoding(tmp_path: Path) -> None:
+    # (['a', '\xe9'], [1, 2]) as Python 2 writes it: SHORT_BINSTRING for str
+    data = b"\x80\x02]q\x00(U\x01aq\x01U\x01\xe9q\x02e]q\x03(K\x01K\x02e\x86q\x04."
+    path = tmp_path / "py2.pkl"
+    path.write_bytes(data)
+    for encoding in ("latin1", "bytes"):
+        scan = scan_file(path, encoding=encoding)
+        want = pickle.loads(data, encoding=encoding)
+        for general in (False, True):
+            with SpanReader(scan, encoding=encoding, general=general) as reader:
+                assert reader.read_sample(1) == (want[0][1], want[1][1])
+    with SpanReader(scan_file(path)) as reader, pytest.raises(UnicodeDecodeError):
+        reader.read_sample(1)
+
+
+def test_array_rows_read_only_their_bytes(tmp_path: Path) -> None:
+    big = np.arange(1000 * 256, dtype=np.float32).reshape(1000, 256)
+    path = tmp_path / "rows.pkl"
+    path.write_bytes(pickle.dumps((big, list(range(1000))), protocol=5))
+    scan = scan_file(path)
+    with SpanReader(scan) as reader:
+        x, y = reader.read_sample(-1)
+        assert (x == big[-1]).all()
+        assert y == 999
+        assert reader.stats.array_rows == 1
+        assert reader.stats.bytes_read < 2 * 1024 + 64
+
+
+def test_reader_survives_pickling_and_fork(tmp_path: Path) -> None:
+    xs = [{"w": "shared", "a": np.ones(3) * i} for i in range(20)]
+    path = tmp_path / "f.pkl"
+    path.write_bytes(pickle.dumps((xs, list(range(20))), protocol=4))
+    reader = SpanReader(scan_file(path))
+    first = reader.read_sample(5)
+    clone = pickle.loads(pickle.dumps(reader))
+    assert_same(clone.read_sample(5), first)
+    pid = os.fork()
+    if pid == 0:  # the child reads with its own descriptor and cache
+        ok = all(reader.read_sample(i)[1] == i for i in range(20))
+        os._exit(0 if ok else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert_same(reader.read_sample(5), first)
+
+
+def test_a_file_changed_after_the_scan_raises_a_file_error(tmp_path: Path) -> None:
+    path = tmp_path / "f.pkl"
+    path.write_bytes(
+        pickle.dumps(([list(range(100)) for _ in range(5)], list(range(5))), protocol=5)
+    )
+    scan = scan_file(path)
+    path.write_bytes(path.read_bytes()[: int(scan.starts[3, 0]) + 10])
+    for general in (False, True):
+        with (
+            SpanReader(scan, general=general) as reader,
+            pytest.raises(TruncatedPickleError) as info,
+        ):
+            reader.read_sample(4)
+        assert str(path) in str(info.value)

@@ -28,17 +28,8 @@ import numpy as np
 
 from .opcodes import FRAME_OP, I4, MEMOIZE_OP, U4, U8
 
-__all__ = [
-    "WINDOW",
-    "ArraySpec",
-    "ExternalMemo",
-    "InspectUnpickler",
-    "NotInspectable",
-    "Opaque",
-    "Payload",
-    "SpanFile",
-    "SpanUnpickler",
-]
+__all__ = ["ArraySpec", "ElementTable", "InspectUnpickler", "Opaque", "Payload", "SharedTable"]
+__all__ += ["SpanFile", "SpanUnpickler"]
 
 WINDOW = 64 * 1024
 ReadAt = Callable[[int, int], bytes]
@@ -230,20 +221,10 @@ class Opaque:
     def __call__(self, *args: Any, **kwargs: Any) -> Opaque:
         return Opaque()
 
-    def __setstate__(self, state: Any) -> None:
-        pass
+    def _ignore(self, *args: Any) -> None:
+        return None
 
-    def __setitem__(self, key: Any, value: Any) -> None:
-        pass
-
-    def append(self, value: Any) -> None:
-        pass
-
-    def extend(self, values: Any) -> None:
-        pass
-
-    def add(self, value: Any) -> None:
-        pass
+    __setstate__ = __setitem__ = append = extend = add = _ignore
 
 
 class Payload(bytes):

@@ -21,8 +21,8 @@ ones are rebuilt for every read, so mutating a sample never changes another. Wit
 :meth:`SpanReader.read_sample` call, a field whose values a later field refers to is read first
 and its objects are reused, so ``x is y``-style sharing within a sample survives.
 
-Every unpickler is built by :meth:`SpanReader._unpickler_hooks`' ``find_class``: pass
-``find_class=`` to restrict which globals a file may load.
+:meth:`SpanReader._fast_unpickler` and :meth:`SpanReader._general_unpickler` build every
+unpickler; ``find_class=`` (a later allowlist) replaces the global lookup in both.
 """
 
 from __future__ import annotations
