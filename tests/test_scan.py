@@ -316,3 +316,33 @@ def test_stored_form_round_trips_through_json_and_npy(tmp_path: Path) -> None:
     assert stored.shared == scan.shared
     for got, want in zip(_read_all(stored), _read_all(scan), strict=True):
         assert_same(got, want)
+
+
+@pytest.mark.parametrize("protocol", [2, 4])
+def test_spans_with_hundreds_of_memo_ids_and_externals(tmp_path: Path, protocol: int) -> None:
+    words = [f"word{i}" for i in range(600)]
+    xs = [words, [w.upper() for w in words], words[::-1] + words[:10]]  # 2nd: 600 own ids
+    scan = _agrees(_dump(tmp_path, (xs, [1, 2, 3]), protocol))
+    assert len(scan.externals(2, 0)) == 600  # sample 2 refers to 600 strings of sample 0
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_appended_samples_with_externals_between_fields(tmp_path: Path, protocol: int) -> None:
+    path = tmp_path / "f.pkl"
+    path.write_bytes(
+        b"".join(pickle.dumps((np.ones(3) * i, np.zeros(i)), protocol=protocol) for i in range(4))
+    )
+    scan = _agrees(path)
+    assert scan.records.shape == (4, 3)
+    assert (scan.records[1:, 2] > 0).all()  # later pickles' memo keys are shifted
+    assert len(scan.externals(3, 1)) > 0  # y refers to x's dtype and globals
+
+
+def test_a_reused_pickler_that_does_not_refer_back(tmp_path: Path) -> None:
+    buf = io.BytesIO()
+    p = pickle.Pickler(buf, protocol=2)
+    for i in range(3):
+        p.dump(([f"a{i}", f"b{i}"], [i, i]))  # PUT ids continue from the previous dump
+    path = tmp_path / "f.pkl"
+    path.write_bytes(buf.getvalue())
+    assert _agrees(path).layout == "appended_columns"

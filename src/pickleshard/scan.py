@@ -331,11 +331,7 @@ def _not_a_field(spec: Any) -> str | None:
     return f"a top-level field is a {type(spec).__name__}, not a sequence"
 
 
-def _array_field(spec: Any, name: str) -> _Field:
-    if not isinstance(spec, ArraySpec):
-        raise NotSpanIndexableError(
-            name, "a top-level field whose type the scanner cannot establish"
-        )
+def _array_field(spec: ArraySpec, name: str) -> _Field:
     if spec.problem is not None or spec.payload is None or spec.dtype is None:
         raise NotSpanIndexableError(name, f"a field is a numpy array, but {spec.problem}")
     dtype = spec.dtype.newbyteorder("=") if spec.swap else spec.dtype
@@ -392,15 +388,20 @@ def _fields(cand: _Cand, insp: _Inspector, name: str) -> tuple[tuple[str, ...], 
     opaque = {j: insp.value(v, vends[j]) for j, v in enumerate(values) if type(v) is not list}
     for why in filter(None, map(_not_a_field, opaque.values())):
         raise _NotLayout(why)
-    specs = [opaque.get(j) for j in range(len(values))]
-    cols = [
-        _Field(*_spans([v])) if type(v) is list else _array_field(sp, name)
-        for v, sp in zip(values, specs, strict=True)
+    if any(not isinstance(sp, ArraySpec) for sp in opaque.values()):
+        raise NotSpanIndexableError(
+            name, "a top-level field whose type the scanner cannot establish"
+        )
+    lengths = [
+        len(v[ITEMS]) if type(v) is list else opaque[j].shape[0] for j, v in enumerate(values)
     ]
-    lengths = [len(c.starts) for c in cols]
     if len(set(lengths)) > 1:
         detail = ", ".join(f"len({f}) = {n}" for f, n in zip(names, lengths, strict=True))
         raise FieldLengthMismatchError(name, f"fields have different lengths: {detail}")
+    cols = [
+        _Field(*_spans([v])) if type(v) is list else _array_field(opaque[j], name)
+        for j, v in enumerate(values)
+    ]
     return names, cols
 
 
