@@ -149,7 +149,8 @@ LIST, TUPLE, DICT = 1, 2, 3
 # (three times cheaper to make than an object) with these slots:
 #   KIND    LIST, TUPLE or DICT
 #   START   offset of the first opcode of the value
-#   ITEMS   per item, its start offset (an int) or its own node
+#   ITEMS   per item, its start offset (an int) or its own node; an array('q') of offsets
+#           once the node is complete and itself an item of another node
 #   BOUNDS  flat [count, end, count, end...]: after each batch (APPENDS, SETITEMS, TUPLE...) the
 #           item count and the offset of the consuming opcode, which ends the batch's last item
 #   SUB     indices of the items that are still nodes, or None. When a node becomes an item of
@@ -185,7 +186,10 @@ def _claim(
     sub = []
     while nodepos and nodepos[-1] >= m:
         j = nodepos.pop()
-        _prune(stack[j], memo)
+        kid = stack[j]
+        _prune(kid, memo)
+        if len(kid[ITEMS]) > 4:  # complete now, and only ints: 8 bytes an item instead of ~40
+            kid[ITEMS] = array("q", kid[ITEMS])
         sub.append(base + j - m)
     return sub
 
