@@ -10,10 +10,12 @@ start or end inside a frame), and asks a ``resolve`` callable for every external
 ``pickle._Unpickler`` (pure Python) underneath, so it is slow and obviously right: the oracle for
 the fast path in :mod:`pickleshard.spanread`.
 
-:class:`InspectUnpickler` is the same machinery for the scanner: it never runs code (globals
-outside a small allowlist raise :class:`NotInspectable`) and never reads bulk payloads (they
-become :class:`Payload` placeholders giving their file offset), so it can tell, cheaply and
-safely, whether a span holds a numpy array and where that array's bytes are.
+:class:`InspectUnpickler` is the same machinery for the scanner: it never runs code (numpy's
+array and dtype reconstruction are evaluated by stand-ins, any other global becomes an inert
+:class:`Opaque`) and never reads bulk payloads (they become :class:`Payload` placeholders giving
+their file offset), so it can tell, cheaply and safely, whether a span holds a numpy array and
+where that array's bytes are. :class:`ElementTable` and :class:`SharedTable` record which memo
+entries each element needs from another.
 """
 
 from __future__ import annotations

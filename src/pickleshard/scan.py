@@ -26,6 +26,12 @@ as *one sample per pickle*: layout ``appended_samples`` (an exact tuple gives fi
 ``y``, ``f2``...; any other object is the single field ``x``) or ``appended_dict_samples``
 (exact dicts; fields are the first one's keys). ``pickle.load`` called once per pickle, with
 these rules, is the reference for both.
+
+Not span-indexable (:class:`~pickleshard.errors.NotSpanIndexableError`, read the file whole):
+protocols 0/1, persistent ids, out-of-band buffers, GETs of ids the pickle never stored (a
+Pickler reused across dumps), a sample referring to the dataset's own containers, an array field
+stored as protocol-2 text, in Fortran or permuted order or with object dtype, and any top-level
+value whose type the scanner cannot establish without running code.
 """
 
 from __future__ import annotations
