@@ -3,7 +3,7 @@
 Two tables, measured in one process on one synthetic dataset (``bench.data``: float32
 ``(3, 32, 32)`` arrays and int labels, ``pickle.dump((x_list, y_list))`` per file):
 
-1. **Conversion**: seconds and seconds per GB of source pickles, for ``pickleshard.convert`` to
+1. **Conversion**: seconds and seconds per GB of source pickles, for ``pickleshard.conversion`` to
    each format against the naive loop a user would write (load each pickle whole, then write
    with the plain library: ``np.lib.format.open_memmap``, ``lmdb`` with pickled values,
    ``webdataset.ShardWriter``). The source's index is built first and timed on its own row.
@@ -37,9 +37,9 @@ import webdataset as wds  # type: ignore[import-untyped]
 from torch.utils.data import DataLoader, Dataset
 
 from pickleshard import build_index
-from pickleshard.convert import convert
+from pickleshard.conversion import convert
 from pickleshard.formats import open_dataset
-from pickleshard.verify import verify
+from pickleshard.verification import verify
 
 from .data import DataSpec, ensure_data
 from .report import busy_note, describe_machine

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pickleshard.convert import convert, plan_parts
+from pickleshard.conversion import convert, plan_parts
 from pickleshard.dataset import PickleDataset
 from pickleshard.errors import (
     ConversionStateError,

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pickleshard.convert import convert
+from pickleshard.conversion import convert
 from pickleshard.errors import ConvertedDatasetError
 from pickleshard.formats import open_dataset
 from pickleshard.formats.columns import MAX_SEGMENTS

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import webdataset as wds
 
-from pickleshard.convert import convert
+from pickleshard.conversion import convert
 from pickleshard.errors import ConvertedDatasetError
 from pickleshard.formats import open_dataset
 from pickleshard.formats.webdataset import WebDatasetReader

@@ -8,8 +8,12 @@ from .index import DatasetIndex, build_index, open_index
 from .synth import write_synthetic
 
 if TYPE_CHECKING:
+    from .conversion import ConvertReport, convert
     from .dataset import DEFAULT_CACHE_BYTES, PickleDataset
+    from .formats import open_dataset
     from .sampling import BlockShuffleSampler
+    from .shuffle import ShuffleSampler, sampler_state_from_loader
+    from .verification import VerifyReport, verify
 
 # These import torch (when installed): load them on first use so `pickleshard index` and
 # `pickleshard inspect` start fast.
@@ -17,6 +21,13 @@ _LAZY = {
     "DEFAULT_CACHE_BYTES": "dataset",
     "PickleDataset": "dataset",
     "BlockShuffleSampler": "sampling",
+    "ShuffleSampler": "shuffle",
+    "sampler_state_from_loader": "shuffle",
+    "ConvertReport": "conversion",
+    "convert": "conversion",
+    "open_dataset": "formats",
+    "VerifyReport": "verification",
+    "verify": "verification",
 }
 
 
@@ -31,12 +42,19 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "DEFAULT_CACHE_BYTES",
     "BlockShuffleSampler",
+    "ConvertReport",
     "DatasetIndex",
     "PickleDataset",
     "PickleshardError",
+    "ShuffleSampler",
     "StaleIndexError",
+    "VerifyReport",
     "__version__",
     "build_index",
+    "convert",
+    "open_dataset",
     "open_index",
+    "sampler_state_from_loader",
+    "verify",
     "write_synthetic",
 ]

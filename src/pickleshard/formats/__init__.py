@@ -73,7 +73,7 @@ def open_dataset(
     world_size: int | None = None,
     drop_last: bool = False,
 ) -> ConvertedDataset:
-    """Open the output of :func:`pickleshard.convert` for reading.
+    """Open the output of :func:`pickleshard.conversion` for reading.
 
     memmap and LMDB give a map-style dataset (``len``, ``ds[i]`` -> tuple, ``__getitems__``);
     shuffle those with the DataLoader's sampler. WebDataset gives an ``IterableDataset`` that

@@ -1,7 +1,7 @@
 """``FormatTests``: the tests every output format passes; a format's test file subclasses it.
 
 Each test writes a small source dataset with ``pickle.dump``, converts it with
-:func:`pickleshard.convert`, and compares what :func:`pickleshard.formats.open_dataset` returns
+:func:`pickleshard.conversion`, and compares what :func:`pickleshard.formats.open_dataset` returns
 with ``pickle.load`` of the source files (:func:`~pickleshard.testing.oracle.oracle_samples`),
 exactly: types, dtypes, shapes and bits. Class attributes adapt the kit to a format.
 """
@@ -23,10 +23,10 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-from ..convert import ConvertReport, convert
+from ..conversion import ConvertReport, convert
 from ..errors import OutputExistsError, OutputPathError, UnencodableValueError, VerifyMismatchError
 from ..formats import ConvertedDataset, Format, open_dataset
-from ..verify import verify
+from ..verification import verify
 from .oracle import SLOW_GLOBAL, SlowInt, assert_same, oracle_samples, write_files
 
 __all__ = ["DTYPES", "FormatTests"]
@@ -40,7 +40,7 @@ STRUCTURED = np.dtype([("a", "<i4"), ("b", "<f8", (2,)), ("c", "S3")])
 
 _KILL_SCRIPT = """
 import pickle, sys
-from pickleshard.convert import convert
+from pickleshard.conversion import convert
 convert(sys.argv[1], sys.argv[2], **pickle.loads(bytes.fromhex(sys.argv[3])))
 """
 
@@ -78,7 +78,7 @@ class FormatTests:
     format: ClassVar[str] = ""
     #: dtype names (``np.dtype(...).str``) the format cannot store; the kit skips them
     unsupported_dtypes: ClassVar[frozenset[str]] = frozenset()
-    #: extra keyword arguments for every :func:`pickleshard.convert` call
+    #: extra keyword arguments for every :func:`pickleshard.conversion` call
     convert_kwargs: ClassVar[dict[str, Any]] = {}
 
     def make_format(self) -> str | Format:

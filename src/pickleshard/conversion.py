@@ -390,7 +390,7 @@ def convert(
                 _finalize(job, stage, plan, identity)
             stage.publish()
     if verify:
-        from .verify import verify as verify_output
+        from .verification import verify as verify_output
 
         verified = verify_output(None, out_path, progress=progress).checked
     return ConvertReport(

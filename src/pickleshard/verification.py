@@ -84,7 +84,7 @@ def verify(
 ) -> VerifyReport:
     """Compare every sample of conversion ``out`` (or ``sample`` random ones) with ``source``.
 
-    ``source`` is what :func:`pickleshard.convert` took (``trusted``, ``allow_globals`` and
+    ``source`` is what :func:`pickleshard.conversion` took (``trusted``, ``allow_globals`` and
     ``encoding`` as there); ``None`` compares with the digests stored at conversion time
     instead (no source needed; catches corruption since). With ``sample=K`` only K samples,
     drawn without replacement from ``seed``, are checked.
@@ -97,7 +97,7 @@ def verify(
     n = len(ds_out)
     src = None
     if source is not None:
-        from .convert import source_dataset
+        from .conversion import source_dataset
 
         src = source_dataset(
             source, trusted=trusted, allow_globals=allow_globals, encoding=encoding

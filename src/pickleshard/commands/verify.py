@@ -1,0 +1,54 @@
+"""``pickleshard verify``: compare a conversion with its source, or with its stored digests."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ._common import add_safety_flags, safety_kwargs
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..verification import verify
+
+    if len(args.paths) > 2:
+        args.parser.error(f"verify takes [SRC] OUT, got {len(args.paths)} paths")
+    source, out = (None, args.paths[0]) if len(args.paths) == 1 else args.paths
+    report = verify(
+        source,
+        out,
+        sample=args.sample,
+        seed=args.seed,
+        progress=not args.json,
+        **safety_kwargs(args),  # type: ignore[arg-type]
+    )
+    if args.json:
+        summary = {
+            "out": str(report.out),
+            "checked": report.checked,
+            "total": report.total,
+            "against": report.against,
+            "seconds": round(report.seconds, 3),
+        }
+        print(json.dumps(summary, indent=1))
+    else:
+        print(
+            f"ok: {report.checked} of {report.total} samples of {report.out} match the "
+            f"{report.against} ({report.seconds:.2f} s)"
+        )
+    return 0
+
+
+def register(sub: Any) -> None:
+    s = sub.add_parser(
+        "verify",
+        help="check a conversion: against SRC, or (OUT alone) against its stored digests",
+        usage="pickleshard verify [-h] [SRC] OUT [--sample K] [--seed S] [--json]",
+    )
+    s.add_argument("paths", nargs="+", metavar="[SRC] OUT")
+    s.add_argument("--sample", type=int, default=None, metavar="K", help="check K random samples")
+    s.add_argument("--seed", type=int, default=0, help="seed for --sample")
+    s.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
+    add_safety_flags(s)
+    s.set_defaults(handler=run, parser=s)
