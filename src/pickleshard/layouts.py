@@ -14,20 +14,44 @@ layout             top-level object                            field names
 =================  ==========================================  =====================
 
 A field may be a list, a tuple or a numpy array of shape ``(N, ...)`` (row ``i`` is sample ``i``).
+
+A file may hold several pickles one after another (one ``pickle.dump`` call each);
+:func:`decode_records` reads them by the rules of :mod:`pickleshard.scan`, so that whole-file
+and span reading agree:
+
+=========================  ===================================  ==========================
+layout                     pickles                              field names
+=========================  ===================================  ==========================
+``appended_<layout>``      every one a layout above, same       those of the first
+                           layout and fields: *chunks*,
+                           samples concatenated in file order
+``appended_samples``       otherwise, one sample per pickle:    ``x``, ``y``, ``f2``... for
+                           exact tuples of one length, or       tuples; ``x`` otherwise
+                           any objects (the single field)
+``appended_dict_samples``  exact dicts, one sample each         the first dict's keys
+=========================  ===================================  ==========================
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from .errors import FieldLengthMismatchError, UnsupportedLayoutError
 
-__all__ = ["LAYOUTS", "Columns", "DecodedLayout", "decode_layout", "default_field_names"]
+__all__ = [
+    "LAYOUTS",
+    "Columns",
+    "DecodedLayout",
+    "decode_layout",
+    "decode_records",
+    "default_field_names",
+]
 
 # A top-level *list* of sequences is read as columns only up to this many fields; longer lists
 # of lists are far more likely per-sample rows, and guessing wrong would be silent.
@@ -123,3 +147,64 @@ def decode_layout(obj: object, path: str | os.PathLike[str]) -> DecodedLayout:
             _check_lengths(where, fields, tuple(obj))
             return DecodedLayout("columns", fields, tuple(obj))
     raise UnsupportedLayoutError(where, f"top-level object is {_describe(obj)}; {_EXPECTED}")
+
+
+def _concat(parts: Sequence[Sequence[Any]]) -> Sequence[Any]:
+    """One column from its chunks: arrays of one dtype and row shape stay an array."""
+    if all(isinstance(p, np.ndarray) for p in parts):
+        arrays: list[np.ndarray] = list(parts)  # type: ignore[arg-type]
+        first = arrays[0]
+        if all(a.dtype == first.dtype and a.shape[1:] == first.shape[1:] for a in arrays):
+            return cast(Sequence[Any], np.concatenate(arrays))
+    return list(itertools.chain.from_iterable(parts))
+
+
+def _one_per_record(objs: Sequence[Any], where: str) -> DecodedLayout:
+    first = objs[0]
+    if type(first) is tuple and first:
+        if not all(type(o) is tuple and len(o) == len(first) for o in objs):
+            raise UnsupportedLayoutError(
+                where, "appended pickles are samples of different shapes (tuples of one length)"
+            )
+        fields = default_field_names(len(first))
+        return DecodedLayout("appended_samples", fields, tuple(zip(*objs, strict=True)))
+    if type(first) is dict and first:
+        keys = tuple(first)
+        try:
+            columns = tuple([o[k] for o in objs] for k in keys)
+        except (KeyError, TypeError):
+            raise UnsupportedLayoutError(
+                where, "appended pickles are per-sample dicts with different keys"
+            ) from None
+        if not all(type(o) is dict for o in objs):
+            raise UnsupportedLayoutError(where, "appended pickles are samples of different shapes")
+        return DecodedLayout("appended_dict_samples", tuple(str(k) for k in keys), columns)
+    return DecodedLayout("appended_samples", ("x",), (list(objs),))
+
+
+def decode_records(objs: Sequence[Any], path: str | os.PathLike[str]) -> DecodedLayout:
+    """Samples of a file holding the pickles ``objs`` (one per ``pickle.dump`` call).
+
+    One pickle is :func:`decode_layout`. Several are chunks when every one is a layout with the
+    same fields (layout ``appended_<layout of the first>``, samples in file order), and otherwise
+    one sample each (see the module docstring).
+    """
+    where = os.fspath(path)
+    if len(objs) == 1:
+        return decode_layout(objs[0], where)
+    if not objs:
+        raise UnsupportedLayoutError(where, f"the file holds no pickle; {_EXPECTED}")
+    try:
+        chunks = [decode_layout(o, where) for o in objs]
+    except UnsupportedLayoutError:
+        return _one_per_record(objs, where)
+    first = chunks[0]
+    for r, chunk in enumerate(chunks[1:], start=2):
+        if chunk.fields != first.fields:
+            raise UnsupportedLayoutError(
+                where,
+                f"appended pickle #{r} has fields {list(chunk.fields)}, "
+                f"the first {list(first.fields)}",
+            )
+    columns = tuple(_concat([c.columns[f] for c in chunks]) for f in range(len(first.fields)))
+    return DecodedLayout(f"appended_{first.layout}", first.fields, columns)

@@ -13,7 +13,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -25,10 +25,17 @@ from .errors import (
     TruncatedPickleError,
     UnreadableFileError,
 )
-from .layouts import DecodedLayout, decode_layout
+from .layouts import DecodedLayout, decode_records
 from .safety import DEFAULT_POLICY, UnpicklePolicy
 
-__all__ = ["CacheStats", "WholeFileCache", "estimate_nbytes", "load_file", "load_layout"]
+__all__ = [
+    "CacheStats",
+    "WholeFileCache",
+    "estimate_nbytes",
+    "load_file",
+    "load_layout",
+    "load_records",
+]
 
 _PROTO = 0x80
 _UNFRAMED_OPENERS = (b"(", b"]", b"}", b")")  # MARK, EMPTY_LIST, EMPTY_DICT, EMPTY_TUPLE
@@ -37,10 +44,22 @@ _ARRAY_HEADER = 112
 
 
 def load_file(path: str | os.PathLike[str], policy: UnpicklePolicy = DEFAULT_POLICY) -> Any:
-    """Unpickle the whole of ``path``; every failure becomes a :class:`PickleshardError`.
+    """Unpickle the first pickle of ``path``; every failure becomes a :class:`PickleshardError`.
 
     ``policy`` decides which globals may load (default: the allowlist) and the text encoding.
+    A file may hold more pickles after it: :func:`load_records` reads them all.
     """
+    return _load(path, policy, every=False)[0]
+
+
+def load_records(
+    path: str | os.PathLike[str], policy: UnpicklePolicy = DEFAULT_POLICY
+) -> list[Any]:
+    """Every pickle of ``path`` in file order (one per ``pickle.dump`` call that wrote it)."""
+    return _load(path, policy, every=True)
+
+
+def _load(path: str | os.PathLike[str], policy: UnpicklePolicy, *, every: bool) -> list[Any]:
     where = os.fspath(path)
     try:
         fh = open(where, "rb")  # noqa: SIM115 - closed below; errors classified separately
@@ -54,47 +73,59 @@ def load_file(path: str | os.PathLike[str], policy: UnpicklePolicy = DEFAULT_POL
             raise UnreadableFileError(where, f"cannot read: {exc.strerror or exc}") from None
         if not head:
             raise EmptyPickleError(where, "file is empty; expected a pickle stream", offset=0)
-        framed = head[0] == _PROTO
-        if framed and len(head) < 2:
-            raise TruncatedPickleError(where, "stream ends inside its PROTO opcode", offset=1)
-        if framed and head[1] > pickle.HIGHEST_PROTOCOL:
-            raise NotAPickleError(
-                where, f"PROTO opcode names unknown protocol {head[1:2]!r}", offset=1
-            )
         fh.seek(0)
-        try:
-            return policy.unpickler(fh, where).load()
-        except PickleshardError:
-            raise
-        except MemoryError:
-            raise CorruptPickleError(
-                where, "a length in the stream exceeds available memory"
+        records: list[Any] = []
+        while True:
+            records.append(_load_one(fh, where, size, policy))
+            if not every or fh.tell() >= size:
+                return records
+
+
+def _load_one(fh: IO[bytes], where: str, size: int, policy: UnpicklePolicy) -> Any:
+    """The pickle starting at ``fh``'s position; leaves ``fh`` just after its STOP."""
+    start = fh.tell()
+    head = fh.read(2)
+    framed = head[:1] == bytes((_PROTO,))
+    if framed and len(head) < 2:
+        raise TruncatedPickleError(where, "stream ends inside its PROTO opcode", offset=start + 1)
+    if framed and head[1] > pickle.HIGHEST_PROTOCOL:
+        raise NotAPickleError(
+            where, f"PROTO opcode names unknown protocol {head[1:2]!r}", offset=start + 1
+        )
+    fh.seek(start)
+    try:
+        return policy.unpickler(fh, where).load()
+    except PickleshardError:
+        raise
+    except MemoryError:
+        raise CorruptPickleError(where, "a length in the stream exceeds available memory") from None
+    except Exception as exc:  # the unpickler raises many types on bad bytes
+        offset = fh.tell()
+        ran_out = isinstance(exc, EOFError) or "truncated" in str(exc)
+        # Protocol 0-1 streams have no PROTO header; one that opens a container and runs out
+        # of bytes is a cut-short pickle, anything else unframed is not a pickle at all.
+        if not framed and not (ran_out and head[:1] in _UNFRAMED_OPENERS):
+            what = "not a pickle stream" if start == 0 else f"bytes after pickle ending at {start}"
+            raise NotAPickleError(
+                where,
+                f"{what} (protocol 0-5 expected): {type(exc).__name__}: {exc}",
+                offset=start,
             ) from None
-        except Exception as exc:  # the unpickler raises many types on bad bytes
-            offset = fh.tell()
-            ran_out = isinstance(exc, EOFError) or "truncated" in str(exc)
-            # Protocol 0-1 streams have no PROTO header; one that opens a container and runs out
-            # of bytes is a cut-short pickle, anything else unframed is not a pickle at all.
-            if not framed and not (ran_out and head[:1] in _UNFRAMED_OPENERS):
-                raise NotAPickleError(
-                    where,
-                    f"not a pickle stream (protocol 0-5 expected): {type(exc).__name__}: {exc}",
-                    offset=0,
-                ) from None
-            if ran_out or offset >= size:
-                raise TruncatedPickleError(
-                    where,
-                    f"stream ends before STOP ({size} bytes): {exc}",
-                    offset=min(offset, size),
-                ) from None
-            raise CorruptPickleError(where, f"{type(exc).__name__}: {exc}", offset=offset) from None
+        if ran_out or offset >= size:
+            raise TruncatedPickleError(
+                where,
+                f"stream ends before STOP ({size} bytes): {exc}",
+                offset=min(offset, size),
+            ) from None
+        raise CorruptPickleError(where, f"{type(exc).__name__}: {exc}", offset=offset) from None
 
 
 def load_layout(
     path: str | os.PathLike[str], policy: UnpicklePolicy = DEFAULT_POLICY
 ) -> DecodedLayout:
-    """Unpickle ``path`` and return its samples as columns (see :mod:`pickleshard.layouts`)."""
-    return decode_layout(load_file(path, policy), path)
+    """Unpickle every pickle of ``path`` and return its samples as columns (see
+    :func:`pickleshard.layouts.decode_records`: one pickle, or several appended ones)."""
+    return decode_records(load_records(path, policy), path)
 
 
 def estimate_nbytes(obj: object, _depth: int = 0) -> int:
