@@ -16,9 +16,11 @@ everything, ``allow_globals=["module.name", ...]`` adds named globals.
 
 from __future__ import annotations
 
+import _compat_pickle
 import io
 import os
 import pickle
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import IO, Any, Literal
@@ -28,6 +30,7 @@ from .errors import UnsafePickleError
 __all__ = [
     "ALLOWED_GLOBALS",
     "DEFAULT_POLICY",
+    "AllowlistFindClass",
     "UnpicklePolicy",
     "Verdict",
     "classify_global",
@@ -141,6 +144,21 @@ def _torch_load_from_bytes(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), weights_only=True)
 
 
+def _refusal(
+    module: str, name: str, path: str, offset: int | None, sample: int | None
+) -> UnsafePickleError:
+    verdict = classify_global(module, name)
+    return UnsafePickleError(
+        path,
+        f"refuses to load global {module}.{name} ({verdict}); only allowlisted globals load "
+        f"by default. If you trust this file, pass trusted=True (CLI: --trusted), or allow "
+        f"just this global with allow_globals=['{module}.{name}'] "
+        f"(CLI: --allow-global {module}.{name})",
+        offset=offset,
+        sample=sample,
+    )
+
+
 class RestrictedUnpickler(pickle.Unpickler):
     """A C unpickler whose ``find_class`` admits only the allowlist (plus ``extra``)."""
 
@@ -166,17 +184,40 @@ class RestrictedUnpickler(pickle.Unpickler):
             return _torch_load_from_bytes
         if key in ALLOWED_GLOBALS or key in self._extra:
             return super().find_class(module, name)
-        verdict = classify_global(module, name)
         offset = self._file.tell() if hasattr(self._file, "tell") else None
-        raise UnsafePickleError(
-            self._path,
-            f"refuses to load global {module}.{name} ({verdict}); only allowlisted globals load "
-            f"by default. If you trust this file, pass trusted=True (CLI: --trusted), or allow "
-            f"just this global with allow_globals=['{module}.{name}'] "
-            f"(CLI: --allow-global {module}.{name})",
-            offset=offset,
-            sample=self._sample,
-        )
+        raise _refusal(module, name, self._path, offset, self._sample)
+
+
+def _import_global(module: str, name: str) -> Any:
+    """What ``pickle.Unpickler.find_class`` returns, Python 2 names mapped as it maps them."""
+    if (module, name) in _compat_pickle.NAME_MAPPING:
+        module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+    elif module in _compat_pickle.IMPORT_MAPPING:
+        module = _compat_pickle.IMPORT_MAPPING[module]
+    __import__(module)
+    obj: Any = sys.modules[module]
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class AllowlistFindClass:
+    """A ``find_class(module, name)`` callable with the checks of :class:`RestrictedUnpickler`,
+    for unpicklers built elsewhere (the span reader). Set ``sample`` before each read so that a
+    refusal names the sample as well as ``path``."""
+
+    def __init__(self, path: str, extra: frozenset[tuple[str, str]] = frozenset()) -> None:
+        self.path = path
+        self.extra = extra
+        self.sample: int | None = None
+
+    def __call__(self, module: str, name: str) -> Any:
+        key = (module, name)
+        if key == ("torch.storage", "_load_from_bytes"):
+            return _torch_load_from_bytes
+        if key in ALLOWED_GLOBALS or key in self.extra:
+            return _import_global(module, name)
+        raise _refusal(module, name, self.path, None, self.sample)
 
 
 @dataclass(frozen=True)
@@ -217,6 +258,13 @@ class UnpicklePolicy:
             buffers=buffers,
             sample=sample,
         )
+
+    def find_class(self, path: str | os.PathLike[str]) -> AllowlistFindClass | None:
+        """The global lookup for unpicklers built outside :meth:`unpickler` (the span reader):
+        None (plain lookup) when ``trusted``, else the allowlist naming ``path``."""
+        if self.trusted:
+            return None
+        return AllowlistFindClass(os.fspath(path), self.allow_globals)
 
 
 DEFAULT_POLICY = UnpicklePolicy()
