@@ -108,17 +108,47 @@ _DANGEROUS_BUILTINS: tuple[str, ...] = (
     "setattr",
 )
 _DANGEROUS_BUILTINS += ("delattr", "globals", "locals", "vars", "breakpoint", "input")
+# Single names elsewhere that load code or reach any attribute (gadgets in known exploits).
+_DANGEROUS_NAMES: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("torch", "load"),
+        ("torch.serialization", "load"),
+        ("torch.serialization", "_load"),
+        ("operator", "attrgetter"),
+        ("operator", "methodcaller"),
+        ("_operator", "attrgetter"),
+        ("_operator", "methodcaller"),
+        ("io", "open"),
+        ("_io", "open"),
+        ("codecs", "open"),
+        ("numpy", "load"),
+        ("numpy.lib.npyio", "load"),
+        ("joblib", "load"),
+        ("dill", "loads"),
+    }
+)
 
 Verdict = Literal["allowed", "not allowed", "dangerous"]
 
 
 def classify_global(module: str, name: str, extra: Iterable[tuple[str, str]] = ()) -> Verdict:
-    """Verdict on a global a pickle references, by name only: nothing is imported."""
+    """Verdict on a global a pickle references, by name only: nothing is imported.
+
+    "allowed": on the allowlist or in ``extra`` (``allow_globals``). "dangerous": a module whose
+    only use in a data file is running code (``os``/``posix``/``nt``, ``subprocess``,
+    ``shutil``, ``socket``, ``pickle``...), a builtin that evaluates, imports or reaches any
+    attribute (``eval``, ``exec``, ``__import__``, ``getattr``, ``open``...), or a named loader
+    or gadget (``torch.load``, ``operator.methodcaller``...). "not allowed": anything else.
+    ``torch.storage._load_from_bytes`` is allowed because the readers map it to a
+    ``weights_only=True`` load.
+    """
     if (module, name) in ALLOWED_GLOBALS or (module, name) in set(extra):
         return "allowed"
     top = module.split(".", 1)[0]
-    if top in _DANGEROUS_MODULES or (
-        module in ("builtins", "__builtin__") and name in _DANGEROUS_BUILTINS
+    if (
+        top in _DANGEROUS_MODULES
+        or (module in ("builtins", "__builtin__") and name in _DANGEROUS_BUILTINS)
+        or (module, name) in _DANGEROUS_NAMES
     ):
         return "dangerous"
     return "not allowed"

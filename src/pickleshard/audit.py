@@ -1,0 +1,411 @@
+"""The globals audit: every global a pickle file names, found by reading opcodes only.
+
+:func:`audit_buffer` walks every pickle of a file (any protocol, 0-5, and several appended one
+after another) with the opcode tables of :mod:`pickleshard.opcodes`, seeking over payloads. It
+keeps a symbolic stack that knows only short strings and global references, so it can name:
+
+- ``GLOBAL`` and ``INST`` (module and name are the opcode's text argument);
+- ``STACK_GLOBAL`` (its two string operands, pushed directly or through the memo by ``PUT`` /
+  ``MEMOIZE`` and ``GET``: memo ids are tracked exactly as the unpickler assigns them);
+- ``EXT1`` / ``EXT2`` / ``EXT4`` (the code is looked up in :mod:`copyreg`'s extension registry as
+  data; an unregistered code is named ``copyreg.<extension N>``).
+
+Nothing is imported or called. A ``STACK_GLOBAL`` whose operands are not string constants (they
+were computed by a call, or are not strings) cannot be named from the bytes: it is listed as
+``?.?`` with verdict "dangerous", since CPython's pickler never writes one. Each global gets its
+number of references, the number of ``REDUCE`` / ``NEWOBJ`` / ``NEWOBJ_EX`` / ``OBJ`` / ``INST``
+calls made on it, and its :func:`~pickleshard.safety.classify_global` verdict.
+
+Structural damage (truncation, unknown opcodes, stack underflow, a ``GET`` of a memo id never
+stored) raises the :mod:`pickleshard.errors` classes with the file and offset.
+"""
+
+from __future__ import annotations
+
+import codecs
+import copyreg
+import pickle
+import pickletools
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import opcodes as oc
+from .errors import CorruptPickleError, EmptyPickleError, NotAPickleError, TruncatedPickleError
+from .safety import Verdict, classify_global
+
+__all__ = ["Audit", "GlobalUse", "audit_buffer"]
+
+GlobalKey = tuple[str, str]
+UNRESOLVED: GlobalKey = ("?", "?")
+
+_OP = {name: getattr(pickle, name)[0] for name in ("GLOBAL", "INST", "STACK_GLOBAL", "REDUCE")}
+_OP |= {name: getattr(pickle, name)[0] for name in ("NEWOBJ", "NEWOBJ_EX", "OBJ", "BUILD")}
+_OP |= {name: getattr(pickle, name)[0] for name in ("EXT1", "EXT2", "EXT4", "PERSID", "BINPERSID")}
+_OP |= {name: getattr(pickle, name)[0] for name in ("DUP", "NEXT_BUFFER", "READONLY_BUFFER")}
+_OP |= {name: getattr(pickle, name)[0] for name in ("STRING", "UNICODE", "PROTO")}
+# Opcodes whose counts the report shows: what a file asks the unpickler to run or fetch.
+COUNTED: tuple[str, ...] = ("REDUCE", "BUILD", "NEWOBJ", "NEWOBJ_EX", "INST", "OBJ")
+COUNTED += ("EXT1", "EXT2", "EXT4", "PERSID", "BINPERSID", "NEXT_BUFFER", "READONLY_BUFFER")
+_COUNTED_OPS = frozenset(_OP[n] for n in COUNTED)
+# Length-prefixed strings short enough to be a module or name: decoded; longer ones are skipped.
+_NAME_MAX = 256
+_UNICODE_OPS = frozenset(getattr(pickle, n)[0] for n in ("SHORT_BINUNICODE", "BINUNICODE"))
+_UNICODE_OPS |= {pickle.BINUNICODE8[0]}
+_BYTESTR_OPS = frozenset(getattr(pickle, n)[0] for n in ("SHORT_BINSTRING", "BINSTRING"))
+_OPPROTO = [0] * 256
+for _op in pickletools.opcodes:
+    _OPPROTO[ord(_op.code.encode("latin-1"))] = _op.proto
+# Fixed-size pushes the audit treats like the scanner does, except the EXT lookups it names.
+_FAST_STEP = list(oc.PUSH_STEP)
+for _b in (_OP["EXT1"], _OP["EXT2"], _OP["EXT4"]):
+    _FAST_STEP[_b] = 0
+
+
+_MAGIC = {
+    b"PK\x03\x04": "a zip archive (torch.save writes these: open it with torch.load)",
+    b"\x93NUM": "a .npy file (open it with numpy.load)",
+    b"\x89HDF": "an HDF5 file",
+}
+
+
+@dataclass(frozen=True)
+class GlobalUse:
+    """One global a file names: ``refs`` opcodes name it, ``calls`` call or instantiate it."""
+
+    module: str
+    name: str
+    refs: int
+    calls: int
+    verdict: Verdict
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.module}.{self.name}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "global": self.qualname,
+            "module": self.module,
+            "name": self.name,
+            "refs": self.refs,
+            "calls": self.calls,
+            "verdict": self.verdict,
+        }
+
+
+@dataclass
+class Audit:
+    """What the audit walk found in one file.
+
+    ``records`` holds ``(start, end after STOP)`` of each pickle; ``protocol`` is the first
+    pickle's (0 or 1 when it has no ``PROTO`` opcode, by the opcodes it uses); ``opcodes`` the
+    total opcode count; ``counts`` the count of each opcode in :data:`COUNTED` that occurs;
+    ``computed_calls`` the calls made on values that no global names (results of other calls);
+    ``bytes_read`` the bytes examined (payloads are seeked over).
+    """
+
+    path: str
+    size: int
+    protocol: int = 0
+    records: list[tuple[int, int]] = field(default_factory=list)
+    opcodes: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+    refs: dict[GlobalKey, int] = field(default_factory=dict)
+    calls: dict[GlobalKey, int] = field(default_factory=dict)
+    computed_calls: int = 0
+    bytes_read: int = 0
+
+    def globals(self, allow_globals: Iterable[GlobalKey] = ()) -> list[GlobalUse]:
+        """Every global named, in order of first appearance, with its verdict."""
+        extra = frozenset(allow_globals)
+        out = []
+        for key, n in self.refs.items():
+            verdict: Verdict = "dangerous" if key == UNRESOLVED else classify_global(*key, extra)
+            out.append(GlobalUse(key[0], key[1], n, self.calls.get(key, 0), verdict))
+        return out
+
+
+class _Walk:
+    """State of one record's walk: the symbolic stack, marks and memo."""
+
+    def __init__(self, audit: Audit, buf: Any, end: int) -> None:
+        self.a, self.buf, self.end = audit, buf, end
+        self.stack: list[Any] = []  # None (unknown), a str, or a GlobalKey tuple
+        self.marks: list[int] = []
+        self.values: dict[int, Any] = {}  # memo id -> str or GlobalKey (unknowns not kept)
+        self.dense = 0  # memo ids 0..dense-1 are all defined
+        self.sparse: set[int] = set()  # defined ids above dense
+        self.proto = -1
+        self.hi = 0  # highest protocol among the opcodes (for a record without PROTO)
+
+    def fail(self, pos: int, what: str) -> CorruptPickleError:
+        return CorruptPickleError(self.a.path, f"{oc.OPNAME[self.buf[pos]]} {what}", offset=pos)
+
+    def cut(self, pos: int, what: str) -> TruncatedPickleError:
+        return TruncatedPickleError(self.a.path, f"stream ends inside {what}", offset=pos)
+
+    def need(self, pos: int, n: int) -> None:
+        fence = self.marks[-1] if self.marks else 0
+        if len(self.stack) - n < fence:
+            raise self.fail(pos, "underflows the stack")
+
+    def pop_mark(self, pos: int) -> int:
+        if not self.marks:
+            raise self.fail(pos, "without a MARK")
+        return self.marks.pop()
+
+    def define(self, mid: int, pos: int) -> None:
+        if not self.stack or (self.marks and len(self.stack) <= self.marks[-1]):
+            raise self.fail(pos, "with nothing on the stack")
+        top = self.stack[-1]
+        if top is None:
+            self.values.pop(mid, None)
+        else:
+            self.values[mid] = top
+        if mid == self.dense:
+            self.dense += 1
+            while self.dense in self.sparse:
+                self.sparse.remove(self.dense)
+                self.dense += 1
+        elif mid > self.dense:
+            self.sparse.add(mid)
+
+    def get(self, mid: int, pos: int) -> None:
+        if not (0 <= mid < self.dense or mid in self.sparse):
+            raise self.fail(pos, f"of memo id {mid}, which was never stored")
+        self.stack.append(self.values.get(mid))
+
+    def name(self, key: GlobalKey) -> GlobalKey:
+        refs = self.a.refs
+        refs[key] = refs.get(key, 0) + 1
+        return key
+
+    def call(self, target: Any) -> None:
+        if type(target) is tuple:
+            self.a.calls[target] = self.a.calls.get(target, 0) + 1
+        else:
+            self.a.computed_calls += 1
+
+    def lines(self, pos: int, count: int) -> tuple[list[bytes], int]:
+        buf, out, at = self.buf, [], pos + 1
+        for _ in range(count):
+            nl = buf.find(b"\n", at, self.end)
+            if nl < 0:
+                raise self.cut(pos, f"the text argument of {oc.OPNAME[buf[pos]]}")
+            out.append(bytes(buf[at:nl]))
+            at = nl + 1
+        return out, at
+
+
+def _memo_id(text: bytes, w: _Walk, pos: int) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise w.fail(pos, "argument is not a number") from None
+
+
+def _text_op(w: _Walk, op: int, pos: int) -> int:
+    """A text-argument opcode (protocol 0 style); returns the next offset."""
+    act = oc.ACTION[op]
+    if op in (_OP["GLOBAL"], _OP["INST"]):
+        (module, name), nxt = w.lines(pos, 2)
+        key = w.name((module.decode("utf-8", "replace"), name.decode("utf-8", "replace")))
+        if op == _OP["GLOBAL"]:
+            w.stack.append(key)
+        else:  # INST: instantiate the class with the items above the mark
+            w.call(key)
+            del w.stack[w.pop_mark(pos) :]
+            w.stack.append(None)
+        return nxt
+    (text,), nxt = w.lines(pos, 1)
+    if act == oc.A_PUT:
+        w.define(_memo_id(text, w, pos), pos)
+    elif act == oc.A_GET:
+        w.get(_memo_id(text, w, pos), pos)
+    elif op == _OP["STRING"]:
+        w.stack.append(_quoted(text))
+    elif op == _OP["UNICODE"]:
+        w.stack.append(_unicode(text))
+    else:  # INT, LONG, FLOAT, PERSID: values no global can be made of
+        w.stack.append(None)
+    return nxt
+
+
+def _quoted(text: bytes) -> str | None:
+    """STRING's argument, a quoted Python 2 ``str`` literal, as the name it may spell."""
+    if len(text) < 2 or text[:1] not in (b"'", b'"') or text[-1:] != text[:1]:
+        return None
+    try:
+        return codecs.escape_decode(text[1:-1])[0].decode("latin-1")
+    except (ValueError, UnicodeError):
+        return None
+
+
+def _unicode(text: bytes) -> str | None:
+    try:
+        return str(text, "raw-unicode-escape")
+    except UnicodeError:
+        return None
+
+
+def _fixed_op(w: _Walk, op: int, pos: int, nxt: int) -> bool:
+    """A fixed-size opcode; returns True at STOP."""
+    stack, act = w.stack, oc.ACTION[op]
+    if act == oc.A_POPN or act == oc.A_TUPLEN:
+        n = oc.NPOP[op]
+        w.need(pos, n)
+        value = None
+        if op == _OP["STACK_GLOBAL"]:
+            module, name = stack[-2], stack[-1]
+            ok = type(module) is str and type(name) is str
+            value = w.name((module, name) if ok else UNRESOLVED)
+        elif op in (_OP["REDUCE"], _OP["NEWOBJ"]):
+            w.call(stack[-2])
+        elif op == _OP["NEWOBJ_EX"]:
+            w.call(stack[-3])
+        del stack[len(stack) - n :]
+        stack.append(value)
+    elif act == oc.A_MARKPOP or oc.A_TUPLE <= act <= oc.A_DICT:
+        m = w.pop_mark(pos)
+        if m - oc.NPOP[op] < (w.marks[-1] if w.marks else 0):
+            raise w.fail(pos, "underflows the stack")
+        if op == _OP["OBJ"]:
+            if len(stack) <= m:
+                raise w.fail(pos, "with no class above its MARK")
+            w.call(stack[m])
+        del stack[m - oc.NPOP[op] :]
+        stack.append(None)
+    elif act == oc.A_APPEND or act == oc.A_SETITEM:
+        n = 1 if act == oc.A_APPEND else 2
+        w.need(pos, n + 1)
+        del stack[len(stack) - n :]
+    elif act == oc.A_APPENDS or act == oc.A_SETITEMS:
+        m = w.pop_mark(pos)
+        if m < 1 or (w.marks and m <= w.marks[-1]):
+            raise w.fail(pos, "with no container below its items")
+        del stack[m:]
+    elif act == oc.A_MARK:
+        w.marks.append(len(stack))
+    elif act == oc.A_POP:
+        if (w.marks and len(stack) == w.marks[-1]) or not stack:
+            del stack[w.pop_mark(pos) :]  # pickle's POP on an empty slice pops the MARK
+        else:
+            stack.pop()
+    elif act == oc.A_POP_MARK:
+        del stack[w.pop_mark(pos) :]
+    elif act == oc.A_MEMOIZE:
+        w.define(w.dense + len(w.sparse), pos)
+    elif act == oc.A_PUT:
+        w.define(w.buf[pos + 1] if nxt - pos == 2 else oc.U4(w.buf, pos + 1)[0], pos)
+    elif act == oc.A_GET:
+        w.get(w.buf[pos + 1] if nxt - pos == 2 else oc.U4(w.buf, pos + 1)[0], pos)
+    elif act == oc.A_FRAME:
+        if pos + 9 + oc.U8(w.buf, pos + 1)[0] > w.end:
+            raise w.cut(pos, f"a FRAME of {oc.U8(w.buf, pos + 1)[0]} bytes")
+    elif act == oc.A_PROTO:
+        if w.buf[pos + 1] > oc.HIGHEST_PROTOCOL:
+            raise w.fail(pos, f"names unknown protocol {w.buf[pos + 1]}")
+        w.proto = w.buf[pos + 1]
+    elif act == oc.A_STOP:
+        if len(stack) <= (w.marks[-1] if w.marks else 0):
+            raise w.fail(pos, "with nothing on the stack")
+        return True
+    elif op in (_OP["EXT1"], _OP["EXT2"], _OP["EXT4"]):
+        code = w.buf[pos + 1] if nxt - pos == 2 else int.from_bytes(w.buf[pos + 1 : nxt], "little")
+        key = copyreg._inverted_registry.get(code)  # type: ignore[attr-defined]
+        stack.append(w.name(key if key is not None else ("copyreg", f"<extension {code}>")))
+    elif op == _OP["DUP"]:
+        w.need(pos, 1)
+        stack.append(stack[-1])
+    elif op == _OP["BINPERSID"] or op == _OP["READONLY_BUFFER"]:
+        w.need(pos, 1)
+        stack[-1] = None
+    else:  # NEXT_BUFFER, and any other push
+        stack.append(None)
+    return False
+
+
+def _walk_record(w: _Walk, pos: int) -> int:
+    """Walk one pickle from ``pos`` to its STOP; return the offset after it."""
+    a, buf, end = w.a, w.buf, w.end
+    stack, counts = w.stack, a.counts
+    push, step_of, form_of = stack.append, _FAST_STEP, oc.FORM
+    n_ops, skipped, hi = 0, 0, 0
+    try:
+        while True:
+            if pos >= end:
+                raise w.cut(pos, "the opcode stream (no STOP)")
+            op = buf[pos]
+            n_ops += 1
+            if _OPPROTO[op] > hi:
+                hi = _OPPROTO[op]
+            step = step_of[op]
+            if step:
+                push(None)
+                pos += step
+                continue
+            form = form_of[op]
+            if oc.F_LEN1 <= form <= oc.F_LEN8U:
+                hdr = 2 if form == oc.F_LEN1 else 9 if form == oc.F_LEN8U else 5
+                if pos + hdr > end:
+                    raise w.cut(pos, f"the length of {oc.OPNAME[op]}")
+                if form == oc.F_LEN1:
+                    n = buf[pos + 1]
+                elif form == oc.F_LEN8U:
+                    n = oc.U8(buf, pos + 1)[0]
+                else:
+                    n = (oc.I4 if form == oc.F_LEN4S else oc.U4)(buf, pos + 1)[0]
+                    if n < 0:
+                        raise w.fail(pos, f"declares a negative length {n}")
+                if pos + hdr + n > end:
+                    what = f"the {n}-byte payload of {oc.OPNAME[op]} ({end - pos} bytes left)"
+                    raise w.cut(pos, what)
+                value = None
+                if n <= _NAME_MAX and (op in _UNICODE_OPS or op in _BYTESTR_OPS):
+                    raw = bytes(buf[pos + hdr : pos + hdr + n])
+                    value = raw.decode("utf-8" if op in _UNICODE_OPS else "latin-1", "replace")
+                else:
+                    skipped += n
+                push(value)
+                pos += hdr + n
+                continue
+            if op in _COUNTED_OPS:
+                name = oc.OPNAME[op]
+                counts[name] = counts.get(name, 0) + 1
+            if form == oc.F_FIXED:
+                nxt: int = pos + 1 + oc.ARGLEN[op]
+                if nxt > end:
+                    raise w.cut(pos, f"the argument of {oc.OPNAME[op]}")
+                if _fixed_op(w, op, pos, nxt):
+                    w.hi = hi
+                    return nxt
+                pos = nxt
+            elif form in (oc.F_LINE, oc.F_LINE2):
+                pos = _text_op(w, op, pos)
+            else:
+                raise CorruptPickleError(a.path, f"unknown opcode 0x{op:02x}", offset=pos)
+    finally:
+        a.opcodes += n_ops
+        a.bytes_read -= skipped
+
+
+def audit_buffer(buf: Any, size: int, name: str) -> Audit:
+    """Audit every pickle in ``buf[:size]`` (bytes or an mmap); see the module docstring."""
+    if size == 0:
+        raise EmptyPickleError(name, "file is empty; expected a pickle stream", offset=0)
+    head = bytes(buf[:4])
+    if head in _MAGIC:
+        raise NotAPickleError(name, f"{_MAGIC[head]}, not a pickle stream", offset=0)
+    if oc.FORM[buf[0]] == oc.F_BAD:
+        raise NotAPickleError(name, f"byte 0x{buf[0]:02x} is not a pickle opcode", offset=0)
+    audit = Audit(name, size, bytes_read=size)
+    pos = 0
+    while pos < size:
+        w = _Walk(audit, buf, size)
+        nxt = _walk_record(w, pos)
+        if not audit.records:
+            audit.protocol = w.proto if w.proto >= 0 else min(w.hi, 1)
+        audit.records.append((pos, nxt))
+        pos = nxt
+    return audit
