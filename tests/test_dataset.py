@@ -87,7 +87,7 @@ def test_getitems_equals_getitem_in_request_order(
 
 
 def test_getitems_loads_each_file_of_a_batch_once(data_dir: Path) -> None:
-    ds = PickleDataset(data_dir, cache_bytes=0)  # holds one file at a time
+    ds = PickleDataset(data_dir, cache_bytes=0, mode="whole")  # holds one file at a time
     ds.__getitems__([0, 12, 1, 13, 2, 24, 14, 3])  # files 0, 2, 0, 2, 0, 4, 2, 0
     assert (ds.cache_stats.loads, ds.cache_stats.misses) == (3, 3)
 
@@ -106,7 +106,7 @@ def test_transform_is_applied_to_every_sample(
 def test_cache_budget_is_enforced(data_dir: Path) -> None:
     nbytes = _file_nbytes(data_dir)
     budget = 2 * nbytes + nbytes // 2  # room for two files
-    ds = PickleDataset(data_dir, cache_bytes=budget)
+    ds = PickleDataset(data_dir, cache_bytes=budget, mode="whole")
     for i in range(len(ds)):
         ds[i]
         assert ds.cache_stats.bytes_used <= budget
@@ -120,7 +120,7 @@ def test_cache_budget_is_enforced(data_dir: Path) -> None:
 
 def test_a_budget_below_one_file_still_holds_one(data_dir: Path) -> None:
     nbytes = _file_nbytes(data_dir)
-    ds = PickleDataset(data_dir, cache_bytes=nbytes // 3)
+    ds = PickleDataset(data_dir, cache_bytes=nbytes // 3, mode="whole")
     for i in range(len(ds)):
         ds[i]
     assert ds.cache_stats.peak_bytes == nbytes
@@ -130,7 +130,7 @@ def test_a_budget_below_one_file_still_holds_one(data_dir: Path) -> None:
 
 def test_cache_evicts_the_least_recently_used_file(data_dir: Path) -> None:
     nbytes = _file_nbytes(data_dir)
-    ds = PickleDataset(data_dir, cache_bytes=2 * nbytes)
+    ds = PickleDataset(data_dir, cache_bytes=2 * nbytes, mode="whole")
     first = [f * PER_FILE for f in range(FILES)]  # sample 0 of each file
     for f in (0, 1, 0, 2):  # file 2 needs room: file 1 is the least recently used
         ds[first[f]]
@@ -149,7 +149,7 @@ def test_negative_cache_budget_is_refused(data_dir: Path) -> None:
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_forked_child_starts_with_an_empty_cache(data_dir: Path) -> None:
-    ds = PickleDataset(data_dir)
+    ds = PickleDataset(data_dir, mode="whole")
     ds[0]
     ds[PER_FILE]
     read_end, write_end = os.pipe()
@@ -172,7 +172,7 @@ def test_forked_child_starts_with_an_empty_cache(data_dir: Path) -> None:
 
 
 def test_pickling_leaves_the_cache_behind_and_reopens_the_index(data_dir: Path) -> None:
-    ds = PickleDataset(data_dir)
+    ds = PickleDataset(data_dir, mode="whole")
     for i in range(len(ds)):
         ds[i]
     assert ds.cache_stats.bytes_used > 0
@@ -244,8 +244,9 @@ def test_unreadable_file_is_refused_at_construction(
     assert str(unreadable_dir_pkl.resolve()) in str(info.value)
 
 
-def test_file_damaged_after_opening_fails_on_read_naming_it(data_dir: Path) -> None:
-    ds = PickleDataset(data_dir)
+@pytest.mark.parametrize("mode", ["auto", "whole"])
+def test_file_damaged_after_opening_fails_on_read_naming_it(data_dir: Path, mode: str) -> None:
+    ds = PickleDataset(data_dir, mode=mode)  # type: ignore[arg-type]
     victim = data_dir / "part-00001.pkl"
     data = victim.read_bytes()
     victim.write_bytes(data[: len(data) // 2])
@@ -281,7 +282,9 @@ def test_dataloader_epoch_sees_every_sample_once_and_loads_each_file_once_per_wo
     nbytes = max(f.decoded_nbytes for f in probe.index.files)
     labels = [s[1] for p in sorted((tmp_path / "data").glob("*.pkl")) for s in oracle_samples(p)]
     workers, batch_size = 2, 4
-    ds = TracedDataset(tmp_path / "data", cache_bytes=workers * 2 * nbytes)  # 2 files per worker
+    ds = TracedDataset(
+        tmp_path / "data", cache_bytes=workers * 2 * nbytes, mode="whole"
+    )  # 2 files per worker
     sampler = BlockShuffleSampler(ds, batch_size=batch_size, num_workers=workers, seed=11)
     loader = DataLoader(
         ds, sampler=sampler, batch_size=batch_size, num_workers=workers, collate_fn=_as_list

@@ -76,7 +76,7 @@ def test_header_records_format_version_and_files_table(tmp_path: Path) -> None:
     index = build_index(tmp_path / "data", jobs=1)
     header = json.loads((index.path / "index.json").read_text())
     assert header["format"] == "pickleshard-index"
-    assert header["version"] == 1
+    assert header["version"] == 2
     assert header["tool_version"] == __version__
     assert header["layout"] == ["columns"]
     assert header["fields"] == ["x", "y"]

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -18,17 +19,20 @@ try:  # a real torch Dataset when torch is there (isinstance checks, typing); pl
 except ImportError:  # pragma: no cover - exercised only without torch
     _DatasetBase = object  # type: ignore[assignment,misc]
 
+from .errors import NotSpanIndexableError, SkippedFilesWarning
 from .index import Rebuild, open_index
 from .layouts import DecodedLayout
 from .safety import UnpicklePolicy
 from .sources import Source
+from .spanfiles import SpanFiles
 from .wholefile import CacheStats, WholeFileCache, load_layout
 
-__all__ = ["DEFAULT_CACHE_BYTES", "PickleDataset"]
+__all__ = ["DEFAULT_CACHE_BYTES", "Mode", "PickleDataset"]
 
 DEFAULT_CACHE_BYTES = 1 << 30
 
 Sample = tuple[Any, ...]
+Mode = Literal["auto", "span", "whole"]
 
 
 def _worker_count() -> int:
@@ -46,23 +50,35 @@ class PickleDataset(_DatasetBase[Any]):
     ``source`` is a directory (searched recursively for ``*.pkl``, ``*.pickle``, ``*.pk``,
     ``*.p``), a glob, or a list of files. The index is opened from ``index`` (default
     ``DIR/.pickleshard``), built when missing, and checked against the files: see
-    :func:`pickleshard.open_index` for ``rebuild``.
+    :func:`pickleshard.open_index` for ``rebuild``. ``skip_bad=True`` builds it leaving out bad
+    files (see :func:`pickleshard.build_index`); a dataset over an index that skipped files
+    warns how many (:class:`~pickleshard.errors.SkippedFilesWarning`).
 
     ``ds[i]`` returns a tuple with one element per field, ``(x, y)`` for the common layout;
     ``transform``, if given, is applied to that tuple.
 
+    ``mode`` says how samples are read. ``"auto"`` (default): each sample of a span-indexed file
+    is read alone, straight out of the pickle (:class:`~pickleshard.spanread.SpanReader`), and
+    the files the scanner refused are unpickled whole; ``"span"``: like auto, but raises
+    :class:`~pickleshard.errors.NotSpanIndexableError` naming the first file that cannot be read
+    by span and why; ``"whole"``: every file is unpickled whole. :attr:`file_modes` says which
+    way each file is read. Span reads have no locality to protect: shuffle with
+    :class:`pickleshard.ShuffleSampler` (or ``shuffle=True``); files read whole are better
+    served by :class:`pickleshard.BlockShuffleSampler`.
+
     Unpickling is restricted to an allowlist of globals (builtin containers, numpy arrays,
     torch tensors; see :mod:`pickleshard.safety`): anything else raises
-    :class:`~pickleshard.errors.UnsafePickleError`. ``trusted=True`` lifts the restriction,
+    :class:`~pickleshard.errors.UnsafePickleError` naming the global and the file (and, in span
+    reads, the sample's index in the dataset). ``trusted=True`` lifts the restriction,
     ``allow_globals=["module.name"]`` extends it. ``encoding`` is as in :func:`pickle.load`.
 
-    ``__getitems__`` fetches a batch, touching
-    each file once.
+    ``__getitems__`` fetches a batch in (file, offset) order, touching each file once, and
+    returns it in request order.
 
     Whole-file mode keeps decoded files in an LRU cache bounded by ``cache_bytes`` of estimated
     decoded size, *in total across DataLoader workers*: each of ``n`` workers gets
-    ``cache_bytes // n``. Each process has its own cache (a forked worker starts empty). Pair it
-    with :class:`pickleshard.BlockShuffleSampler` to shuffle without reloading files.
+    ``cache_bytes // n``. Each process has its own cache (a forked worker starts empty), and so
+    its own span readers.
     """
 
     def __init__(
@@ -78,19 +94,49 @@ class PickleDataset(_DatasetBase[Any]):
         encoding: str = "ASCII",
         jobs: int | None = None,
         progress: bool = False,
+        mode: Mode = "auto",
+        skip_bad: bool = False,
     ) -> None:
         if cache_bytes < 0:
             raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes}")
+        if mode not in ("auto", "span", "whole"):
+            raise ValueError(f"mode must be 'auto', 'span' or 'whole', got {mode!r}")
         self.policy = UnpicklePolicy.from_args(
             trusted=trusted, allow_globals=allow_globals, encoding=encoding
         )
         self.index, self.source = open_index(
-            source, index=index, rebuild=rebuild, jobs=jobs, progress=progress, policy=self.policy
+            source,
+            index=index,
+            rebuild=rebuild,
+            jobs=jobs,
+            progress=progress,
+            policy=self.policy,
+            skip_bad=skip_bad,
         )
+        self.mode = mode
         self.cache_bytes = cache_bytes
         self.transform = transform
         self._paths = [os.fspath(self.source.absolute(f.path)) for f in self.index.files]
+        if mode == "span":
+            for f, path in zip(self.index.files, self._paths, strict=True):
+                if f.mode != "span":
+                    raise NotSpanIndexableError(path, f.reason or "indexed without spans")
+        self.file_modes: tuple[str, ...] = (
+            ("whole",) * len(self._paths) if mode == "whole" else self.index.modes
+        )
+        self._span_file = np.array([m == "span" for m in self.file_modes], dtype=bool)
         self._cache: WholeFileCache | None = None
+        self._spans = SpanFiles(self.index, self._paths, self.policy)
+        if self.index.skipped:
+            skipped = self.index.skipped
+            names = ", ".join(str(s["path"]) for s in skipped[:5])
+            warnings.warn(
+                f"{self.index.path}: {len(skipped)} bad file(s) were skipped when indexing and "
+                f"are not in this dataset: {names}{' ...' if len(skipped) > 5 else ''} "
+                "(see DatasetIndex.skipped for each error)",
+                SkippedFilesWarning,
+                stacklevel=2,
+            )
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -128,26 +174,45 @@ class PickleDataset(_DatasetBase[Any]):
     def _finish(self, sample: Sample) -> Any:
         return sample if self.transform is None else self.transform(sample)
 
+    @property
+    def span_files(self) -> SpanFiles:
+        """This process's span readers (opened on first use)."""
+        return self._spans
+
     def __getitem__(self, i: int) -> Any:
-        pos, item = self.index.locate(self._check(i))
+        j = self._check(i)
+        pos, item = self.index.locate(j)
+        if self._span_file[pos]:
+            return self._finish(self._spans.read(pos, item, j))
         columns = self._file(pos).columns
         return self._finish(tuple(col[item] for col in columns))
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        """Fetch a batch; files are visited in order of first appearance, each once."""
-        rows = self.index.samples[np.fromiter((self._check(i) for i in indices), dtype=np.int64)]
-        files, items = rows["file"], rows["item"]
-        uniq, first = np.unique(files, return_index=True)
+        """Fetch a batch: each file visited once (in order of first appearance), its samples
+        read in offset order; returned in request order."""
+        wanted = np.fromiter((self._check(i) for i in indices), dtype=np.int64)
+        rows = self.index.samples[wanted]
+        files, items = rows["file"].astype(np.int64), rows["item"].astype(np.int64)
         out: list[Any] = [None] * len(rows)
-        for pos in uniq[np.argsort(first)]:
-            columns = self._file(int(pos)).columns
-            for k in np.flatnonzero(files == pos):
-                item = int(items[k])
-                out[k] = self._finish(tuple(col[item] for col in columns))
+        # Files in order of first appearance (the order BlockShuffleSampler plans whole-file
+        # loads for), samples of a file in item order, which is their offset order.
+        uniq, first, inverse = np.unique(files, return_index=True, return_inverse=True)
+        rank = np.argsort(np.argsort(first))[inverse] if len(uniq) else files
+        order = np.lexsort((items, rank))
+        columns: Any = None
+        current = -1
+        for k in order.tolist():
+            pos, item = int(files[k]), int(items[k])
+            if self._span_file[pos]:
+                out[k] = self._finish(self._spans.read(pos, item, int(wanted[k])))
+                continue
+            if pos != current:
+                columns, current = self._file(pos).columns, pos
+            out[k] = self._finish(tuple(col[item] for col in columns))
         return out
 
     def __getstate__(self) -> dict[str, Any]:
-        # Spawned workers reopen the index by path; the cache never travels.
+        # Spawned workers reopen the index by path; the cache and the span readers never travel.
         state = self.__dict__.copy()
         state["_cache"] = None
         return state
@@ -155,5 +220,6 @@ class PickleDataset(_DatasetBase[Any]):
     def __repr__(self) -> str:
         return (
             f"PickleDataset({os.fspath(self.source.root)!r}, files={len(self._paths)}, "
-            f"samples={len(self)}, fields={self.fields})"
+            f"samples={len(self)}, fields={self.fields}, mode={self.mode!r}, "
+            f"span_files={int(self._span_file.sum())})"
         )

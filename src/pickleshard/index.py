@@ -1,17 +1,30 @@
-"""The dataset index: which samples live in which file, saved beside the data and opened by mmap.
+"""The dataset index: which samples live in which file and where, saved beside the data, opened by mmap.
 
 On disk (default ``DIR/.pickleshard/``)::
 
-    index.json                  versioned header + files table (one entry per file)
-    samples-<token>.npy         per-sample structured array, opened with mmap_mode="r"
+    index.json                  versioned header + files table (one entry per file) + skipped
+    samples-<token>.npy         per-sample (file, item in file), dtype [("file", u4), ("item", u4)]
+    starts-<token>.npy          per sample and field: span start offset, (rows, F) int64
+    ends-<token>.npy            per sample and field: span end offset, (rows, F) int64
+    memo_base-<token>.npy       per sample and field: first memo key of the span, (rows, F) int64
+    ext_offsets-<token>.npy     CSR offsets into ext_keys, N * F + 1 per span file, int64
+    ext_keys-<token>.npy        memo keys each span needs from earlier elements, int64
+    records-<token>.npy         (start, end, memo-key shift) of each pickle in a file, (R, 3)
 
-``samples`` has one row per sample, dtype ``[("file", "<u4"), ("item", "<u4")]``: the file's
-position in the files table and the sample's position inside that file. Per-sample byte spans
-(span indexing) are further ``.npy`` arrays named in the header. There is no Python object per
-sample anywhere: forked DataLoader workers share these pages instead of copying them.
+The span arrays (:data:`~pickleshard.indexfiles.SPAN_ARRAYS`, what
+:meth:`pickleshard.scan.ScanResult.arrays_dict` returns) are concatenated over the files indexed
+in ``"span"`` mode, in files-table order; a file's entry names its first row in each
+(``span_row``, ``ext_row``, ``record_row``) and holds the scanner's per-file meta (``scan``:
+layout, fields, kinds, array rows, shared table). ``ext_offsets`` values point into the
+concatenated ``ext_keys``. Files indexed in ``"whole"`` mode (the scanner refused them: protocol
+0/1, a layout it cannot prove; ``reason`` says why) take no span rows and are unpickled whole.
+``skipped`` lists the files ``skip_bad=True`` left out, each with its error. There is no Python
+object per sample anywhere: forked DataLoader workers share these pages instead of copying them.
 
 The header is written last, by atomic rename, and names the arrays it belongs to, so a reader
-sees either the old index or the new one, never a mix.
+sees either the old index or the new one, never a mix. Building keeps at most one file's span
+arrays in a worker's memory: workers save them to a staging folder, and the parent copies them
+into the final arrays through a memory map.
 """
 
 from __future__ import annotations
@@ -20,9 +33,11 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
+import tempfile
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, replace
 from multiprocessing import get_all_start_methods, get_context
 from multiprocessing.context import BaseContext
 from pathlib import Path
@@ -32,93 +47,54 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ._version import __version__
-from .errors import IndexFormatError, StaleIndexError, UnreadableFileError, UnsupportedLayoutError
+from .errors import (
+    FileProblem,
+    IndexFormatError,
+    NotSpanIndexableError,
+    StaleIndexError,
+    UnsupportedLayoutError,
+)
+from .indexfiles import SPAN_ARRAYS, Described, FileEntry, describe_file, fingerprint, staged_name
 from .safety import DEFAULT_POLICY, UnpicklePolicy
+from .scan import ScanResult
 from .sources import INDEX_DIRNAME, ResolvedSource, Source, resolve_source
-from .wholefile import estimate_nbytes, load_layout
 
-__all__ = ["DatasetIndex", "FileEntry", "build_index", "default_index_path", "open_index"]
+__all__ = [
+    "DatasetIndex",
+    "FileEntry",
+    "SkippedFile",
+    "build_index",
+    "default_index_path",
+    "fingerprint",
+    "open_index",
+]
 
 FORMAT_NAME = "pickleshard-index"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 SAMPLES_DTYPE = np.dtype([("file", "<u4"), ("item", "<u4")])
-_FINGERPRINT_BLOCK = 4096
-_FINGERPRINT_BLOCKS = 8
 
 Rebuild = Literal["missing", "auto", "never"]
-
-
-def fingerprint(path: str | os.PathLike[str]) -> str:
-    """A fast content fingerprint: BLAKE2b of the size and 8 evenly spread 4 KiB blocks.
-
-    Reads at most 32 KiB whatever the file size, so checking a whole dataset stays cheap; it
-    catches rewrites that keep size and mtime unless every changed byte avoids all 8 blocks.
-    """
-    where = os.fspath(path)
-    h = hashlib.blake2b(digest_size=16)
-    try:
-        with open(where, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            h.update(size.to_bytes(8, "little"))
-            if size <= _FINGERPRINT_BLOCK * _FINGERPRINT_BLOCKS:
-                h.update(fh.read())
-            else:
-                step = (size - _FINGERPRINT_BLOCK) // (_FINGERPRINT_BLOCKS - 1)
-                for k in range(_FINGERPRINT_BLOCKS):
-                    h.update(os.pread(fh.fileno(), _FINGERPRINT_BLOCK, k * step))
-    except OSError as exc:
-        raise UnreadableFileError(where, f"cannot read: {exc.strerror or exc}") from None
-    return h.hexdigest()
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    """One row of the files table. ``path`` is relative to the dataset root."""
-
-    path: str
-    size: int
-    mtime_ns: int
-    fingerprint: str
-    num_samples: int
-    decoded_nbytes: int
-    layout: str
-    fields: tuple[str, ...]
-
-    @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> FileEntry:
-        return cls(**{**obj, "fields": tuple(obj["fields"])})
-
-
-def describe_file(root: str, rel: str, policy: UnpicklePolicy = DEFAULT_POLICY) -> FileEntry:
-    """Read one file and return its files-table row (run in an index worker process)."""
-    path = os.path.join(root, rel)
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        raise UnreadableFileError(path, f"cannot stat: {exc.strerror or exc}") from None
-    decoded = load_layout(path, policy)
-    return FileEntry(
-        path=rel,
-        size=st.st_size,
-        mtime_ns=st.st_mtime_ns,
-        fingerprint=fingerprint(path),
-        num_samples=decoded.num_samples,
-        decoded_nbytes=estimate_nbytes(decoded.columns),
-        layout=decoded.layout,
-        fields=decoded.fields,
-    )
+SkippedFile = dict[str, Any]  # {"path", "error", "message", "size", "mtime_ns"}
 
 
 class DatasetIndex:
-    """An opened index: header, files table and the per-sample arrays (memory-mapped)."""
+    """An opened index: header, files table, skipped files and the per-sample arrays (mmap)."""
 
     def __init__(
-        self, path: Path, header: dict[str, Any], files: list[FileEntry], samples: np.ndarray
+        self,
+        path: Path,
+        header: dict[str, Any],
+        files: list[FileEntry],
+        samples: np.ndarray,
+        spans: dict[str, np.ndarray] | None = None,
+        skipped: list[SkippedFile] | None = None,
     ) -> None:
         self.path = path
         self.header = header
         self.files = files
         self.samples = samples
+        self.spans = spans or {}
+        self.skipped = skipped or []
         counts = np.fromiter((f.num_samples for f in files), dtype=np.int64, count=len(files))
         self.file_starts = np.concatenate([[0], np.cumsum(counts)])
 
@@ -130,6 +106,11 @@ class DatasetIndex:
     def num_samples(self) -> int:
         return int(self.header["num_samples"])
 
+    @property
+    def modes(self) -> tuple[str, ...]:
+        """``"span"`` or ``"whole"`` for each file of the files table."""
+        return tuple(f.mode for f in self.files)
+
     def __len__(self) -> int:
         return self.num_samples
 
@@ -137,6 +118,27 @@ class DatasetIndex:
         """Return ``(file_position, item_in_file)`` of global sample ``i``."""
         row = self.samples[i]
         return int(row["file"]), int(row["item"])
+
+    def scan(self, pos: int, path: str | os.PathLike[str]) -> ScanResult:
+        """The :class:`ScanResult` of span-indexed file ``pos`` (found at ``path``), made of
+        views of the memory-mapped span arrays; raises :class:`NotSpanIndexableError` for a file
+        indexed whole."""
+        entry = self.files[pos]
+        if entry.mode != "span" or entry.scan is None:
+            raise NotSpanIndexableError(path, entry.reason or "indexed without spans")
+        n, nf = entry.num_samples, len(entry.fields)
+        r, e, q = entry.span_row, entry.ext_row, entry.record_row
+        nrec = int(entry.scan["num_records"])
+        sp = self.spans
+        arrays = {
+            "starts": sp["starts"][r : r + n],
+            "ends": sp["ends"][r : r + n],
+            "memo_base": sp["memo_base"][r : r + n],
+            "ext_offsets": sp["ext_offsets"][e : e + n * nf + 1],
+            "ext_keys": sp["ext_keys"],
+            "records": sp["records"][q : q + nrec],
+        }
+        return ScanResult.from_stored(path, entry.scan, arrays)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Pickled for spawned DataLoader workers: reopen by path instead of copying arrays.
@@ -146,47 +148,70 @@ class DatasetIndex:
     def open(cls, path: str | os.PathLike[str]) -> DatasetIndex:
         """Open the index stored in directory ``path`` (arrays are memory-mapped read-only)."""
         where = Path(path)
-        header_path = where / "index.json"
-        try:
-            header = json.loads(header_path.read_text())
-        except FileNotFoundError:
-            raise IndexFormatError(
-                where, "no index.json; build one with `pickleshard index`"
-            ) from None
-        except (OSError, ValueError) as exc:
-            raise IndexFormatError(where, f"cannot read index.json: {exc}") from None
+        header = _read_header(where)
         if header.get("format") != FORMAT_NAME or header.get("version") != FORMAT_VERSION:
+            older = header.get("format") == FORMAT_NAME and _older(header.get("version"))
             raise IndexFormatError(
                 where,
-                f"unsupported index format {header.get('format')!r} version {header.get('version')!r}; "
-                f"expected {FORMAT_NAME!r} version {FORMAT_VERSION} (rebuild the index)",
+                f"unsupported index format {header.get('format')!r} version "
+                f"{header.get('version')!r}; expected {FORMAT_NAME!r} version {FORMAT_VERSION} "
+                + (
+                    "(written by an older pickleshard: rebuild it with `pickleshard index`, "
+                    "or open it with rebuild='missing' or 'auto')"
+                    if older
+                    else "(rebuild the index)"
+                ),
             )
-        files = [FileEntry.from_json(f) for f in header.pop("files")]
         try:
-            samples = np.load(where / header["arrays"]["samples"], mmap_mode="r")
-        except (OSError, ValueError, KeyError) as exc:
+            files = [FileEntry.from_json(f) for f in header.pop("files")]
+            skipped = list(header.pop("skipped", []))
+            arrays = {
+                name: np.load(where / fname, mmap_mode="r")
+                for name, fname in header["arrays"].items()
+            }
+        except (OSError, ValueError, KeyError, TypeError) as exc:
             raise IndexFormatError(where, f"cannot open per-sample arrays: {exc}") from None
-        if samples.dtype != SAMPLES_DTYPE or len(samples) != header["num_samples"]:
+        samples = arrays.pop("samples", None)
+        if (
+            samples is None
+            or samples.dtype != SAMPLES_DTYPE
+            or len(samples) != header["num_samples"]
+        ):
             raise IndexFormatError(
                 where, "per-sample array does not match the header; rebuild the index"
             )
-        return cls(where, header, files, samples)
+        rows = sum(f.num_samples for f in files if f.mode == "span")
+        if set(arrays) != set(SPAN_ARRAYS) or len(arrays["starts"]) != rows:
+            raise IndexFormatError(
+                where, "span arrays do not match the files table; rebuild the index"
+            )
+        return cls(where, header, files, samples, arrays, skipped)
 
     def stale_files(self, source: ResolvedSource) -> tuple[list[str], list[str], list[str]]:
-        """Return ``(changed, removed, added)`` relative paths between the index and ``source``."""
+        """Return ``(changed, removed, added)`` relative paths between the index and ``source``.
+
+        Skipped files count as indexed: one that changes or goes away makes the index stale.
+        """
         indexed = {f.path: f for f in self.files}
+        skipped = {s["path"]: s for s in self.skipped}
         current = set(source.files)
-        removed = sorted(set(indexed) - current)
-        added = sorted(current - set(indexed))
+        known = set(indexed) | set(skipped)
+        removed = sorted(known - current)
+        added = sorted(current - known)
         changed = []
-        for rel in sorted(current & set(indexed)):
-            entry = indexed[rel]
+        for rel in sorted(current & known):
             path = source.absolute(rel)
             try:
                 st = path.stat()
             except OSError:
-                removed.append(rel)
+                if rel in indexed:
+                    removed.append(rel)
                 continue
+            if rel in skipped:
+                if (st.st_size, st.st_mtime_ns) != (skipped[rel]["size"], skipped[rel]["mtime_ns"]):
+                    changed.append(rel)
+                continue
+            entry = indexed[rel]
             if (
                 st.st_size != entry.size
                 or st.st_mtime_ns != entry.mtime_ns
@@ -200,6 +225,22 @@ class DatasetIndex:
         changed, removed, added = self.stale_files(source)
         if changed or removed or added:
             raise StaleIndexError(self.path, changed=changed, removed=removed, added=added)
+
+
+def _read_header(where: Path) -> dict[str, Any]:
+    try:
+        header = json.loads((where / "index.json").read_text())
+    except FileNotFoundError:
+        raise IndexFormatError(where, "no index.json; build one with `pickleshard index`") from None
+    except (OSError, ValueError) as exc:
+        raise IndexFormatError(where, f"cannot read index.json: {exc}") from None
+    if not isinstance(header, dict):
+        raise IndexFormatError(where, "index.json is not a JSON object")
+    return header
+
+
+def _older(version: object) -> bool:
+    return isinstance(version, int) and version < FORMAT_VERSION
 
 
 def default_index_path(source: ResolvedSource) -> Path:
@@ -216,24 +257,47 @@ def _pool_context() -> BaseContext:
     return get_context("fork" if "fork" in methods else "spawn")
 
 
+Outcome = tuple[int, Described | FileProblem]
+
+
 def _describe_all(
-    source: ResolvedSource, jobs: int, progress: bool, policy: UnpicklePolicy
-) -> Iterator[FileEntry]:
+    source: ResolvedSource,
+    staging: Path | None,
+    jobs: int,
+    progress: bool,
+    policy: UnpicklePolicy,
+    skip_bad: bool,
+) -> Iterator[Outcome]:
+    """``(position, described)`` for every file, in completion order; with ``skip_bad`` a bad
+    file yields its error instead of raising it."""
     root = os.fspath(source.root)
     bar = tqdm(total=len(source.files), unit="file", desc="index", disable=not progress)
     with bar:
         if jobs <= 1 or len(source.files) == 1:
-            for rel in source.files:
-                yield describe_file(root, rel, policy)
+            for pos, rel in enumerate(source.files):
+                try:
+                    yield pos, describe_file(root, rel, pos, staging, policy)
+                except FileProblem as exc:
+                    if not skip_bad:
+                        raise
+                    yield pos, exc
                 bar.update()
             return
         # fork where available (as DataLoader does): spawn and forkserver re-run the caller's
         # __main__, which breaks stdin scripts and scripts without a __main__ guard.
         with ProcessPoolExecutor(max_workers=jobs, mp_context=_pool_context()) as pool:
-            futures = {pool.submit(describe_file, root, rel, policy): rel for rel in source.files}
+            futures = {
+                pool.submit(describe_file, root, rel, pos, staging, policy): pos
+                for pos, rel in enumerate(source.files)
+            }
             try:
                 for fut in as_completed(futures):
-                    yield fut.result()
+                    try:
+                        yield futures[fut], fut.result()
+                    except FileProblem as exc:
+                        if not skip_bad:
+                            raise
+                        yield futures[fut], exc
                     bar.update()
             except BaseException:
                 for fut in futures:
@@ -241,58 +305,163 @@ def _describe_all(
                 raise
 
 
-def _check_fields(entries: list[FileEntry], root: Path) -> tuple[str, ...]:
-    fields = entries[0].fields
-    for e in entries[1:]:
-        if e.fields != fields:
-            raise UnsupportedLayoutError(
-                root / e.path,
-                f"fields {list(e.fields)} differ from {list(fields)} in {entries[0].path}; "
-                "every file of a dataset must have the same fields",
-            )
-    return fields
+def _skip_record(source: ResolvedSource, rel: str, exc: FileProblem) -> SkippedFile:
+    try:
+        st = source.absolute(rel).stat()
+        size, mtime_ns = st.st_size, st.st_mtime_ns
+    except OSError:
+        size, mtime_ns = None, None
+    return {
+        "path": rel,
+        "error": type(exc).__name__,
+        "message": str(exc),
+        "size": size,
+        "mtime_ns": mtime_ns,
+    }
 
 
-def _write(index_dir: Path, source: ResolvedSource, entries: list[FileEntry]) -> None:
-    index_dir.mkdir(parents=True, exist_ok=True)
-    fields = _check_fields(entries, source.root)
-    total = sum(e.num_samples for e in entries)
-    samples = np.empty(total, dtype=SAMPLES_DTYPE)
-    start = 0
-    for pos, e in enumerate(entries):
-        samples["file"][start : start + e.num_samples] = pos
-        samples["item"][start : start + e.num_samples] = np.arange(e.num_samples, dtype=np.uint32)
-        start += e.num_samples
+def _check_fields(
+    described: dict[int, Described], source: ResolvedSource, skip_bad: bool
+) -> tuple[list[Described], list[SkippedFile]]:
+    """The files (in files-table order) whose fields match the first file's; with ``skip_bad``
+    the others are skipped, else the first of them raises."""
+    ordered = [described[p] for p in sorted(described)]
+    if not ordered:
+        return [], []
+    first = ordered[0].entry
+    kept, skipped = [ordered[0]], []
+    for d in ordered[1:]:
+        if d.entry.fields == first.fields:
+            kept.append(d)
+            continue
+        err = UnsupportedLayoutError(
+            source.absolute(d.entry.path),
+            f"fields {list(d.entry.fields)} differ from {list(first.fields)} in {first.path}; "
+            "every file of a dataset must have the same fields",
+        )
+        if not skip_bad:
+            raise err
+        skipped.append(_skip_record(source, d.entry.path, err))
+    return kept, skipped
+
+
+def _save_concatenated(
+    path: Path, parts: Iterable[np.ndarray], total: int, dtype: Any, tail: tuple[int, ...] = ()
+) -> None:
+    """Write ``parts`` (``total`` rows in all) one after another as one ``.npy``, through a
+    memory map, so that they are never all in memory at once."""
+    if total == 0:
+        np.save(path, np.empty((0, *tail), dtype))
+        return
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=(total, *tail))
+    at = 0
+    for p in parts:
+        out[at : at + len(p)] = p
+        at += len(p)
+    out.flush()
+    del out
+
+
+def _place(kept: list[Described], nf: int) -> list[FileEntry]:
+    """The files table: each span file gets its first row in each span array."""
+    final: list[FileEntry] = []
+    row = ext = rec = 0
+    for d in kept:
+        e = d.entry
+        if e.mode == "span":
+            e = replace(e, span_row=row, ext_row=ext, record_row=rec)
+            row, ext, rec = row + e.num_samples, ext + e.num_samples * nf + 1, rec + d.records
+        final.append(e)
+    return final
+
+
+def _write(
+    index_dir: Path,
+    source: ResolvedSource,
+    kept: list[Described],
+    staging: Path | None,
+    skipped: list[SkippedFile],
+) -> None:
+    fields = kept[0].entry.fields if kept else ()
+    nf = len(fields)
+    final = _place(kept, nf)
     token = secrets.token_hex(4)
-    samples_name = f"samples-{token}.npy"
-    np.save(index_dir / samples_name, samples)
+    names = {"samples": f"samples-{token}.npy", **{a: f"{a}-{token}.npy" for a in SPAN_ARRAYS}}
+    total = sum(e.num_samples for e in final)
+
+    def sample_rows() -> Iterator[np.ndarray]:
+        for k, e in enumerate(final):
+            part = np.empty(e.num_samples, SAMPLES_DTYPE)
+            part["file"], part["item"] = k, np.arange(e.num_samples, dtype=np.uint32)
+            yield part
+
+    _save_concatenated(index_dir / names["samples"], sample_rows(), total, SAMPLES_DTYPE)
+    spans = [d for d in kept if d.entry.mode == "span"]
+    pos_of = {rel: p for p, rel in enumerate(source.files)}
+
+    def staged(array: str) -> Iterator[np.ndarray]:
+        assert staging is not None
+        key_base = 0
+        for d in spans:
+            part = np.load(staged_name(staging, pos_of[d.entry.path], array), mmap_mode="r")
+            # ext_offsets point into the concatenated ext_keys: shift by the keys before them
+            yield part + key_base if array == "ext_offsets" else part
+            key_base += d.ext_keys
+
+    rows = sum(d.entry.num_samples for d in spans)
+    sizes = {
+        "starts": (rows, (nf,)),
+        "ends": (rows, (nf,)),
+        "memo_base": (rows, (nf,)),
+        "ext_offsets": (rows * nf + len(spans), ()),
+        "ext_keys": (sum(d.ext_keys for d in spans), ()),
+        "records": (sum(d.records for d in spans), (3,)),
+    }
+    for array, (n, tail) in sizes.items():
+        _save_concatenated(index_dir / names[array], staged(array), n, np.int64, tail)
+
     old = _arrays_of(index_dir)
     header = {
         "format": FORMAT_NAME,
         "version": FORMAT_VERSION,
         "tool_version": __version__,
         "root": os.fspath(source.root),
-        "layout": sorted({e.layout for e in entries}),
+        "layout": sorted({e.layout for e in final}),
         "fields": list(fields),
-        "num_files": len(entries),
+        "num_files": len(final),
         "num_samples": total,
-        "arrays": {"samples": samples_name},
-        "files": [asdict(e) for e in entries],
+        "modes": {m: sum(e.mode == m for e in final) for m in ("span", "whole")},
+        "arrays": names,
+        "files": [asdict(e) for e in final],
+        "skipped": sorted(skipped, key=lambda s: str(s["path"])),
     }
     tmp = index_dir / f"index.json.tmp-{token}"
     tmp.write_text(json.dumps(header, indent=1))
     os.replace(tmp, index_dir / "index.json")
     for name in old:
-        if name != samples_name:
+        if name not in names.values():
             (index_dir / name).unlink(missing_ok=True)
 
 
 def _arrays_of(index_dir: Path) -> Iterable[str]:
     try:
         header = json.loads((index_dir / "index.json").read_text())
-        return list(header.get("arrays", {}).values())
-    except (OSError, ValueError):
+        return [str(v) for v in header.get("arrays", {}).values()]
+    except (OSError, ValueError, AttributeError):
         return []
+
+
+def _staging_dir(index_dir: Path) -> Path:
+    """Where workers save span arrays: inside the index directory (same file system as the
+    final arrays), or a temporary folder when it cannot be created (the bad files are then
+    still reported before the index directory's own error)."""
+    try:
+        index_dir.mkdir(parents=True, exist_ok=True)
+        staging = index_dir / f".staging-{secrets.token_hex(4)}"
+        staging.mkdir()
+    except OSError:
+        return Path(tempfile.mkdtemp(prefix="pickleshard-staging-"))
+    return staging
 
 
 def build_index(
@@ -302,20 +471,40 @@ def build_index(
     jobs: int | None = None,
     progress: bool = False,
     policy: UnpicklePolicy = DEFAULT_POLICY,
+    spans: bool = True,
+    skip_bad: bool = False,
 ) -> DatasetIndex:
     """Index every pickle file of ``source`` and save the index; return it opened.
 
     ``index`` is the index directory (default: see :func:`default_index_path`). At most ``jobs``
-    files are decoded at once, each in its own process (default: the number of CPUs, at most 8).
-    ``policy`` says which globals may load while files are read (default: the allowlist).
-    Raises the :class:`~pickleshard.errors.PickleshardError` of the first bad file found.
+    files are indexed at once, each in its own process (default: the number of CPUs, at most 8).
+    Each file is scanned for its sample spans without unpickling it (``spans=False``: every file
+    is unpickled whole to count its samples, the pre-span behaviour); a file the scanner refuses
+    is unpickled whole and recorded as such, with the reason. ``policy`` says which globals may
+    load while files are unpickled (default: the allowlist) and the text encoding.
+
+    Raises the :class:`~pickleshard.errors.PickleshardError` of the first bad file found; with
+    ``skip_bad=True`` every good file is indexed and each bad one is listed in
+    :attr:`DatasetIndex.skipped` with its error (nothing is dropped silently).
     """
     resolved = resolve_source(source)
     index_dir = Path(index) if index is not None else default_index_path(resolved)
     n_jobs = jobs if jobs is not None else min(os.cpu_count() or 1, 8)
-    by_path = {e.path: e for e in _describe_all(resolved, n_jobs, progress, policy)}
-    entries = [by_path[rel] for rel in resolved.files]
-    _write(index_dir, resolved, entries)
+    staging = _staging_dir(index_dir) if spans else None
+    try:
+        described: dict[int, Described] = {}
+        skipped: list[SkippedFile] = []
+        for pos, got in _describe_all(resolved, staging, n_jobs, progress, policy, skip_bad):
+            if isinstance(got, Described):
+                described[pos] = got
+            else:
+                skipped.append(_skip_record(resolved, resolved.files[pos], got))
+        kept, mismatched = _check_fields(described, resolved, skip_bad)
+        index_dir.mkdir(parents=True, exist_ok=True)
+        _write(index_dir, resolved, kept, staging, skipped + mismatched)
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
     return DatasetIndex.open(index_dir)
 
 
@@ -327,12 +516,14 @@ def open_index(
     jobs: int | None = None,
     progress: bool = False,
     policy: UnpicklePolicy = DEFAULT_POLICY,
+    skip_bad: bool = False,
 ) -> tuple[DatasetIndex, ResolvedSource]:
     """Open the index of ``source``, checking it against the files on disk.
 
-    ``rebuild="missing"`` (default) builds an index that does not exist yet and raises
-    :class:`StaleIndexError` on a stale one; ``"auto"`` also rebuilds a stale one; ``"never"``
-    only opens.
+    ``rebuild="missing"`` (default) builds an index that does not exist yet, or that an older
+    pickleshard wrote in an older format, and raises :class:`StaleIndexError` on a stale one;
+    ``"auto"`` also rebuilds a stale one; ``"never"`` only opens. ``skip_bad`` is passed to
+    :func:`build_index` when it builds.
     """
     if rebuild not in ("missing", "auto", "never"):
         raise ValueError(f"rebuild must be 'missing', 'auto' or 'never', got {rebuild!r}")
@@ -343,9 +534,17 @@ def open_index(
         "jobs": jobs,
         "progress": progress,
         "policy": policy,
+        "skip_bad": skip_bad,
     }
-    if not (index_dir / "index.json").exists() and rebuild != "never":
-        return build_index(source, **kwargs), resolved
+    if rebuild != "never":
+        if not (index_dir / "index.json").exists():
+            return build_index(source, **kwargs), resolved
+        try:
+            stored = _read_header(index_dir)
+        except IndexFormatError:
+            stored = {}
+        if stored.get("format") == FORMAT_NAME and _older(stored.get("version")):
+            return build_index(source, **kwargs), resolved
     opened = DatasetIndex.open(index_dir)
     try:
         opened.check(resolved)
