@@ -40,7 +40,12 @@ from typing import Any
 import numpy as np
 
 from . import opcodes as oc
-from .errors import CorruptPickleError, TruncatedPickleError, UnreadableFileError
+from .errors import (
+    CorruptPickleError,
+    PickleshardError,
+    TruncatedPickleError,
+    UnreadableFileError,
+)
 from .memo import WINDOW, SpanFile, SpanUnpickler
 from .scan import ScanResult
 
@@ -432,7 +437,9 @@ class SpanReader:
                     value = f.load()
                     n_ext = len(objs)
                     memo = {base + i - n_ext: v for i, v in f.memo.copy().items() if i >= n_ext}
-        except (EOFError, pickle.UnpicklingError) as exc:
+        except PickleshardError:
+            raise
+        except Exception as exc:  # bad bytes make the unpickler and numpy raise many types
             raise _damaged(self.path, start, exc) from None
         if memo is not None:
             memos[capture] = memo
@@ -520,5 +527,7 @@ def _damaged(path: str, start: int, exc: Exception) -> CorruptPickleError:
             path, f"span ends early (file changed since the scan?): {exc}", offset=start
         )
     return CorruptPickleError(
-        path, f"span does not unpickle (file changed since the scan?): {exc}", offset=start
+        path,
+        f"span does not unpickle (file changed since the scan?): {type(exc).__name__}: {exc}",
+        offset=start,
     )
