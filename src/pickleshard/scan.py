@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from . import opcodes as oc
-from .errors import FieldLengthMismatchError, NotSpanIndexableError
+from .errors import CorruptPickleError, FieldLengthMismatchError, NotSpanIndexableError
 from .layouts import MAX_LIST_FIELDS, default_field_names
 from .memo import (
     ArraySpec,
@@ -311,7 +311,12 @@ class _Inspector:
             stop = start + hdr + (buf[start + 1] if hdr == 2 else oc.U4(buf, start + 1)[0])
             tail = end - stop
             if tail == 0 or (tail in _MEMO_TAIL and buf[stop] == _MEMO_TAIL[tail]):
-                value = str(buf[start + hdr : stop], "utf-8", "surrogatepass")
+                try:
+                    value = str(buf[start + hdr : stop], "utf-8", "surrogatepass")
+                except UnicodeDecodeError as exc:
+                    raise CorruptPickleError(
+                        self.w.name, f"a dict key is not UTF-8 text: {exc}", offset=start
+                    ) from None
                 self.consts[stop] = value
                 return value
         if (op == oc.BINGET_OP and end - start == 2) or (
