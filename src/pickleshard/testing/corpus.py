@@ -1,0 +1,330 @@
+"""The bad-input corpus: thousands of damaged, hostile or foreign files, generated, not stored.
+
+:func:`generate` yields :class:`Case` records, each the bytes of one file to be saved under a
+``.pkl`` / ``.pickle`` name and read by every entry point of pickleshard. Families (``Case.family``):
+
+``truncated``
+    every small valid file of :func:`valid_files` (all layouts, protocols 0-5) cut at every
+    opcode boundary (``pickletools.genops`` offsets, over every appended pickle).
+``bitflip``
+    the same files with one to three bits flipped (seeded: the corpus is the same on every run).
+``length``
+    payload lengths that lie: ``BINBYTES8`` / ``BINUNICODE8`` / ``BYTEARRAY8`` claiming 2**62
+    bytes, ``BINSTRING`` negative, ``LONG_BINPUT`` ids near 2**32, ``FRAME`` lengths past the end.
+``deep``
+    100,000 nested lists, tuples and MARKs, balanced or not.
+``stack``
+    ``GET`` of undefined memo ids, unbalanced ``MARK``, ``POP`` on an empty stack, unknown opcodes.
+``hostile``
+    valid pickles whose ``REDUCE`` / ``INST`` / ``OBJ`` would run ``os.system`` and friends,
+    creating the file ``canary`` (see :func:`hostile`): it must never exist.
+``foreign``
+    empty, text, JSON, zip, gzip, ``.npy``, PNG/ELF headers and binary noise.
+
+Nothing here unpickles anything: :mod:`pickleshard.testing.corpus_run` does, in a subprocess
+under memory and CPU limits.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import pickle
+import pickletools
+import random
+import struct
+import subprocess
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Case", "generate", "hostile", "opcode_offsets", "valid_files"]
+
+DEEP = 100_000
+FLIPS_PER_FILE = 24
+
+
+@dataclass(frozen=True)
+class Case:
+    """One corpus file: ``name`` (unique, file-name safe), ``family`` and the bytes."""
+
+    name: str
+    family: str
+    data: bytes
+    suffix: str = ".pkl"
+
+
+def _columns(n: int = 2) -> dict[str, list[Any]]:
+    rng = np.random.default_rng(7)
+    shared = ["shared", 1]
+    return {
+        "x": [rng.standard_normal(3).astype(np.float32) for _ in range(n)],
+        "y": [i % 3 for i in range(n)],
+        "tag": (["a", "é", "a", 2**70, None, b"\x00b", 1.5, True] * n)[:n],
+        "obj": ([shared, (shared, bytearray(b"ba")), {"k": -(2**33)}] * n)[:n],
+    }
+
+
+def _layouts() -> Iterator[tuple[str, list[Any]]]:
+    """(layout, objects to pickle one after another) for every layout the scanner knows."""
+    c = _columns()
+    x, y, tag, obj = c["x"], c["y"], c["tag"], c["obj"]
+    n = len(x)
+    stacked = np.arange(n * 2, dtype=np.int16).reshape(n, 2)
+    yield "columns", [(x, y, tag, stacked)]
+    yield "columns_list", [[x, y]]
+    yield "dict_columns", [{"x": x, "y": y, "rows": stacked}]
+    yield "rows", [[(x[i], y[i], obj[i]) for i in range(n)]]
+    yield "dict_rows", [[{"x": x[i], "tag": tag[i]} for i in range(n)]]
+    yield "appended_samples", [(x[i], y[i]) for i in range(n)]
+    yield "appended_columns", [(x[:1], y[:1]), (x[1:], y[1:])]
+
+
+def valid_files() -> Iterator[tuple[str, bytes]]:
+    """Small valid pickle files: every layout at every protocol 0-5, as ``(label, bytes)``."""
+    for layout, objs in _layouts():
+        for protocol in range(6):
+            yield f"{layout}_p{protocol}", b"".join(pickle.dumps(o, protocol) for o in objs)
+
+
+def opcode_offsets(data: bytes) -> list[int]:
+    """Offset of every opcode of every pickle in ``data`` (pickles appended one after another)."""
+    out: list[int] = []
+    base = 0
+    while base < len(data):
+        stream = io.BytesIO(data[base:])
+        out.extend(base + (pos or 0) for _, _, pos in pickletools.genops(stream))
+        base += stream.tell()
+    return out
+
+
+def _truncated(label: str, data: bytes) -> Iterator[Case]:
+    for cut in opcode_offsets(data):
+        if cut:
+            yield Case(f"trunc_{label}_at{cut}", "truncated", data[:cut])
+
+
+def _flipped(label: str, data: bytes, rng: random.Random) -> Iterator[Case]:
+    for k in range(FLIPS_PER_FILE):
+        buf = bytearray(data)
+        where = []
+        for _ in range(1 if k < FLIPS_PER_FILE // 2 else rng.randint(2, 3)):
+            pos, bit = rng.randrange(len(buf)), rng.randrange(8)
+            buf[pos] ^= 1 << bit
+            where.append(f"{pos}b{bit}")
+        yield Case(f"flip_{label}_{'_'.join(where)}", "bitflip", bytes(buf))
+
+
+_P8 = struct.Struct("<Q").pack
+_P4 = struct.Struct("<I").pack
+_I4 = struct.Struct("<i").pack
+HUGE = 2**62
+
+
+def _lengths() -> Iterator[tuple[str, bytes]]:
+    p5, p2 = b"\x80\x05", b"\x80\x02"
+    tail = b"abc" * 5 + b"."
+    for op, name in ((b"\x8e", "BINBYTES8"), (b"\x8d", "BINUNICODE8"), (b"\x96", "BYTEARRAY8")):
+        for n in (HUGE, 2**64 - 1, 2**63, 16):
+            yield f"{name}_{n}", p5 + op + _P8(n) + tail
+    for op, name in ((b"B", "BINBYTES"), (b"X", "BINUNICODE"), (b"T", "BINSTRING")):
+        for n in (2**32 - 1, 2**31 - 1, 16):
+            yield f"{name}_{n}", p2 + op + _P4(n) + tail
+    for n in (-1, -(2**31), -16):
+        yield f"BINSTRING_neg{-n}", p2 + b"T" + _I4(n) + tail
+        yield f"LONG4_neg{-n}", p2 + b"\x8b" + _I4(n) + tail
+    yield "LONG4_huge", p2 + b"\x8b" + _P4(2**31 - 1) + tail
+    yield "LONG1_255", p2 + b"\x8a\xff" + tail
+    yield "SHORT_BINBYTES_255", p5 + b"C\xff" + tail
+    yield "SHORT_BINUNICODE_255", p5 + b"\x8c\xff" + tail
+    yield "SHORT_BINSTRING_255", p2 + b"U\xff" + tail
+    for mid in (2**31 - 1, 2**32 - 1, 2**32 - 2):
+        yield f"LONG_BINPUT_{mid}", p2 + b"]r" + _P4(mid) + b"."
+        yield f"LONG_BINPUT_GET_{mid}", p2 + b"]r" + _P4(mid) + b"j" + _P4(mid) + b"\x86."
+        yield f"LONG_BINGET_{mid}", p2 + b"]j" + _P4(mid) + b"a."
+    yield "PUT_text_huge", b"(lp99999999999999999999\n."
+    yield "GET_text_huge", b"(lg99999999999999999999\na."
+    yield "PUT_text_nan", b"(lpabc\n."
+    body = b"]\x94(K\x01K\x02e."
+    for n in (HUGE, len(body) + 1, 2**64 - 1, 0, 1):
+        yield f"FRAME_{n}", b"\x80\x04\x95" + _P8(n) + body
+    yield "FRAME_cut_header", b"\x80\x04\x95\x10\x00"
+    # a valid (x, y) file whose first bytes payload claims 2**62 bytes
+    good = pickle.dumps(([b"payload-1", b"payload-2"], [1, 2]), 5)
+    at = good.index(b"payload-1") - 1
+    yield (
+        "layout_SHORT_BINBYTES_to_BINBYTES8",
+        good[: at - 1] + b"\x8e" + _P8(HUGE) + good[at + 1 :],
+    )
+    arr = pickle.dumps(([np.zeros(4, np.float32)], [1]), 5)
+    at = arr.index(b"\x96")
+    yield "layout_BYTEARRAY8_huge", arr[: at + 1] + _P8(HUGE) + arr[at + 9 :]
+    yield "layout_BYTEARRAY8_short", arr[: at + 1] + _P8(15) + arr[at + 9 :]
+    yield "layout_BYTEARRAY8_long", arr[: at + 1] + _P8(17) + arr[at + 9 :]
+
+
+def _deep() -> Iterator[tuple[str, bytes]]:
+    n = DEEP
+    yield "lists_append", b"\x80\x04" + b"]" * n + b"a" * (n - 1) + b"."
+    yield "lists_marks", b"\x80\x04" + b"(" * n + b"l" * n + b"."
+    yield "tuples_marks", b"\x80\x04" + b"(" * n + b"t" * n + b"."
+    yield "tuple1_chain", b"\x80\x04K\x00" + b"\x85" * n + b"."
+    yield "marks_unbalanced", b"\x80\x04" + b"(" * n + b"."
+    yield "marks_no_stop", b"\x80\x04" + b"(" * n
+    yield "lists_unbalanced", b"\x80\x04" + b"]" * n + b"."
+    yield "lists_p0", b"(" * n + b"l" * n + b"."
+    yield "dicts", b"\x80\x04" + b"}K\x00" * n + b"s" * (n - 1) + b"."
+    deep_x = b"]" + b"]" * n + b"a" * n  # x = [deep list]
+    yield "layout_x_deep", b"\x80\x04" + deep_x + b"]K\x01a\x86."
+    yield "layout_marks_deep", b"\x80\x04]" + b"(" * n + b"l" * n + b"a]K\x01a\x86."
+    yield "memoized_deep", b"\x80\x04" + b"]\x94" * n + b"a" * (n - 1) + b"."
+
+
+def _stack() -> Iterator[tuple[str, bytes]]:
+    p4 = b"\x80\x04"
+    yield "get_undefined_binget", p4 + b"]h\x05a."
+    yield "get_undefined_long", p4 + b"]j\x00\x00\x01\x00a."
+    yield "get_undefined_text", b"(lg5\na."
+    yield "get_before_put", p4 + b"h\x00q\x00."
+    yield "layout_get_undefined", p4 + b"](K\x01h\x07e]K\x01a\x86."
+    yield "layout_get_self", p4 + b"]\x94(K\x01h\x00h\x01e]K\x01a\x86."
+    yield "mark_at_stop", p4 + b"(K\x01."
+    yield "mark_only", p4 + b"(."
+    yield "appends_no_mark", p4 + b"]K\x01e."
+    yield "appends_no_list", p4 + b"(K\x01e."
+    yield "setitems_odd", p4 + b"}(K\x01u."
+    yield "setitem_no_dict", p4 + b"K\x01K\x02s."
+    yield "setitem_underflow", p4 + b"}K\x01s."
+    yield "append_to_int", p4 + b"K\x01K\x02a."
+    yield "pop_empty", p4 + b"0."
+    yield "pop_mark_empty", p4 + b"1."
+    yield "pop_then_stop", p4 + b"K\x010."
+    yield "dup_empty", p4 + b"2."
+    yield "tuple_no_mark", p4 + b"t."
+    yield "list_no_mark", p4 + b"K\x01l."
+    yield "dict_no_mark", p4 + b"d."
+    yield "tuple1_empty", p4 + b"\x85."
+    yield "tuple3_short", p4 + b"K\x01\x87."
+    yield "reduce_empty", p4 + b"R."
+    yield "build_empty", p4 + b"b."
+    yield "memoize_empty", p4 + b"\x94."
+    yield "binput_empty", p4 + b"q\x00."
+    yield "stop_empty", p4 + b"."
+    yield "two_values_stop", p4 + b"K\x01K\x02."
+    yield "unknown_opcode", p4 + b"\xff."
+    yield "unknown_opcode_mid", p4 + b"]\x94(K\x01\xfeK\x02e."
+    yield "proto_6", b"\x80\x06]."
+    yield "proto_255", b"\x80\xff]."
+    yield "proto_only", b"\x80\x05"
+    yield "proto_cut", b"\x80"
+    yield "proto_twice", b"\x80\x05\x80\x02]."
+    yield "ext1_unregistered", b"\x80\x02\x82\x01."
+    yield "ext4_huge", b"\x80\x02\x84\xff\xff\xff\x7f."
+    yield "persid", p4 + b"K\x01Q."
+    yield "persid_text", b"P1\n."
+    yield "next_buffer", b"\x80\x05\x97."
+    yield "readonly_buffer_empty", b"\x80\x05\x98."
+    yield "stack_global_ints", p4 + b"K\x01K\x02\x93."
+    yield "global_bad_text", b"cnot a module\nname\n."
+    yield "int_text_bad", b"Iabc\n."
+    yield "float_text_bad", b"Fx\n."
+    yield "string_unquoted", b"Sabc\n."
+    yield "unicode_bad_utf8", b"\x80\x04\x8c\x02\xff\xfe."
+    yield "binunicode_surrogate", b"\x80\x04\x8c\x03\xed\xa0\x80."
+    yield "layout_bad_utf8_item", p4 + b"](\x8c\x02\xff\xfe\x8c\x01ae](K\x01K\x02e\x86."
+    yield "layout_trailing_noise", pickle.dumps(([1, 2], [3, 4]), 4) + b"\x00\xffjunk"
+    yield "layout_trailing_proto0", pickle.dumps(([1, 2], [3, 4]), 4) + pickle.dumps([5], 0)
+    yield "layout_then_stop", pickle.dumps(([1, 2], [3, 4]), 4) + b"."
+
+
+class _Reduce:
+    """Pickles as ``func(*args)``."""
+
+    def __init__(self, func: Any, *args: Any) -> None:
+        self.func, self.args = func, args
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (self.func, self.args)
+
+
+def hostile(canary: str) -> Iterator[tuple[str, bytes]]:
+    """Valid pickles that would create the file ``canary`` when unpickled without restriction."""
+    cmd = f"touch {canary}"
+    code = f"open({canary!r}, 'w').close()"
+    calls = {
+        "os_system": _Reduce(os.system, cmd),
+        "subprocess_call": _Reduce(subprocess.call, ["touch", canary]),
+        "eval": _Reduce(eval, code),
+        "exec": _Reduce(exec, code),
+        "open": _Reduce(open, canary, "w"),
+    }
+    for kind, evil in calls.items():
+        for protocol in range(6):
+            yield f"{kind}_p{protocol}_top", pickle.dumps(evil, protocol)
+            yield f"{kind}_p{protocol}_in_x", pickle.dumps(([1, evil], [0, 1]), protocol)
+            yield f"{kind}_p{protocol}_in_rows", pickle.dumps([(1, 0), (evil, 1)], protocol)
+            yield (
+                f"{kind}_p{protocol}_appended",
+                (pickle.dumps((1, 0), protocol) + pickle.dumps((evil, 1), protocol)),
+            )
+            yield f"{kind}_p{protocol}_dict_key", pickle.dumps({"x": [1], evil: [2]}, protocol)
+    quoted = cmd.encode()
+    yield "inst_p0", b"(S'" + quoted + b"'\nios\nsystem\n."
+    yield "obj_p1", b"(cos\nsystem\nS'" + quoted + b"'\no."
+    yield "global_posix_p0", b"cposix\nsystem\n(S'" + quoted + b"'\ntR."
+    yield (
+        "stack_global_p4",
+        (b"\x80\x04\x8c\x02os\x8c\x06system\x93\x8c" + bytes([len(quoted)]) + quoted + b"\x85R."),
+    )
+    # BUILD on an allowlisted class with a dict state must not reach a dangerous __setstate__
+    yield "build_state", b"\x80\x02cbuiltins\nlist\n)Rcos\nsystem\nb."
+
+
+def _foreign() -> Iterator[tuple[str, bytes, str]]:
+    yield "empty", b"", ".pkl"
+    yield "empty_pickle_suffix", b"", ".pickle"
+    yield "text", b"hello world\nthis is a text file, not a pickle\n", ".pkl"
+    yield "csv", b"x,y\n1.5,2\n3.5,4\n", ".pickle"
+    yield "json", b'{"x": [1, 2], "y": [3, 4]}', ".pkl"
+    yield "newline", b"\n", ".pkl"
+    yield "dot", b".", ".pkl"
+    zbuf = io.BytesIO()
+    with zipfile.ZipFile(zbuf, "w") as zf:
+        zf.writestr("archive/data.pkl", pickle.dumps(([1, 2], [3, 4]), 2))
+    yield "zip_torch_like", zbuf.getvalue(), ".pkl"
+    yield "gzip_pickle", gzip.compress(pickle.dumps(([1, 2], [3, 4]), 4), mtime=0), ".pickle"
+    nbuf = io.BytesIO()
+    np.save(nbuf, np.arange(10))
+    yield "npy", nbuf.getvalue(), ".pkl"
+    yield "png_header", b"\x89PNG\r\n\x1a\n" + bytes(64), ".pkl"
+    yield "elf_header", b"\x7fELF\x02\x01\x01" + bytes(64), ".pickle"
+    yield "utf16_bom", "(lp0\n.".encode("utf-16"), ".pkl"
+    rng = np.random.default_rng(4)
+    for k in range(12):
+        noise = rng.integers(0, 256, size=int(rng.integers(1, 4096)), dtype=np.uint8).tobytes()
+        yield f"noise_{k}", noise, ".pkl"
+        yield f"noise_after_proto5_{k}", b"\x80\x05" + noise, ".pkl"
+        yield f"noise_after_proto2_{k}", b"\x80\x02" + noise, ".pickle"
+
+
+def generate(canary: str, *, seed: int = 2026) -> list[Case]:
+    """The whole corpus; ``canary`` is the path the hostile cases try to create."""
+    rng = random.Random(seed)
+    cases: list[Case] = []
+    for label, data in valid_files():
+        cases.append(Case(f"valid_{label}", "valid", data))
+        cases += _truncated(label, data)
+        cases += _flipped(label, data, rng)
+    families = (("length", _lengths()), ("deep", _deep()), ("stack", _stack()))
+    for family, items in families:
+        cases += [Case(f"{family}_{name}", family, data) for name, data in items]
+    cases += [Case(f"hostile_{name}", "hostile", data) for name, data in hostile(canary)]
+    cases += [Case(f"foreign_{n}", "foreign", data, suffix) for n, data, suffix in _foreign()]
+    names = [c.name for c in cases]
+    if len(set(names)) != len(names):
+        raise AssertionError("corpus case names are not unique")
+    return cases

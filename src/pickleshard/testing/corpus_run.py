@@ -1,0 +1,404 @@
+"""Run the bad-input corpus through every entry point, in subprocesses under resource limits.
+
+:func:`run_corpus` writes each :class:`~pickleshard.testing.corpus.Case` to its own folder, then
+starts worker processes (``python -m pickleshard.testing.corpus_run``) that set ``RLIMIT_AS``
+and ``RLIMIT_CPU`` on themselves and, per case, try:
+
+``load``
+    :func:`pickleshard.wholefile.load_file`.
+``scan:<engine>``
+    :func:`pickleshard.scan.scan_file` with each available engine, then
+    :meth:`~pickleshard.spanread.SpanReader.read_sample` of every sample, with the restricted
+    ``find_class``.
+``index``
+    :func:`pickleshard.build_index` over the case's folder.
+
+The reference is ``pickle.load`` under the same allowlist, one call per appended pickle. A path
+*passes* when it returns a result equal to the reference, or raises a
+:class:`~pickleshard.errors.PickleshardError` whose message names the file. Anything else is a
+*problem*: another exception, a message without the file name, a value that differs, a result
+where the reference failed, the canary file existing, or the worker dying (crash, timeout,
+memory) on the case; a dead worker is replaced and goes on after that case.
+
+Each worker writes one JSON line per case, ``{"case", "outcomes": {path: class name or "ok"},
+"problems": [...]}``, preceded by a ``{"start": case}`` line so a case that kills it is named.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .corpus import Case
+
+__all__ = ["CorpusReport", "deep_diff", "run_corpus"]
+
+MEMORY_LIMIT = 2 << 30
+CASE_SECONDS = 20
+
+
+@dataclass
+class CorpusReport:
+    """What the corpus run found: per-case outcomes, counts, and every problem."""
+
+    cases: int = 0
+    seconds: float = 0.0
+    outcomes: dict[str, dict[str, str]] = field(default_factory=dict)
+    seconds_by_case: dict[str, float] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def counts(self) -> dict[str, Counter[str]]:
+        """``{path: Counter(outcome class name)}``."""
+        out: dict[str, Counter[str]] = {}
+        for per_case in self.outcomes.values():
+            for path, outcome in per_case.items():
+                out.setdefault(path, Counter())[outcome] += 1
+        return out
+
+    def summary(self) -> str:
+        lines = [f"bad-input corpus: {self.cases} cases in {self.seconds:.1f} s"]
+        for path, counter in sorted(self.counts().items()):
+            shown = ", ".join(f"{k} {v}" for k, v in counter.most_common())
+            lines.append(f"  {path}: {shown}")
+        slow = sorted(self.seconds_by_case.items(), key=lambda kv: -kv[1])[:5]
+        lines.append("  slowest: " + ", ".join(f"{n} {s:.2f} s" for n, s in slow))
+        lines.append(f"  problems: {len(self.problems)}")
+        return "\n".join(lines)
+
+
+def deep_diff(got: Any, want: Any) -> str | None:
+    """How ``got`` differs from ``want`` (types, values, array bits), or None; iterative, so
+    100,000 nested lists compare without recursion (the report gives the nesting depth)."""
+    todo = [(got, want, 0)]
+    while todo:
+        g, w, depth = todo.pop()
+        where = f"depth {depth}"
+        if type(g) is not type(w):
+            return f"{where}: {type(g).__name__} != {type(w).__name__}"
+        if isinstance(w, np.ndarray):
+            if (g.dtype, g.shape) != (w.dtype, w.shape):
+                return f"{where}: array {g.dtype}{g.shape} != {w.dtype}{w.shape}"
+            if w.dtype.hasobject:
+                todo += [(a, b, depth + 1) for a, b in zip(g.flat, w.flat, strict=True)]
+            elif g.tobytes() != w.tobytes():
+                return f"{where}: array bytes differ"
+        elif isinstance(w, (list, tuple)):
+            if len(g) != len(w):
+                return f"{where}: length {len(g)} != {len(w)}"
+            todo += [(a, b, depth + 1) for a, b in zip(g, w, strict=True)]
+        elif isinstance(w, dict):
+            if len(g) != len(w) or any(type(a) is not type(b) for a, b in zip(g, w, strict=True)):
+                return f"{where}: dict keys differ"
+            if list(g) != list(w):
+                return f"{where}: dict keys differ"
+            todo += [(g[k], w[k], depth + 1) for k in w]
+        elif isinstance(w, float) and math.isnan(w):
+            if not math.isnan(g):
+                return f"{where}: {g!r} != nan"
+        elif isinstance(w, np.generic):
+            if g.tobytes() != w.tobytes():
+                return f"{where}: {g!r} != {w!r}"
+        elif g != w:
+            return f"{where}: {g!r} != {w!r}"
+    return None
+
+
+# -- the worker -------------------------------------------------------------------------------
+
+
+class _CaseTimeout(BaseException):
+    pass
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    raise _CaseTimeout
+
+
+def _engines(scan_file: Callable[..., Any]) -> list[str | None]:
+    """The scanner engines to try: each of ``ENGINES`` once the ``engine`` argument exists."""
+    if "engine" not in inspect.signature(scan_file).parameters:
+        return [None]
+    from .. import scan
+
+    return list(getattr(scan, "available_engines", lambda: ("python", "compiled"))())
+
+
+def _reference(path: str) -> tuple[list[Any] | None, str]:
+    """Every pickle of ``path`` loaded one after another under the default allowlist."""
+    from ..safety import DEFAULT_POLICY
+
+    objs = []
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            while True:
+                objs.append(DEFAULT_POLICY.unpickler(fh, path).load())
+                if fh.tell() >= size:
+                    return objs, ""
+    except BaseException as exc:
+        if isinstance(exc, _CaseTimeout):
+            raise
+        return None, type(exc).__name__
+
+
+def _reference_samples(objs: list[Any], path: str) -> tuple[tuple[str, ...], list[Any]]:
+    """Fields and samples of ``objs`` by the scanner's rules for appended pickles."""
+    from ..errors import UnsupportedLayoutError
+    from ..layouts import decode_layout, default_field_names
+
+    try:
+        decoded = [decode_layout(o, path) for o in objs]
+    except UnsupportedLayoutError:
+        if len(objs) == 1:
+            raise
+        first = objs[0]
+        if type(first) is tuple and first:
+            return default_field_names(len(first)), [tuple(o) for o in objs]
+        if type(first) is dict and first:
+            keys = list(first)
+            return tuple(str(k) for k in keys), [tuple(o[k] for k in keys) for o in objs]
+        return ("x",), [(o,) for o in objs]
+    return decoded[0].fields, [s for d in decoded for s in zip(*d.columns, strict=True)]
+
+
+class _Worker:
+    def __init__(self, index_dir: str, canary: str) -> None:
+        from ..scan import scan_file
+
+        self.index_dir, self.canary = index_dir, canary
+        self.engines = _engines(scan_file)
+
+    def run(self, name: str, folder: str, out: Any) -> None:
+        from ..errors import PickleshardError
+
+        files = os.listdir(folder)
+        path = os.path.join(folder, files[0])
+        out.write(json.dumps({"start": name}) + "\n")
+        out.flush()
+        t0 = time.perf_counter()
+        outcomes: dict[str, str] = {}
+        problems: list[str] = []
+        ref, ref_error = _reference(path)
+        paths: list[tuple[str, Callable[[], str | None]]] = [
+            ("load", lambda: self._load(path, ref)),
+        ]
+        for engine in self.engines:
+            paths.append(
+                (f"scan:{engine or 'python'}", partial(self._scan, path, ref, ref_error, engine))
+            )
+        paths.append(("index", lambda: self._index(folder, path, ref)))
+        for label, fn in paths:
+            signal.setitimer(signal.ITIMER_REAL, CASE_SECONDS)
+            try:
+                problem = fn()
+                outcomes[label] = "ok"
+                if problem:
+                    problems.append(f"{label}: {problem}")
+            except PickleshardError as exc:
+                outcomes[label] = type(exc).__name__
+                if path not in str(exc) and folder not in str(exc):
+                    problems.append(f"{label}: message does not name the file: {exc}")
+            except _CaseTimeout:
+                outcomes[label] = "timeout"
+                problems.append(f"{label}: no answer within {CASE_SECONDS} s")
+            except BaseException as exc:
+                outcomes[label] = f"escaped {type(exc).__name__}"
+                problems.append(f"{label}: {type(exc).__name__} escaped: {str(exc)[:300]}")
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            if os.path.exists(self.canary):
+                problems.append(f"{label}: the canary file was created")
+                os.unlink(self.canary)
+        outcomes["reference"] = ref_error or "ok"
+        took = round(time.perf_counter() - t0, 4)
+        rec = {"case": name, "outcomes": outcomes, "problems": problems, "seconds": took}
+        out.write(json.dumps(rec) + "\n")
+        out.flush()
+
+    def _load(self, path: str, ref: list[Any] | None) -> str | None:
+        from ..wholefile import load_records
+
+        got = load_records(path)
+        if ref is None:
+            return "load_records succeeds, but pickle.load fails"
+        diff = deep_diff(got, ref)
+        return f"value differs from pickle.load at {diff}" if diff else None
+
+    def _scan(
+        self, path: str, ref: list[Any] | None, ref_error: str, engine: str | None
+    ) -> str | None:
+        from ..safety import DEFAULT_POLICY
+        from ..scan import scan_file
+        from ..spanread import SpanReader
+
+        scan = scan_file(path) if engine is None else scan_file(path, engine=engine)  # type: ignore[call-arg]
+        find_class = DEFAULT_POLICY.find_class(path)
+        want: list[Any] | None = None
+        if ref is not None:
+            fields, want = _reference_samples(ref, path)
+            if fields != scan.fields:
+                return f"fields {scan.fields} != {fields} of pickle.load"
+            if len(want) != scan.num_samples:
+                return f"{scan.num_samples} samples, pickle.load gives {len(want)}"
+        with SpanReader(scan, find_class=find_class) as reader:
+            for i in range(scan.num_samples):
+                got = reader.read_sample(i)
+                if want is not None:
+                    diff = deep_diff(got, want[i])
+                    if diff:
+                        return f"sample {i} differs from pickle.load at {diff}"
+        if want is None and ref_error != "MemoryError":  # spans renumber huge memo ids
+            return f"every span reads, but pickle.load of the whole file fails ({ref_error})"
+        return None
+
+    def _index(self, folder: str, path: str, ref: list[Any] | None) -> str | None:
+        from ..index import build_index
+
+        build_index(folder, index=self.index_dir, jobs=1)
+        if ref is None:
+            return "the index builds, but pickle.load of the whole file fails"
+        return None
+
+
+def _limit(memory: int, cpu: int) -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
+
+
+def _worker_main(manifest: str, out_path: str, memory: int, cpu: int) -> None:
+    import faulthandler
+
+    faulthandler.enable()
+    spec = json.loads(Path(manifest).read_text())
+    worker = _Worker(spec["index_dir"], spec["canary"])
+    _limit(memory, cpu)
+    signal.signal(signal.SIGALRM, _on_alarm)
+    with open(out_path, "a") as out:
+        for name, folder in spec["cases"]:
+            worker.run(name, folder, out)
+
+
+# -- the driver -------------------------------------------------------------------------------
+
+
+def _write_cases(cases: Sequence[Case], root: Path) -> list[tuple[str, str]]:
+    out = []
+    for k, case in enumerate(cases):
+        folder = root / f"{k:05d}"
+        folder.mkdir(parents=True)
+        (folder / f"f{case.suffix}").write_bytes(case.data)
+        out.append((case.name, os.fspath(folder)))
+    return out
+
+
+def _run_worker(
+    todo: list[tuple[str, str]], work: Path, canary: str, memory: int, cpu: int, tag: str
+) -> subprocess.Popen[bytes]:
+    manifest = work / f"manifest-{tag}.json"
+    spec = {"cases": todo, "index_dir": os.fspath(work / f"index-{tag}"), "canary": canary}
+    manifest.write_text(json.dumps(spec))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        __name__,
+        os.fspath(manifest),
+        os.fspath(work / f"out-{tag}.jsonl"),
+    ]
+    cmd += [str(memory), str(cpu)]
+    return subprocess.Popen(cmd, env=env, stderr=open(work / f"err-{tag}.txt", "ab"))
+
+
+def run_corpus(
+    cases: Sequence[Case],
+    work: Path,
+    canary: str,
+    *,
+    workers: int = 2,
+    memory: int = MEMORY_LIMIT,
+    cpu_seconds: int = 600,
+    wall_seconds: float = 900,
+) -> CorpusReport:
+    """Run ``cases`` in ``workers`` limited subprocesses (files written under ``work``)."""
+    t0 = time.perf_counter()
+    written = _write_cases(cases, Path(work) / "cases")
+    report = CorpusReport(cases=len(cases))
+    queues = [written[k::workers] for k in range(workers)]
+    runs = 0
+    while any(queues):
+        procs = []
+        for k, todo in enumerate(queues):
+            if todo:
+                runs += 1
+                procs.append(
+                    (
+                        k,
+                        f"{k}-{runs}",
+                        _run_worker(todo, work, canary, memory, cpu_seconds, f"{k}-{runs}"),
+                    )
+                )
+        for k, tag, proc in procs:
+            try:
+                rc = proc.wait(timeout=max(1.0, wall_seconds - (time.perf_counter() - t0)))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                rc = proc.wait()
+            queues[k] = _collect(
+                queues[k], work / f"out-{tag}.jsonl", rc, report, work / f"err-{tag}.txt"
+            )
+        if time.perf_counter() - t0 > wall_seconds:
+            for todo in queues:
+                report.problems += [
+                    f"{name}: not run (corpus wall-clock limit)" for name, _ in todo
+                ]
+            break
+    if os.path.exists(canary):
+        report.problems.append(f"the canary file {canary} exists")
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _collect(
+    todo: list[tuple[str, str]], out: Path, rc: int, report: CorpusReport, err: Path
+) -> list[tuple[str, str]]:
+    """Record the worker's results; return the cases it did not get to (after a crash)."""
+    started: str | None = None
+    done = set()
+    text = out.read_text() if out.exists() else ""
+    for line in text.splitlines():
+        rec = json.loads(line)
+        if "start" in rec:
+            started = rec["start"]
+            continue
+        started = None
+        done.add(rec["case"])
+        report.outcomes[rec["case"]] = rec["outcomes"]
+        report.seconds_by_case[rec["case"]] = rec["seconds"]
+        report.problems += [f"{rec['case']}: {p}" for p in rec["problems"]]
+    if rc == 0 and started is None:
+        return []
+    tail = err.read_text(errors="replace")[-600:] if err.exists() else ""
+    culprit = started or next((n for n, _ in todo if n not in done), "?")
+    report.outcomes[culprit] = {"worker": f"died rc={rc}"}
+    report.problems.append(f"{culprit}: the worker died (exit {rc}) on this case: {tail}")
+    done.add(culprit)
+    return [(n, f) for n, f in todo if n not in done]
+
+
+if __name__ == "__main__":
+    _worker_main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))

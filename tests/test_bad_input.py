@@ -1,0 +1,199 @@
+"""The bad-input corpus (:mod:`pickleshard.testing.corpus`): every damaged, hostile or foreign
+file ends in a PickleshardError naming it, or in the value ``pickle.load`` gives, through every
+entry point, in bounded time and memory, without running code; plus regression tests for what
+the corpus found, and the index fingerprint against same-size, same-mtime rewrites."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pickleshard import build_index, open_index
+from pickleshard.errors import CorruptPickleError, PickleshardError, StaleIndexError
+from pickleshard.index import fingerprint
+from pickleshard.scan import scan_bytes, scan_file
+from pickleshard.spanread import SpanReader
+from pickleshard.testing.corpus import Case, generate, opcode_offsets, valid_files
+from pickleshard.testing.corpus_run import deep_diff, run_corpus
+
+
+def test_corpus_never_crashes_hangs_or_executes(tmp_path: Path) -> None:
+    canary = os.fspath(tmp_path / "canary")
+    cases = generate(canary)
+    report = run_corpus(cases, tmp_path, canary, workers=2)
+    summary = report.summary()
+    print("\n" + summary)
+    (tmp_path / "summary.txt").write_text(summary)
+    out = os.environ.get("PICKLESHARD_CORPUS_SUMMARY")
+    if out:
+        Path(out).write_text(summary + "\n\n" + "\n".join(report.problems) + "\n")
+    assert not os.path.exists(canary)
+    assert len(report.outcomes) == len(cases), "some cases were not run"
+    assert not report.problems, "\n".join(report.problems[:40])
+
+
+def test_corpus_is_deterministic_and_covers_every_family(tmp_path: Path) -> None:
+    a = generate(os.fspath(tmp_path / "canary"))
+    b = generate(os.fspath(tmp_path / "canary"))
+    assert [c.name for c in a] == [c.name for c in b]
+    assert [c.data for c in a] == [c.data for c in b]
+    families = {c.family for c in a}
+    assert families == {
+        "valid",
+        "truncated",
+        "bitflip",
+        "length",
+        "deep",
+        "stack",
+        "hostile",
+        "foreign",
+    }
+    assert len(a) > 2000
+
+
+def test_every_valid_file_is_truncated_at_every_opcode() -> None:
+    cases = generate("/nonexistent/canary")
+    cuts = {c.name for c in cases if c.family == "truncated"}
+    for label, data in valid_files():
+        offsets = [k for k in opcode_offsets(data) if k]
+        assert len(offsets) > 10
+        assert all(f"trunc_{label}_at{k}" in cuts for k in offsets)
+
+
+def test_hostile_cases_run_code_when_trusted(tmp_path: Path) -> None:
+    """The hostile cases really are hostile: a plain ``pickle.loads`` creates the canary."""
+    canary = tmp_path / "canary"
+    case = next(c for c in generate(os.fspath(canary)) if c.name == "hostile_os_system_p2_top")
+    pickle.loads(case.data)
+    assert canary.exists()
+
+
+def test_deep_diff_handles_deep_nesting_and_nan() -> None:
+    deep: list[Any] = []
+    for _ in range(100_000):
+        deep = [deep]
+    other: list[Any] = []
+    for _ in range(100_000):
+        other = [other]
+    assert deep_diff(deep, other) is None
+    assert deep_diff([float("nan")], [float("nan")]) is None
+    assert deep_diff([1], [1.0]) is not None
+    assert deep_diff(np.zeros(2, "f4"), np.zeros(2, "f8")) is not None
+
+
+# -- regressions found by the corpus ----------------------------------------------------------
+
+
+def _corrupt_after_scan(tmp_path: Path, obj: Any, old: bytes, new: bytes) -> SpanReader:
+    path = tmp_path / "f.pkl"
+    data = pickle.dumps(obj, 4)
+    path.write_bytes(data)
+    reader = SpanReader(scan_file(path))
+    assert data.count(old) == 1
+    path.write_bytes(data.replace(old, new))
+    return reader
+
+
+def test_span_read_of_bad_utf8_is_a_corrupt_pickle_error(tmp_path: Path) -> None:
+    reader = _corrupt_after_scan(tmp_path, (["héllo", "b"], [1, 2]), "é".encode(), b"\xff\xfe")
+    with pytest.raises(CorruptPickleError, match="UnicodeDecodeError") as info:
+        reader.read_sample(0)
+    assert reader.path in str(info.value)
+    assert info.value.offset is not None
+
+
+def test_span_read_of_bad_numpy_state_is_a_corrupt_pickle_error(tmp_path: Path) -> None:
+    # a dtype code flipped after the scan: numpy raises TypeError from inside the unpickler
+    arrays = [np.arange(3, dtype=np.float32) + i for i in range(2)]
+    reader = _corrupt_after_scan(tmp_path, (arrays, [1, 2]), b"\x8c\x02f4", b"\x8c\x02g4")
+    with pytest.raises(CorruptPickleError, match="TypeError") as info:
+        reader.read_sample(0)
+    assert reader.path in str(info.value)
+
+
+def test_scan_of_a_dict_key_that_is_not_utf8_names_file_and_offset() -> None:
+    data = pickle.dumps({"xé": [1, 2], "y": [3, 4]}, 4).replace("xé".encode(), b"x\xff\xfe")
+    with pytest.raises(CorruptPickleError, match="not UTF-8") as info:
+        scan_bytes(data, "keys.pkl")
+    assert "keys.pkl" in str(info.value)
+    assert info.value.offset is not None
+
+
+# -- the index fingerprint: same size, same mtime, different bytes -----------------------------
+
+
+def _big_file(folder: Path) -> Path:
+    """A ~200 KB file (more than the fingerprint's 8 x 4 KiB blocks) of one (x, y) layout."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "big.pkl"
+    xs = [bytes([i % 251]) * 2000 for i in range(100)]
+    path.write_bytes(pickle.dumps((xs, list(range(100))), 4))
+    return path
+
+
+def _rewrite_keeping_stat(path: Path, offset: int) -> None:
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size
+    assert path.stat().st_mtime_ns == st.st_mtime_ns
+
+
+def _sampled_blocks(size: int) -> list[tuple[int, int]]:
+    step = (size - 4096) // 7
+    return [(k * step, k * step + 4096) for k in range(8)]
+
+
+def _payload_offset_outside_blocks(path: Path) -> int:
+    data = path.read_bytes()
+    blocks = _sampled_blocks(len(data))
+    for i in range(100):
+        start = data.index(bytes([i % 251]) * 2000)
+        for off in range(start, start + 2000):
+            if not any(lo <= off < hi for lo, hi in blocks):
+                return off
+    raise AssertionError("every payload byte is sampled")
+
+
+def test_rewrite_inside_a_sampled_block_makes_the_index_stale(tmp_path: Path) -> None:
+    path = _big_file(tmp_path / "data")
+    build_index(tmp_path / "data", jobs=1)
+    _, hi = _sampled_blocks(path.stat().st_size)[3]
+    _rewrite_keeping_stat(path, hi - 10)
+    with pytest.raises(StaleIndexError, match=r"big\.pkl"):
+        open_index(tmp_path / "data")
+
+
+def test_rewrite_outside_the_sampled_blocks_is_not_detected(tmp_path: Path) -> None:
+    """Documents a limit of the fast fingerprint: a same-size, same-mtime rewrite that avoids
+    all 8 sampled blocks keeps the index "fresh", and reads return the new bytes' values."""
+    path = _big_file(tmp_path / "data")
+    build_index(tmp_path / "data", jobs=1)
+    before = fingerprint(path)
+    off = _payload_offset_outside_blocks(path)
+    _rewrite_keeping_stat(path, off)
+    assert fingerprint(path) == before
+    index, _ = open_index(tmp_path / "data")  # no StaleIndexError: the change goes unseen
+    assert index.num_samples == 100
+
+
+def test_every_corpus_case_name_is_a_valid_file_name() -> None:
+    for case in generate("/nonexistent/canary"):
+        assert isinstance(case, Case)
+        assert "/" not in case.name
+        assert case.suffix in (".pkl", ".pickle")
+
+
+def test_package_errors_name_the_file_for_a_foreign_file(tmp_path: Path) -> None:
+    path = tmp_path / "data" / "noise.pkl"
+    path.parent.mkdir()
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
+    with pytest.raises(PickleshardError, match=r"noise\.pkl"):
+        build_index(tmp_path / "data", jobs=1)
