@@ -20,6 +20,7 @@ entries each element needs from another.
 
 from __future__ import annotations
 
+import copyreg
 import pickle
 from bisect import bisect_left
 from collections.abc import Callable
@@ -336,6 +337,14 @@ class InspectUnpickler(SpanUnpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         return _ALLOWED.get((module, name)) or Opaque()
+
+    def get_extension(self, code: int) -> None:
+        # copyreg's registry read as data; its cache holds real imported objects: never read
+        # from it (calling one would run code), never fill it with stand-ins
+        key = copyreg._inverted_registry.get(code)  # type: ignore[attr-defined]
+        if not key:
+            raise pickle.UnpicklingError(f"unregistered extension code {code}")
+        self.append(self.find_class(*key))
 
     def _payload(self, n: int, kind: str, make: Callable[[bytes], Any]) -> None:
         if n < (self._bytes_min if kind != "text" else _TEXT_PLACEHOLDER_MIN):
