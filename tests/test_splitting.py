@@ -1,0 +1,206 @@
+"""split: chunks are plain pickles of the source's layout whose samples, in order, are the source's."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from picklegen import assert_same, build, datasets, oracle, write
+from pickleshard.errors import (
+    NotSpanIndexableError,
+    OutputExistsError,
+    UnsafePickleError,
+    UnsupportedLayoutError,
+)
+from pickleshard.layouts import decode_layout
+from pickleshard.splitting import MANIFEST, split
+
+pytestmark = pytest.mark.filterwarnings("ignore:numpy.core:DeprecationWarning")
+
+
+def _pickles(path: Path) -> list[Any]:
+    objs = []
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        while fh.tell() < size:
+            objs.append(pickle.load(fh))
+    return objs
+
+
+def _containers(obj: Any) -> tuple[type, tuple[type, ...]]:
+    cols = list(obj.values()) if isinstance(obj, dict) else list(obj)
+    return type(obj), tuple(type(c) for c in cols)
+
+
+def _check_split(src: Path, out: Path, **limits: Any) -> list[Path]:
+    names, want = oracle(src)
+    report = split(src, out, **limits)
+    objs = _pickles(src)
+    samples_per_pickle = len(objs) > 1 and report.num_samples == len(objs)
+    if len(objs) > 1 and not samples_per_pickle:
+        # appended chunks of one layout: each output chunk is one pickle of that layout
+        samples_per_pickle = False
+    got: list[tuple[Any, ...]] = []
+    source_layout = None if samples_per_pickle else decode_layout(objs[0], src)
+    for chunk in report.chunks:
+        with open(chunk, "rb") as fh:
+            head = fh.read(2)
+        assert head == bytes((0x80, max(2, _protocol(src)))), chunk
+        parts = _pickles(chunk)
+        if source_layout is None:
+            got += [p if len(names) > 1 or type(p) is tuple else (p,) for p in parts]
+            continue
+        assert len(parts) == 1, chunk
+        decoded = decode_layout(parts[0], chunk)
+        assert decoded.layout == source_layout.layout
+        assert decoded.fields == source_layout.fields
+        if decoded.layout in ("columns", "dict_columns"):
+            assert _containers(parts[0]) == _containers(objs[0])
+        got += list(zip(*decoded.columns, strict=True))
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert len(g) == len(w)
+        # identity across fields of one sample is not kept in column layouts; within one is
+        for f, (gf, wf) in enumerate(zip(g, w, strict=True)):
+            assert_same(gf, wf, _path=f"sample {i} field {f}")
+    if limits.get("max_samples"):
+        assert all(
+            len(_samples_of(c, source_layout is None)) <= limits["max_samples"]
+            for c in report.chunks
+        )
+    return report.chunks
+
+
+def _samples_of(chunk: Path, per_pickle: bool) -> list[Any]:
+    parts = _pickles(chunk)
+    if per_pickle:
+        return parts
+    return list(zip(*decode_layout(parts[0], chunk).columns, strict=True))
+
+
+def _protocol(path: Path) -> int:
+    with open(path, "rb") as fh:
+        head = fh.read(2)
+    return head[1] if head[:1] == b"\x80" else 0
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    data=datasets(),
+    limit=st.one_of(
+        st.integers(1, 5).map(lambda n: {"max_samples": n}),
+        st.integers(1, 3000).map(lambda n: {"max_bytes": n}),
+        st.tuples(st.integers(1, 4), st.integers(50, 5000)).map(
+            lambda t: {"max_samples": t[0], "max_bytes": t[1]}
+        ),
+    ),
+)
+def test_chunks_concatenate_to_the_source(
+    tmp_path_factory: pytest.TempPathFactory, data: dict[str, Any], limit: dict[str, int]
+) -> None:
+    tmp = tmp_path_factory.mktemp("split")
+    objs = build(data["layout"], data["columns"], data["names"])
+    src = write(tmp / "src.pickle", objs, data["protocol"], numpy1=data["numpy1"])
+    try:
+        oracle(src)
+    except UnsupportedLayoutError:
+        with pytest.raises((NotSpanIndexableError, UnsupportedLayoutError)):
+            split(src, tmp / "out", **limit)
+        return
+    _check_split(src, tmp / "out", **limit)
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+@pytest.mark.parametrize("top", [tuple, list, "dict"])
+def test_array_and_list_fields_keep_their_containers(
+    tmp_path: Path, protocol: int, top: Any
+) -> None:
+    n = 2500  # several APPENDS batches
+    x = np.arange(n * 6, dtype=">f4").reshape(n, 2, 3)
+    y = list(range(n))
+    z = tuple(f"s{i}" for i in range(n))
+    cols = [x, y, z]
+    obj = {"x": x, "y": y, "z": z} if top == "dict" else top(cols)
+    src = tmp_path / "src.pickle"
+    src.write_bytes(pickle.dumps(obj, protocol=protocol))
+    chunks = _check_split(src, tmp_path / "out", max_samples=1100)
+    assert [p.name for p in chunks] == [f"src-{k:05d}.pickle" for k in range(3)]
+    first = _pickles(chunks[0])[0]
+    xs = first["x"] if top == "dict" else first[0]
+    assert xs.shape == (1100, 2, 3)  # dtype: checked against pickle.load by _check_split
+
+
+def test_max_bytes_cuts_by_pickled_size(tmp_path: Path) -> None:
+    src = tmp_path / "big.pickle"
+    xs = [np.full(1000, i, np.float64) for i in range(40)]  # ~8 KB a sample
+    src.write_bytes(pickle.dumps((xs, list(range(40))), protocol=5))
+    chunks = _check_split(src, tmp_path / "out", max_bytes=40_000)
+    assert 8 <= len(chunks) <= 10
+    assert all(c.stat().st_size < 45_000 for c in chunks)
+
+
+def test_rerun_resumes_and_reports_done(tmp_path: Path) -> None:
+    src = tmp_path / "d.pickle"
+    src.write_bytes(pickle.dumps(([b"a" * 100] * 50, list(range(50))), protocol=4))
+    out = tmp_path / "out"
+    first = split(src, out, max_samples=10)
+    assert len(first.chunks) == 5 and not first.already_done
+    assert json.loads((out / MANIFEST).read_text())["complete"] is True
+    again = split(src, out, max_samples=10)
+    assert again.already_done and again.chunks == first.chunks
+    # a run killed after two chunks: the manifest is incomplete and three chunks are missing
+    manifest = json.loads((out / MANIFEST).read_text())
+    (out / MANIFEST).write_text(json.dumps({**manifest, "complete": False}))
+    for c in first.chunks[2:]:
+        c.unlink()
+    (out / (first.chunks[3].name + ".tmp-999")).write_bytes(b"partial")
+    resumed = split(src, out, max_samples=10)
+    assert resumed.chunks_reused == 2 and not resumed.already_done
+    assert not list(out.glob("*.tmp-*"))
+    _check_split(src, out, max_samples=10)
+
+
+def test_other_limits_need_overwrite(tmp_path: Path) -> None:
+    src = tmp_path / "d.pickle"
+    src.write_bytes(pickle.dumps((list(range(30)), list(range(30))), protocol=5))
+    out = tmp_path / "out"
+    split(src, out, max_samples=10)
+    with pytest.raises(OutputExistsError, match="overwrite"):
+        split(src, out, max_samples=7)
+    report = split(src, out, max_samples=7, overwrite=True)
+    assert len(report.chunks) == 5
+    assert sorted(p.name for p in out.glob("*.pickle")) == [p.name for p in report.chunks]
+
+
+def test_restricted_unpickling_applies(tmp_path: Path) -> None:
+    src = tmp_path / "d.pickle"
+    src.write_bytes(pickle.dumps(([Path("a"), Path("b")], [0, 1]), protocol=5))
+    with pytest.raises(UnsafePickleError, match="pathlib"):
+        split(src, tmp_path / "out", max_samples=1)
+    report = split(src, tmp_path / "ok", max_samples=1, trusted=True)
+    assert _pickles(report.chunks[1])[0] == ([Path("b")], [1])
+
+
+def test_refused_file_loads_whole_within_budget_else_names_file_and_reason(
+    tmp_path: Path,
+) -> None:
+    src = tmp_path / "p1.pickle"
+    src.write_bytes(pickle.dumps(([1, 2, 3], [4, 5, 6]), protocol=1))
+    report = split(src, tmp_path / "out", max_samples=2)
+    assert report.whole_file
+    assert [_pickles(c)[0] for c in report.chunks] == [([1, 2], [4, 5]), ([3], [6])]
+    with pytest.raises(NotSpanIndexableError, match=r"p1\.pickle.*protocol 0 or 1.*budget"):
+        split(src, tmp_path / "out2", max_samples=2, memory_bytes=10)
+
+
+def test_needs_a_limit(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="max_bytes or max_samples"):
+        split(tmp_path / "x.pickle", tmp_path / "out")
