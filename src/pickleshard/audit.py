@@ -69,6 +69,9 @@ _MAGIC = {
 }
 
 
+_UNFRAMED_OPENERS = frozenset(b"(]})")  # MARK, EMPTY_LIST, EMPTY_DICT, EMPTY_TUPLE
+
+
 @dataclass(frozen=True)
 class GlobalUse:
     """One global a file names: ``refs`` opcodes name it, ``calls`` call or instantiate it."""
@@ -402,8 +405,21 @@ def audit_buffer(buf: Any, size: int, name: str) -> Audit:
     audit = Audit(name, size, bytes_read=size)
     pos = 0
     while pos < size:
+        if buf[pos] == oc.PROTO_OP and pos + 1 < size and buf[pos + 1] > oc.HIGHEST_PROTOCOL:
+            why = f"PROTO opcode names unknown protocol {buf[pos + 1]}"
+            raise NotAPickleError(name, why, offset=pos + 1)
         w = _Walk(audit, buf, size)
-        nxt = _walk_record(w, pos)
+        try:
+            nxt = _walk_record(w, pos)
+        except CorruptPickleError as exc:
+            # as whole-file mode classifies: no PROTO and no protocol 0/1 container opener that
+            # ran out of bytes means these bytes were never a pickle
+            ran_out = isinstance(exc, TruncatedPickleError)
+            if buf[pos] != oc.PROTO_OP and not (ran_out and buf[pos] in _UNFRAMED_OPENERS):
+                what = "not a pickle stream" if pos == 0 else f"bytes after pickle ending at {pos}"
+                detail = str(exc).removeprefix(f"{name}: ")
+                raise NotAPickleError(name, f"{what}: {detail}", offset=pos) from None
+            raise
         if not audit.records:
             audit.protocol = w.proto if w.proto >= 0 else min(w.hi, 1)
         audit.records.append((pos, nxt))

@@ -45,6 +45,7 @@ WHOLE_FILE_OPCODES = 2_000_000
 _VERDICT_RANK: dict[str, int] = {"allowed": 0, "not allowed": 1, "dangerous": 2}
 _TENSOR_REBUILDS = ("_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3")
 _SETS = {"set", "frozenset"}
+_WINDOW = 512
 
 
 class Stand:
@@ -234,7 +235,8 @@ class _Reader:
     def load(
         self, start: int, end: int, first_id: int = 0, resolve: Any = None
     ) -> tuple[Any, dict[int, Any]]:
-        span = SpanFile(self.read_at, start, end, self.protocol)
+        # a small window: a skipped payload is never fetched into the read-ahead buffer
+        span = SpanFile(self.read_at, start, end, self.protocol, window=_WINDOW)
         u = InertUnpickler(
             span,
             bytes_min=64,

@@ -1,0 +1,156 @@
+"""``pickleshard inspect``: what is in pickle files, and which globals they would load.
+
+Nothing is loaded: see :mod:`pickleshard.inspection`. Several files, directories (searched for
+``*.pkl``, ``*.pickle``, ``*.pk``, ``*.p``) and globs may be given; each file is reported.
+
+Exit status: 0; 1 when any file could not be read (it is reported on stderr and the others are
+still inspected); otherwise 3 with ``--strict`` when any file references a global that is not
+allowed or is dangerous (those globals are listed on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..inspection import FileReport
+
+EXIT_ERROR = 1
+EXIT_STRICT = 3
+
+
+def _files(paths: list[str]) -> tuple[list[str], bool]:
+    """The files to inspect, and whether more than one was (or could have been) named."""
+    from ..sources import resolve_source
+
+    out: list[str] = []
+    for p in paths:
+        if os.path.isfile(p):
+            out.append(p)
+        else:  # a directory or glob; a missing path raises DatasetNotFoundError
+            src = resolve_source(p)
+            out += [os.fspath(src.absolute(rel)) for rel in src.files]
+    several = len(paths) > 1 or any(not os.path.isfile(p) for p in paths)
+    return out, several
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def render(r: FileReport) -> str:
+    """The human-readable report of one file."""
+    lines = [
+        f"{r.path}: pickle protocol {r.protocol}, {r.pickles} pickle{'s' * (r.pickles != 1)}, "
+        f"{_size(r.size)}"
+    ]
+    indexable = "span-indexable" if r.span_indexable else f"not span-indexable: {r.reason}"
+    lines.append(f"  layout   {r.layout}")
+    lines.append(f"  reading  {indexable}")
+    if r.fields is not None:
+        lines.append(f"  samples  {r.samples:,} per field ({', '.join(r.fields)})")
+    width = max((len(f) for f in r.preview), default=0)
+    for f, items in r.preview.items():
+        for i, text in enumerate(items):
+            head = f"{f:<{width}}" if i == 0 else " " * width
+            lines.append(f"    {head}  [{i}] {text}")
+    verdict = r.verdict or "none"
+    lines.append(f"  globals  {len(r.globals)} (worst: {verdict})")
+    gw = max((len(g.qualname) for g in r.globals), default=0)
+    for g in r.globals:
+        lines.append(f"    {g.verdict:<11}  {g.qualname:<{gw}}  refs {g.refs:,}  calls {g.calls:,}")
+    extra = ", ".join(f"{k} {v:,}" for k, v in r.counts.items())
+    if r.computed_calls:
+        extra += f"{', ' if extra else ''}calls of computed values {r.computed_calls:,}"
+    lines.append(f"  opcodes  {r.opcodes:,}" + (f" ({extra})" if extra else ""))
+    pct = 100 * r.bytes_read / r.size if r.size else 0.0
+    lines.append(
+        f"  read     {_size(r.bytes_read)} ({pct:.2f}% of the file, summed over passes) "
+        f"in {r.seconds:.3f} s"
+    )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..errors import PickleshardError
+    from ..inspection import inspect_file
+    from ..safety import parse_allow_globals
+
+    try:
+        parse_allow_globals(args.allow_global)
+    except ValueError as exc:
+        args.parser.error(str(exc))
+    files, several = _files(args.paths)
+    status = 0
+    out: list[dict[str, Any]] = []
+    for path in files:
+        try:
+            report = inspect_file(
+                path,
+                encoding=args.encoding,
+                allow_globals=args.allow_global,
+                samples=args.samples,
+            )
+        except PickleshardError as exc:
+            if not several:
+                raise
+            print(f"pickleshard: error: {exc}", file=sys.stderr)
+            out.append({"path": path, "error": str(exc)})
+            status = EXIT_ERROR
+            continue
+        if args.json:
+            out.append(report.to_json())
+        else:
+            print(("\n" if status or path != files[0] else "") + render(report), flush=True)
+        if args.strict and report.unsafe:
+            names = ", ".join(f"{g.qualname} ({g.verdict})" for g in report.unsafe)
+            print(f"pickleshard: strict: {path}: {names}", file=sys.stderr)
+            status = status or EXIT_STRICT
+    if args.json:
+        print(json.dumps(out if several else out[0], indent=1))
+    return status
+
+
+def register(sub: Any) -> None:
+    s = sub.add_parser(
+        "inspect",
+        help="show a pickle's layout, samples and the globals it would load, without loading it",
+        description=(
+            "Report each pickle file's protocol, layout, fields, sample count, first samples' "
+            "types, and every global it references with a verdict (allowed / not allowed / "
+            "dangerous). Reads opcodes only: nothing in the file is imported or run."
+        ),
+        epilog=(
+            "exit status: 0 ok; 1 a file could not be read; 3 with --strict, a global that is "
+            "not allowed or is dangerous"
+        ),
+    )
+    s.add_argument("paths", nargs="+", metavar="PATH", help="pickle file, directory or glob")
+    s.add_argument("--json", action="store_true", help="print JSON (a list for several files)")
+    s.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 3 when any global is not allowed or dangerous (they are listed on stderr)",
+    )
+    s.add_argument(
+        "--samples", type=int, default=3, metavar="K", help="samples summarised per field"
+    )
+    s.add_argument(
+        "--allow-global",
+        action="append",
+        default=[],
+        metavar="MODULE.NAME",
+        help="count this global as allowed (repeatable), as the loading commands would",
+    )
+    s.add_argument("--encoding", default="ASCII", help="text encoding for Python 2 pickles")
+    s.set_defaults(handler=run, parser=s)
+
+
+__all__ = ["EXIT_ERROR", "EXIT_STRICT", "register", "render", "run"]
