@@ -1,0 +1,340 @@
+"""PickleDataset reading samples by span: every layout and protocol against ``pickle.load``,
+auto/span/whole modes, batches, DataLoader workers (fork and spawn), the allowlist, staleness."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import warnings
+from collections.abc import Sequence
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, assume, given, settings
+from torch.utils.data import DataLoader
+
+from picklegen import LAYOUTS, assert_same, build, datasets, oracle, write
+from pickleshard import ShuffleSampler, errors
+from pickleshard.dataset import PickleDataset
+from pickleshard.errors import UnsupportedLayoutError
+from pickleshard.index import DatasetIndex, build_index, open_index
+from pickleshard.synth import write_synthetic
+
+# pickles written with numpy 1.x module paths load through numpy's deprecated numpy.core shims
+pytestmark = pytest.mark.filterwarnings("ignore:numpy.core:DeprecationWarning")
+
+
+def _expected(files: list[Path]) -> list[tuple[Any, ...]]:
+    return [s for p in files for s in oracle(p)[1]]
+
+
+def _assert_reads(ds: PickleDataset, want: list[tuple[Any, ...]]) -> None:
+    assert len(ds) == len(want)
+    for i, sample in enumerate(want):
+        assert_same(ds[i], sample, _path=f"ds[{i}]")
+    n = len(want)
+    order = [n - 1, 0, *range(0, n, 2), n // 2, n - 1, *range(1, n, 3)] if n else []
+    for got, i in zip(ds.__getitems__(order), order, strict=True):
+        assert_same(got, want[i], _path=f"batch ds[{i}]")
+
+
+def _columns(kind: str, n: int, seed: int) -> list[list[Any]]:
+    rng = np.random.default_rng(seed)
+    if kind == "arrays":
+        xs: list[Any] = [rng.standard_normal((3, 4)).astype(np.float32) for _ in range(n)]
+    else:
+        xs = [
+            {"tokens": rng.integers(0, 99, size=3).tolist(), "text": f"w{i}", "p": i / 7}
+            for i in range(n)
+        ]
+    return [xs, rng.integers(0, 10, size=n).tolist(), [f"id{i}" for i in range(n)]]
+
+
+# -- every layout, protocols 2-5, arrays and objects: span mode equals pickle.load ---------------
+
+
+@pytest.mark.parametrize("kind", ["arrays", "objects"])
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+@pytest.mark.parametrize("layout", [*LAYOUTS, "appended_dict_samples"])
+def test_every_layout_reads_by_span_equal_to_pickle_load(
+    tmp_path: Path, layout: str, protocol: int, kind: str
+) -> None:
+    (tmp_path / "data").mkdir()
+    files = []
+    for k, n in enumerate((5, 8)):
+        cols = _columns(kind, n, seed=k)
+        objs = (
+            [dict(zip(("a", "b", "c"), s, strict=True)) for s in zip(*cols, strict=True)]
+            if layout == "appended_dict_samples"
+            else build(layout, cols, ["a", "b", "c"])
+        )
+        files.append(write(tmp_path / "data" / f"f{k}.pkl", objs, protocol))
+    want = _expected(files)
+    ds = PickleDataset(tmp_path / "data", mode="span", jobs=1)
+    assert ds.file_modes == ("span", "span")
+    assert ds.fields == oracle(files[0])[0]
+    _assert_reads(ds, want)
+    whole = PickleDataset(tmp_path / "data", mode="whole")  # the same samples unpickled whole
+    assert whole.file_modes == ("whole", "whole")
+    _assert_reads(whole, want)
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_an_ndarray_field_reads_rows_by_span_from_protocol_3(tmp_path: Path, protocol: int) -> None:
+    (tmp_path / "data").mkdir()
+    xs = np.arange(6 * 5, dtype=np.int16).reshape(6, 5)
+    path = write(tmp_path / "data" / "a.pkl", [(xs, list(range(6)))], protocol)
+    ds = PickleDataset(tmp_path / "data")
+    assert ds.file_modes == (("whole",) if protocol == 2 else ("span",))
+    if protocol == 2:  # array bytes are latin-1 text at protocol 2: read whole, reason given
+        assert "numpy array" in (ds.index.files[0].reason or "")
+    _assert_reads(ds, _expected([path]))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=datasets())
+def test_generated_files_read_in_auto_mode_equal_pickle_load(
+    tmp_path_factory: pytest.TempPathFactory, data: dict[str, Any]
+) -> None:
+    folder = tmp_path_factory.mktemp("gen")
+    objs = build(data["layout"], data["columns"], data["names"])
+    path = write(folder / "f.pkl", objs, data["protocol"], numpy1=data["numpy1"])
+    try:
+        want = _expected([path])
+    except UnsupportedLayoutError:
+        assume(False)
+    ds = PickleDataset(folder, jobs=1)
+    if ds.file_modes == ("whole",):  # the scanner refused: the reason is recorded
+        assert ds.index.files[0].reason
+    _assert_reads(ds, want)
+
+
+# -- modes -----------------------------------------------------------------------------------
+
+
+def test_mode_span_on_a_protocol_0_file_raises_naming_the_file(tmp_path: Path) -> None:
+    write_synthetic(tmp_path / "data", files=1, per_file=3, shape=(2,))
+    old = write_synthetic(
+        tmp_path / "data", files=1, per_file=3, shape=(2,), protocol=0, prefix="p0"
+    )
+    with pytest.raises(errors.NotSpanIndexableError) as info:
+        PickleDataset(tmp_path / "data", mode="span")
+    assert str(old[0].resolve()) in str(info.value)
+    assert "protocol 0 or 1" in info.value.reason
+    with pytest.raises(ValueError, match="mode"):
+        PickleDataset(tmp_path / "data", mode="fast")  # type: ignore[arg-type]
+
+
+def test_auto_mode_mixes_span_and_whole_files(tmp_path: Path) -> None:
+    files = write_synthetic(tmp_path / "data", files=2, per_file=4, shape=(3,), protocol=1)
+    files += write_synthetic(tmp_path / "data", files=2, per_file=5, shape=(3,), prefix="q")
+    ds = PickleDataset(tmp_path / "data")
+    assert ds.mode == "auto"
+    assert ds.file_modes == ("whole", "whole", "span", "span")
+    assert ds.index.modes == ds.file_modes
+    assert "span_files=2" in repr(ds)
+    _assert_reads(ds, _expected(sorted(files)))
+    assert ds.cache_stats.loads == 2  # only the protocol-1 files were unpickled whole
+    assert ds.span_files.opened == 2
+    assert isinstance(ds.index.spans["starts"], np.memmap)
+    assert ds.index.spans["starts"].shape == (10, 2)
+
+
+def test_index_built_without_spans_reads_whole(tmp_path: Path) -> None:
+    files = write_synthetic(tmp_path / "data", files=2, per_file=4, shape=(3,))
+    build_index(tmp_path / "data", spans=False, jobs=1)
+    ds = PickleDataset(tmp_path / "data")
+    assert ds.file_modes == ("whole", "whole")
+    assert ds.index.files[0].reason == "indexed without spans"
+    _assert_reads(ds, _expected(files))
+    with pytest.raises(errors.NotSpanIndexableError, match="indexed without spans"):
+        PickleDataset(tmp_path / "data", mode="span")
+
+
+def test_getitems_reads_each_file_in_offset_order(tmp_path: Path) -> None:
+    files = write_synthetic(tmp_path / "data", files=3, per_file=6, shape=(2,), kind="objects")
+    ds = PickleDataset(tmp_path / "data", mode="span")
+    reads: list[tuple[int, int]] = []
+    real = ds.span_files.read
+
+    def traced(pos: int, item: int, sample: int) -> tuple[Any, ...]:
+        reads.append((pos, item))
+        return real(pos, item, sample)
+
+    ds.span_files.read = traced  # type: ignore[method-assign]
+    indices = [13, 2, 7, 0, 13, 17, 1, 6]  # files 2, 0, 1, 0, 2, 2, 0, 1
+    batch = ds.__getitems__(indices)
+    assert reads == [(2, 1), (2, 1), (2, 5), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+    want = _expected(files)
+    for got, i in zip(batch, indices, strict=True):
+        assert_same(got, want[i])
+
+
+def test_transform_applies_in_span_mode(tmp_path: Path) -> None:
+    files = write_synthetic(tmp_path / "data", files=1, per_file=4, shape=(3,))
+    ds = PickleDataset(tmp_path / "data", mode="span", transform=lambda s: (s[1], s[0].sum()))
+    want = _expected(files)
+    assert ds[2] == (want[2][1], want[2][0].sum())
+    assert ds.__getitems__([3, 1]) == [ds[3], ds[1]]
+
+
+# -- processes -------------------------------------------------------------------------------
+
+
+class _Traced(PickleDataset):
+    """Returns, with each sample's label, the worker's pid and how many readers it built."""
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        samples = super().__getitems__(indices)
+        opened = self.span_files.opened
+        return [(int(i), s[1], os.getpid(), opened) for i, s in zip(indices, samples, strict=True)]
+
+
+def _as_list(batch: list[Any]) -> list[Any]:
+    return batch
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_forked_dataloader_workers_read_by_span(tmp_path: Path) -> None:
+    files = write_synthetic(tmp_path / "data", files=4, per_file=9, shape=(3,), seed=3)
+    labels = [s[1] for s in _expected(files)]
+    ds = _Traced(tmp_path / "data", mode="span")
+    ds[0]  # readers opened in the parent must not be used by the children
+    assert len(ds.span_files) == 1
+    sampler = ShuffleSampler(ds, seed=5)
+    loader = DataLoader(
+        ds,
+        sampler=sampler,
+        batch_size=5,
+        num_workers=2,
+        collate_fn=_as_list,
+        multiprocessing_context="fork",
+    )
+    seen, pids = [], set()
+    for batch in loader:
+        for i, label, pid, opened in batch:
+            assert label == labels[i]
+            assert 1 <= opened <= 4  # each worker built its own readers
+            seen.append(i)
+            pids.add(pid)
+    assert sorted(seen) == list(range(len(ds)))
+    assert len(pids) == 2
+    assert os.getpid() not in pids
+    assert ds.span_files.opened == 1  # the parent's readers are untouched
+
+
+def test_pickled_dataset_leaves_readers_behind(tmp_path: Path) -> None:
+    files = write_synthetic(tmp_path / "data", files=2, per_file=5, shape=(3,))
+    ds = PickleDataset(tmp_path / "data", mode="span", allow_globals=["fractions.Fraction"])
+    for i in range(len(ds)):
+        ds[i]
+    data = pickle.dumps(ds)
+    assert len(data) < 4096
+    back = pickle.loads(data)
+    assert (len(back.span_files), back.span_files.opened) == (0, 0)
+    assert back.policy == ds.policy
+    _assert_reads(back, _expected(files))
+
+
+def test_spawned_dataloader_worker_reads_by_span(tmp_path: Path) -> None:
+    files = write_synthetic(tmp_path / "data", files=2, per_file=6, shape=(4,))
+    want = _expected(files)
+    ds = PickleDataset(tmp_path / "data", mode="span")
+    ds[0]
+    loader = DataLoader(ds, batch_size=5, num_workers=1, multiprocessing_context="spawn")
+    xs, ys = [], []
+    for x, y in loader:
+        xs.append(x)
+        ys.append(y)
+    assert torch.equal(torch.cat(ys), torch.tensor([s[1] for s in want]))
+    assert torch.equal(torch.cat(xs), torch.from_numpy(np.stack([s[0] for s in want])))
+
+
+# -- safety ----------------------------------------------------------------------------------
+
+
+def test_unsafe_global_in_span_mode_names_global_file_and_sample(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    path = tmp_path / "data" / "f.pkl"
+    path.write_bytes(pickle.dumps(([1, 2, 3], [Fraction(1, 2), Fraction(1, 3), 4]), protocol=4))
+    ds = PickleDataset(tmp_path / "data")  # indexing reads opcodes only: nothing is refused yet
+    assert ds.file_modes == ("span",)
+    assert ds[2] == (3, 4)
+    with pytest.raises(errors.UnsafePickleError) as info:
+        ds[1]  # its Fraction global is defined by sample 0 and replayed
+    message = str(info.value)
+    assert "fractions.Fraction" in message
+    assert str(path.resolve()) in message
+    assert info.value.sample == 1
+    assert "(sample 1)" in message
+    with pytest.raises(errors.UnsafePickleError):
+        ds.__getitems__([2, 0])
+    allowed = PickleDataset(tmp_path / "data", allow_globals=["fractions.Fraction"])
+    assert allowed.__getitems__([1, 0]) == [(2, Fraction(1, 3)), (1, Fraction(1, 2))]
+    assert PickleDataset(tmp_path / "data", trusted=True)[0] == (1, Fraction(1, 2))
+
+
+def test_python2_pickle_reads_by_span_with_an_encoding(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    data = b"\x80\x02]q\x00(U\x01aq\x01U\x01\xe9q\x02e]q\x03(K\x01K\x02e\x86q\x04."
+    (tmp_path / "data" / "py2.pkl").write_bytes(data)
+    ds = PickleDataset(tmp_path / "data", mode="span", encoding="latin1")
+    assert ds[1] == ("\xe9", 2)
+
+
+# -- staleness and index format --------------------------------------------------------------
+
+
+def test_stale_span_index_is_detected(tmp_path: Path) -> None:
+    paths = write_synthetic(tmp_path / "data", files=2, per_file=4, shape=(8,))
+    PickleDataset(tmp_path / "data")
+    st = paths[1].stat()
+    raw = bytearray(paths[1].read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    paths[1].write_bytes(bytes(raw))
+    os.utime(paths[1], ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(errors.StaleIndexError, match="part-00001"):
+        PickleDataset(tmp_path / "data")
+    write_synthetic(tmp_path / "data", files=2, per_file=6, shape=(8,), seed=9)
+    ds = PickleDataset(tmp_path / "data", rebuild="auto")
+    assert len(ds) == 12
+    _assert_reads(ds, _expected(paths))
+
+
+def test_an_index_of_an_older_format_is_rebuilt_or_refused(tmp_path: Path) -> None:
+    write_synthetic(tmp_path / "data", files=2, per_file=3, shape=(2,))
+    index = build_index(tmp_path / "data", jobs=1)
+    header = json.loads((index.path / "index.json").read_text())
+    (index.path / "index.json").write_text(json.dumps({**header, "version": 1}))
+    with pytest.raises(errors.IndexFormatError, match="older pickleshard"):
+        DatasetIndex.open(index.path)
+    with pytest.raises(errors.IndexFormatError, match="older pickleshard"):
+        open_index(tmp_path / "data", rebuild="never")
+    opened, _ = open_index(tmp_path / "data")  # "missing": an old format counts as missing
+    assert opened.header["version"] == 2
+    assert opened.modes == ("span", "span")
+
+
+# -- skip-bad --------------------------------------------------------------------------------
+
+
+def test_dataset_over_an_index_with_skipped_files_warns(tmp_path: Path) -> None:
+    files = write_synthetic(tmp_path / "data", files=2, per_file=3, shape=(2,))
+    (tmp_path / "data" / "bad.pkl").write_bytes(b"not a pickle at all")
+    with pytest.raises(errors.NotAPickleError, match=r"bad\.pkl"):
+        PickleDataset(tmp_path / "data")
+    with pytest.warns(errors.SkippedFilesWarning, match=r"1 bad file\(s\).*bad\.pkl"):
+        ds = PickleDataset(tmp_path / "data", skip_bad=True)
+    _assert_reads(ds, _expected(files))
+    with pytest.warns(errors.SkippedFilesWarning):  # reopening the index warns again
+        PickleDataset(tmp_path / "data")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (tmp_path / "data" / "bad.pkl").unlink()
+        with pytest.raises(errors.StaleIndexError, match=r"bad\.pkl"):  # its removal is a change
+            PickleDataset(tmp_path / "data")
