@@ -11,7 +11,9 @@ and ``RLIMIT_CPU`` on themselves and, per case, try:
     :meth:`~pickleshard.spanread.SpanReader.read_sample` of every sample, with the restricted
     ``find_class``.
 ``index``
-    :func:`pickleshard.build_index` over the case's folder.
+    :func:`pickleshard.build_index` over the case's folder (spans, or whole when refused).
+``dataset``
+    every sample of :class:`~pickleshard.PickleDataset` over that index, when it was built.
 
 The reference is ``pickle.load`` under the same allowlist, one call per appended pickle. A path
 *passes* when it returns a result equal to the reference, or raises a
@@ -125,6 +127,10 @@ class _CaseTimeout(BaseException):
     pass
 
 
+class _NotRun(Exception):
+    """The path does not apply to this case (no index to read)."""
+
+
 def _on_alarm(signum: int, frame: Any) -> None:
     raise _CaseTimeout
 
@@ -182,6 +188,7 @@ class _Worker:
 
         self.index_dir, self.canary = index_dir, canary
         self.engines = _engines(scan_file)
+        self.built = False
 
     def run(self, name: str, folder: str, out: Any) -> None:
         from ..errors import PickleshardError
@@ -201,7 +208,8 @@ class _Worker:
             paths.append(
                 (f"scan:{engine or 'python'}", partial(self._scan, path, ref, ref_error, engine))
             )
-        paths.append(("index", lambda: self._index(folder, path, ref)))
+        paths.append(("index", lambda: self._index(folder, ref)))
+        paths.append(("dataset", lambda: self._dataset(folder, path, ref, ref_error)))
         for label, fn in paths:
             signal.setitimer(signal.ITIMER_REAL, CASE_SECONDS)
             try:
@@ -209,8 +217,12 @@ class _Worker:
                 outcomes[label] = "ok"
                 if problem:
                     problems.append(f"{label}: {problem}")
+            except _NotRun:
+                outcomes[label] = "not run"
             except PickleshardError as exc:
                 outcomes[label] = type(exc).__name__
+                if getattr(exc, "offset", None) is None and getattr(exc, "sample", None) is None:
+                    outcomes[label] += " (no offset)"
                 if path not in str(exc) and folder not in str(exc):
                     problems.append(f"{label}: message does not name the file: {exc}")
             except _CaseTimeout:
@@ -266,12 +278,30 @@ class _Worker:
             return f"every span reads, but pickle.load of the whole file fails ({ref_error})"
         return None
 
-    def _index(self, folder: str, path: str, ref: list[Any] | None) -> str | None:
+    def _index(self, folder: str, ref: list[Any] | None) -> str | None:
         from ..index import build_index
 
+        self.built = False
         build_index(folder, index=self.index_dir, jobs=1)
-        if ref is None:
-            return "the index builds, but pickle.load of the whole file fails"
+        self.built = True  # without unpickling in span mode: a bad payload shows when read
+        return None
+
+    def _dataset(self, folder: str, path: str, ref: list[Any] | None, ref_error: str) -> str | None:
+        """Every sample through :class:`~pickleshard.PickleDataset` over the index just built."""
+        from ..dataset import PickleDataset
+
+        if not self.built:
+            raise _NotRun
+        ds = PickleDataset(folder, index=self.index_dir, rebuild="never")
+        want = _reference_samples(ref, path)[1] if ref is not None else None
+        for i in range(len(ds)):
+            got = ds[i]
+            if want is not None:
+                diff = deep_diff(got, want[i])
+                if diff:
+                    return f"sample {i} ({ds.index.files[0].mode}) differs from pickle.load: {diff}"
+        if want is None and ref_error != "MemoryError":
+            return f"every sample reads, but pickle.load of the whole file fails ({ref_error})"
         return None
 
 
