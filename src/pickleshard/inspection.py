@@ -33,7 +33,7 @@ from . import opcodes as oc
 from .audit import COUNTED, Audit, GlobalUse, audit_buffer
 from .errors import FileProblem, NotSpanIndexableError, UnsupportedLayoutError
 from .layouts import decode_layout, decode_records
-from .memo import ArraySpec, InspectUnpickler, NotInspectable, Payload, SpanFile
+from .memo import ArraySpec, InspectUnpickler, NotInspectable, Payload, SpanFile, _Latin1Text
 from .safety import Verdict, parse_allow_globals
 from .scan import ScanResult, scan_file
 
@@ -82,7 +82,7 @@ class InertUnpickler(InspectUnpickler):
     """
 
     _NUMPY: ClassVar[frozenset[tuple[str, str]]] = frozenset(
-        [("numpy", "dtype"), ("_codecs", "encode")]
+        [("numpy", "dtype")]
         + [(f"{p}.numeric", "_frombuffer") for p in ("numpy.core", "numpy._core")]
     )
     _RECONSTRUCT: ClassVar[frozenset[tuple[str, str]]] = frozenset(
@@ -94,12 +94,26 @@ class InertUnpickler(InspectUnpickler):
             return super().find_class(module, name)
         if (module, name) in self._RECONSTRUCT:
             return _reconstruct
+        if (module, name) == ("_codecs", "encode"):
+            return _encode
         return Stand(f"{module}.{name}")
 
 
 def _reconstruct(cls: Any, shape: Any = None, typecode: Any = None) -> Any:
     is_ndarray = isinstance(cls, Stand) and cls.qualname == "numpy.ndarray"
     return ArraySpec() if is_ndarray else Stand("numpy.core.multiarray._reconstruct", (cls,), True)
+
+
+class _EncodedText(_Latin1Text):
+    """What ``_codecs.encode(text, "latin1")`` stands for: bytes (protocol <= 2), ``length``
+    of them; numpy's protocol <= 2 array data is one."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+
+def _encode(text: Any, encoding: str = "utf-8") -> _EncodedText:
+    return _EncodedText(len(text) if isinstance(text, (str, Payload)) else -1)
 
 
 def describe(v: Any, depth: int = 0) -> str:
@@ -112,6 +126,8 @@ def describe(v: Any, depth: int = 0) -> str:
         return f"numpy.{type(v).__name__}"
     if isinstance(v, Stand):
         return _describe_stand(v)
+    if isinstance(v, _EncodedText):
+        return f"bytes len={v.length if v.length >= 0 else '?'}"
     if isinstance(v, Payload):
         return f"{'str' if v.kind == 'text' else v.kind} len={v.length}"
     if isinstance(v, (list, tuple, dict, set, frozenset)):
@@ -326,7 +342,7 @@ def _decode_whole(
                 return "unsupported: appended pickles with different fields", None, None, {}
             n = sum(c.num_samples for c in chunks)
             cols: Sequence[Iterable[Any]] = [
-                itertools.chain.from_iterable(c.columns[f] for c in chunks)
+                itertools.chain.from_iterable([c.columns[f] for c in chunks])
                 for f in range(len(names))
             ]
             layout = f"appended_{chunks[0].layout}"
