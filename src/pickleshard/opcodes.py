@@ -28,6 +28,7 @@ buffers, ``DUP``), for the scanner's :class:`~pickleshard.errors.NotSpanIndexabl
 
 from __future__ import annotations
 
+import functools
 import gc
 import mmap
 import os
@@ -35,6 +36,7 @@ import pickle
 import pickletools
 import struct
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -47,7 +49,8 @@ from .errors import (
     UnreadableFileError,
 )
 
-__all__ = ["ACTION", "ARGLEN", "FORM", "NPOP", "OPNAME", "PAYLOAD", "REFUSED", "walk_opcodes"]
+__all__ = ["ACTION", "ARGLEN", "ENGINES", "FORM", "NPOP", "OPNAME", "PAYLOAD", "REFUSED"]
+__all__ += ["compiled_walker", "resolve_engine", "walk_opcodes"]
 
 F_BAD, F_FIXED, F_LEN1, F_LEN4S, F_LEN4U, F_LEN8U, F_LINE, F_LINE2 = range(8)
 A_BAD, A_PUSH, A_POPN, A_MARKPOP, A_NOP, A_FRAME, A_PROTO, A_STOP, A_MARK = range(9)
@@ -230,11 +233,16 @@ class Walked:
     get_offs: array[int]  # file offset of each GET opcode
     get_keys: array[int]  # memo key it names
     skipped: int  # payload bytes seeked over, never read
+    engine: str = "python"  # the walker that produced it: "python" or "compiled"
 
 
 class _Refused(Exception):
     def __init__(self, reason: str, offset: int) -> None:
         self.reason, self.offset = reason, offset
+
+
+class _Unsupported(Exception):
+    """Raised by the compiled walker for what it leaves to this one (a huge text memo id)."""
 
 
 def _cut(w: Walked, pos: int, what: str) -> TruncatedPickleError:
@@ -458,10 +466,53 @@ def _next_action(buf: Any, pos: int, end: int) -> int:
     return ACTION[buf[pos]] if pos < end else A_BAD
 
 
-def walk_opcodes(buf: Any, size: int, name: str) -> Walked:
+ENGINES: Final = ("auto", "compiled", "python")
+WalkRecord = Callable[[Any, int, int, Walked], tuple[Value, int, int]]
+
+
+@functools.cache
+def compiled_walker() -> WalkRecord | None:
+    """The compiled twin of :func:`_walk_record` (``pickleshard._cscan``), or None if not built."""
+    try:
+        from ._cscan import walk_record
+    except ImportError:
+        return None
+    return walk_record
+
+
+def resolve_engine(engine: str) -> str:
+    """``"compiled"`` or ``"python"``: the walker that ``engine`` (one of :data:`ENGINES`) means.
+
+    ``"auto"`` is the compiled walker when the extension is built, else the pure-Python one;
+    ``"compiled"`` raises ``ImportError`` when the extension is not built.
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}; got {engine!r}")
+    if engine == "python":
+        return engine
+    if compiled_walker() is None:
+        if engine == "compiled":
+            raise ImportError(
+                "the compiled scanner pickleshard._cscan is not built (pip install -e . builds it)"
+            )
+        return "python"
+    return "compiled"
+
+
+def _walk_with(walk: WalkRecord, buf: Any, pos: int, end: int, w: Walked) -> tuple[Value, int, int]:
+    n_defs, n_gets = len(w.defs), len(w.get_offs)
+    try:
+        return walk(buf, pos, end, w)
+    except _Unsupported:  # the compiled walker leaves this pickle to the reference
+        del w.defs[n_defs:], w.get_offs[n_gets:], w.get_keys[n_gets:]
+        return _walk_record(buf, pos, end, w)
+
+
+def walk_opcodes(buf: Any, size: int, name: str, *, engine: str = "auto") -> Walked:
     """Walk every pickle of ``buf[:size]`` (bytes or mmap), one after another.
 
-    Raises :class:`EmptyPickleError`, :class:`NotAPickleError`, :class:`TruncatedPickleError`
+    ``engine`` picks the walker (:func:`resolve_engine`); both give equal results and raise the
+    same exceptions at the same offsets, and ``Walked.engine`` says which one ran. Raises :class:`EmptyPickleError`, :class:`NotAPickleError`, :class:`TruncatedPickleError`
     or :class:`CorruptPickleError` for bad bytes in the first pickle, and
     :class:`NotSpanIndexableError` for anything readable only as a whole (including bytes after
     the first pickle that are not a complete protocol 2+ pickle).
@@ -470,7 +521,10 @@ def walk_opcodes(buf: Any, size: int, name: str) -> Walked:
         raise EmptyPickleError(name, "file is empty; expected a pickle stream", offset=0)
     if size == 1 and buf[0] == PROTO_OP:
         raise TruncatedPickleError(name, "stream ends inside the PROTO opcode", offset=0)
-    w = Walked(name, size, 0, [], [], array("q"), array("q"), array("q"), 0)
+    engine = resolve_engine(engine)
+    walk = compiled_walker() if engine == "compiled" else _walk_record
+    assert walk is not None
+    w = Walked(name, size, 0, [], [], array("q"), array("q"), array("q"), 0, engine)
     pos = 0
     while pos < size:
         first = not w.records
@@ -485,7 +539,7 @@ def walk_opcodes(buf: Any, size: int, name: str) -> Walked:
         key0, collecting = len(w.defs), gc.isenabled()
         gc.disable()  # the walk makes no cycles; GC passes over its lists cost half its time
         try:
-            root, nxt, first_id = _walk_record(buf, pos + 2, size, w)
+            root, nxt, first_id = _walk_with(walk, buf, pos + 2, size, w)
         except _Refused as exc:
             raise NotSpanIndexableError(name, exc.reason, offset=exc.offset) from None
         except CorruptPickleError as exc:

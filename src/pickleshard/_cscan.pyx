@@ -1,0 +1,397 @@
+# cython: language_level=3, boundscheck=True, wraparound=True, initializedcheck=True
+"""The compiled twin of the scanner's inner loop; :mod:`pickleshard.opcodes` is the reference.
+
+:func:`walk_record` is :func:`pickleshard.opcodes._walk_record` line for line, with the opcode
+byte, offsets and lengths held in C variables: same arguments, same nodes, same memo and GET
+arrays, same exceptions (built by the same helpers, so class, message and offset match). Bytes
+are read through a bounds-checked ``const unsigned char[:]`` view, and every length is compared
+with the bytes left before it is used, as in the reference. A text memo id (``PUT``/``GET`` of
+protocols 0-1) too large for a C integer raises ``opcodes._Unsupported``: the caller then walks
+that pickle with the reference instead.
+"""
+
+from cpython cimport array
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+
+import array as pyarray
+
+from . import opcodes as oc
+from .errors import CorruptPickleError
+
+__all__ = ["walk_record"]
+
+cdef enum:
+    F_BAD, F_FIXED, F_LEN1, F_LEN4S, F_LEN4U, F_LEN8U, F_LINE, F_LINE2
+
+cdef enum:
+    A_BAD, A_PUSH, A_POPN, A_MARKPOP, A_NOP, A_FRAME, A_PROTO, A_STOP, A_MARK
+    A_POP, A_POP_MARK, A_MEMOIZE, A_PUT, A_GET, A_EMPTY_LIST, A_EMPTY_DICT
+    A_EMPTY_TUPLE, A_TUPLEN, A_TUPLE, A_LIST, A_DICT, A_APPEND, A_APPENDS
+    A_SETITEM, A_SETITEMS, A_REFUSE
+
+cdef enum:
+    LIST = 1
+    TUPLE = 2
+    DICT = 3
+    KIND = 0
+    START = 1
+    ITEMS = 2
+    BOUNDS = 3
+    SUB = 4
+    KEY = 5
+    MEMOIZE_OP = 0x94
+    BINPUT_OP = 0x71
+    LONG_BINPUT_OP = 0x72
+    BINGET_OP = 0x68
+    LONG_BINGET_OP = 0x6A
+
+# a text memo id beyond this cannot take part in C arithmetic: leave that pickle to the reference
+cdef int64_t ID_LIMIT = 1 << 62
+
+cdef int FORM_[256]
+cdef int ARGLEN_[256]
+cdef int ACTION_[256]
+cdef int NPOP_[256]
+cdef int PUSH_STEP_[256]
+
+
+def _check_tables():
+    """Copy the reference tables; refuse to load (ImportError: pure path) if the enums drifted."""
+    forms = (oc.F_BAD, oc.F_FIXED, oc.F_LEN1, oc.F_LEN4S, oc.F_LEN4U, oc.F_LEN8U, oc.F_LINE,
+             oc.F_LINE2)
+    acts = (oc.A_BAD, oc.A_PUSH, oc.A_POPN, oc.A_MARKPOP, oc.A_NOP, oc.A_FRAME, oc.A_PROTO,
+            oc.A_STOP, oc.A_MARK, oc.A_POP, oc.A_POP_MARK, oc.A_MEMOIZE, oc.A_PUT, oc.A_GET,
+            oc.A_EMPTY_LIST, oc.A_EMPTY_DICT, oc.A_EMPTY_TUPLE, oc.A_TUPLEN, oc.A_TUPLE,
+            oc.A_LIST, oc.A_DICT, oc.A_APPEND, oc.A_APPENDS, oc.A_SETITEM, oc.A_SETITEMS,
+            oc.A_REFUSE)
+    slots = (oc.LIST, oc.TUPLE, oc.DICT, oc.KIND, oc.START, oc.ITEMS, oc.BOUNDS, oc.SUB, oc.KEY)
+    ops = (oc.MEMOIZE_OP, oc.BINPUT_OP, oc.LONG_BINPUT_OP, oc.BINGET_OP, oc.LONG_BINGET_OP)
+    if (
+        forms != tuple(range(8))
+        or acts != tuple(range(26))
+        or slots != (1, 2, 3, 0, 1, 2, 3, 4, 5)
+        or ops != (0x94, 0x71, 0x72, 0x68, 0x6A)
+        or pyarray.array("q").itemsize != sizeof(long long)
+    ):
+        raise ImportError("pickleshard._cscan was built against other opcode tables")
+    for b in range(256):
+        FORM_[b], ARGLEN_[b], ACTION_[b] = oc.FORM[b], oc.ARGLEN[b], oc.ACTION[b]
+        NPOP_[b], PUSH_STEP_[b] = oc.NPOP[b], oc.PUSH_STEP[b]
+
+
+_check_tables()
+
+
+cdef inline uint64_t _le(const unsigned char[:] b, Py_ssize_t p, int n):
+    """``n`` little-endian bytes at ``b[p:]`` (bounds-checked)."""
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(n - 1, -1, -1):
+        v = (v << 8) | b[p + i]
+    return v
+
+
+cdef inline int array_push(array.array a, long long v) except -1:
+    cdef Py_ssize_t n = len(a)
+    array.resize_smart(a, n + 1)
+    a.data.as_longlongs[n] = v
+    return 0
+
+
+cdef inline object _start_of(object v):
+    return v if type(v) is int else (<list>v)[START]
+
+
+cdef void _prune(list node, dict memo) except *:
+    cdef object sub = node[SUB]
+    cdef object items, g
+    if sub:
+        items = node[ITEMS]
+        for idx in sub:
+            g = items[idx]
+            if type(g) is list:
+                items[idx] = (<list>g)[START]
+                if (<list>g)[KEY] >= 0:
+                    memo.pop((<list>g)[KEY], None)
+    node[SUB] = None
+
+
+cdef list _claim(list stack, Py_ssize_t m, Py_ssize_t base, list nodepos, dict memo):
+    cdef list sub = []
+    cdef Py_ssize_t j
+    cdef list kid
+    while nodepos and <Py_ssize_t>nodepos[len(nodepos) - 1] >= m:
+        j = nodepos.pop()
+        kid = stack[j]
+        _prune(kid, memo)
+        if len(kid[ITEMS]) > 4:
+            kid[ITEMS] = pyarray.array("q", kid[ITEMS])
+        sub.append(base + j - m)
+    return sub
+
+
+cdef void _adopt(
+    list target, list stack, Py_ssize_t m, Py_ssize_t end, list nodepos, dict memo
+) except *:
+    cdef object items = target[ITEMS]
+    if nodepos and <Py_ssize_t>nodepos[len(nodepos) - 1] >= m:
+        if target[SUB] is None:
+            target[SUB] = []
+        target[SUB] += _claim(stack, m, len(items), nodepos, memo)
+    items += stack[m:]
+    del stack[m:]
+    target[BOUNDS] += (len(items), end)
+
+
+cdef void _discard(list stack, Py_ssize_t m, list nodepos, dict memo) except *:
+    cdef list nd
+    while nodepos and <Py_ssize_t>nodepos[len(nodepos) - 1] >= m:
+        nd = stack[<Py_ssize_t>nodepos.pop()]
+        if nd[KEY] >= 0:
+            memo.pop(nd[KEY], None)
+        _prune(nd, memo)
+    del stack[m:]
+
+
+cdef int64_t _text_id(object buf, Py_ssize_t pos, Py_ssize_t nxt, int op, object w) except? -1:
+    cdef object mid = oc._memo_arg(buf, pos, nxt, op, w)
+    if not -ID_LIMIT < mid < ID_LIMIT:
+        raise oc._Unsupported(f"memo id {mid} at byte {pos}")
+    return mid
+
+
+def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w):
+    """:func:`pickleshard.opcodes._walk_record`, compiled: walk one pickle from just after its
+    PROTO to its STOP; return ``(root, end, first id)``."""
+    cdef const unsigned char[:] b = buf
+    if end > b.shape[0] or pos < 0:
+        raise ValueError(f"walk of [{pos}, {end}) over a buffer of {b.shape[0]} bytes")
+    cdef array.array defs = w.defs
+    cdef array.array goffs = w.get_offs
+    cdef array.array gkeys = w.get_keys
+    cdef list stack = []
+    cdef list nodepos = []
+    cdef list marks = []
+    cdef list moffs = []
+    cdef dict memo = {}
+    cdef Py_ssize_t key0 = len(defs)
+    cdef Py_ssize_t fence = 0, m, lo, nxt, hdr, nl, i, k, moff
+    cdef int64_t first_id = -1, carry = -1, mid, s, start
+    cdef uint64_t n, skipped = 0
+    cdef int32_t sn
+    cdef int op, step, form, act, want, kind
+    cdef object top, target, items, sub
+    cdef list node
+    while True:
+        if pos >= end:
+            raise oc._cut(w, pos, "the opcode stream (no STOP)")
+        op = b[pos]
+        step = PUSH_STEP_[op]
+        if step:
+            stack.append(pos)
+            pos += step
+            continue
+        if op == MEMOIZE_OP:
+            if len(stack) <= fence:
+                raise oc._bad(w, pos, op, "with nothing on the stack")
+            if first_id:
+                if first_id > 0:
+                    raise oc._Refused("MEMOIZE after PUTs that did not start at id 0", pos)
+                first_id = 0
+            top = stack[len(stack) - 1]
+            k = len(defs)
+            if type(top) is list:
+                memo[k] = top
+                (<list>top)[KEY] = k
+            array_push(defs, pos)
+            pos += 1
+            continue
+        form = FORM_[op]
+        if F_LEN1 <= form <= F_LEN8U:  # every length-prefixed opcode pushes one value
+            hdr = 2 if form == F_LEN1 else 9 if form == F_LEN8U else 5
+            if hdr > end - pos:
+                raise oc._cut(w, pos, f"the length of {oc.OPNAME[op]}")
+            if form == F_LEN1:
+                n = b[pos + 1]
+            elif form == F_LEN4S:
+                sn = <int32_t><uint32_t>_le(b, pos + 1, 4)
+                if sn < 0:
+                    raise oc._bad(w, pos, op, f"declares a negative length {sn}")
+                n = <uint64_t>sn
+            else:
+                n = _le(b, pos + 1, 4 if form == F_LEN4U else 8)
+            if n > <uint64_t>(end - pos - hdr):
+                raise oc._cut(
+                    w, pos, f"the {n}-byte payload of {oc.OPNAME[op]} ({end - pos} bytes left)"
+                )
+            skipped += n
+            stack.append(pos)
+            pos += hdr + <Py_ssize_t>n
+            continue
+        if form == F_FIXED:
+            nxt = pos + 1 + ARGLEN_[op]
+        elif form == F_LINE or form == F_LINE2:
+            nl = -1
+            for i in range(pos + 1, end):
+                if b[i] == 10:
+                    nl = i
+                    break
+            if nl >= 0 and form == F_LINE2:
+                lo = nl + 1
+                nl = -1
+                for i in range(lo, end):
+                    if b[i] == 10:
+                        nl = i
+                        break
+            if nl < 0:
+                raise oc._cut(w, pos, f"the text argument of {oc.OPNAME[op]}")
+            nxt = nl + 1
+        else:
+            raise CorruptPickleError(w.name, f"unknown opcode 0x{op:02x}", offset=pos)
+        if nxt > end:
+            raise oc._cut(w, pos, f"the argument of {oc.OPNAME[op]}")
+        act = ACTION_[op]
+        if act == A_GET:
+            if op == BINGET_OP:
+                mid = b[pos + 1]
+            elif op == LONG_BINGET_OP:
+                mid = <int64_t>_le(b, pos + 1, 4)
+            else:
+                mid = _text_id(buf, pos, nxt, op, w)
+            k = mid - first_id + key0
+            if first_id < 0 or not key0 <= k < len(defs):
+                why = f"GET of memo id {mid}, never stored in this pickle (a Pickler reused?)"
+                raise oc._Refused(why, pos)
+            array_push(goffs, pos)
+            array_push(gkeys, k)
+            start = pos if carry < 0 else carry
+            carry = -1
+            target = memo.get(k)
+            if target is None:
+                stack.append(start)
+            else:  # the same list/tuple/dict again: share its items
+                nodepos.append(len(stack))
+                stack.append([target[KIND], start, target[ITEMS], target[BOUNDS], target[SUB], -1])
+        elif act == A_MARK:
+            fence = len(stack)
+            marks.append(fence)
+            moffs.append(pos)
+        elif A_APPEND <= act <= A_SETITEMS:  # APPEND, APPENDS, SETITEM, SETITEMS
+            if act == A_APPENDS or act == A_SETITEMS:
+                if not marks:
+                    raise oc._bad(w, pos, op, "without a MARK")
+                m = marks.pop()
+                moffs.pop()
+                fence = marks[len(marks) - 1] if marks else 0
+            else:
+                m = len(stack) - (1 if act == A_APPEND else 2)
+            if m < 1 or m <= fence:
+                raise oc._bad(w, pos, op, "with no container below its items")
+            target = stack[m - 1]
+            want = LIST if act <= A_APPENDS else DICT
+            if (
+                type(target) is not list
+                or (<list>target)[KIND] != want
+                or (want == DICT and (len(stack) - m) % 2)
+            ):
+                _discard(stack, m, nodepos, memo)  # a subclass built by REDUCE: items not tracked
+            elif nodepos and <Py_ssize_t>nodepos[len(nodepos) - 1] >= m:
+                _adopt(<list>target, stack, m, pos, nodepos, memo)
+            else:
+                items = (<list>target)[ITEMS]
+                items += stack[m:]
+                del stack[m:]
+                (<list>target)[BOUNDS] += (len(items), pos)
+        elif A_EMPTY_LIST <= act <= A_EMPTY_TUPLE:
+            nodepos.append(len(stack))
+            kind = LIST if act == A_EMPTY_LIST else DICT if act == A_EMPTY_DICT else TUPLE
+            stack.append([kind, pos, [], [], None, -1])
+        elif act == A_TUPLEN or act == A_POPN:
+            m = len(stack) - NPOP_[op]
+            if m < fence:
+                raise oc._bad(w, pos, op, "underflows the stack")
+            target = _start_of(stack[m])
+            if act == A_POPN:
+                _discard(stack, m, nodepos, memo)
+                stack.append(target)
+            else:
+                sub = (
+                    _claim(stack, m, 0, nodepos, memo)
+                    if nodepos and <Py_ssize_t>nodepos[len(nodepos) - 1] >= m
+                    else None
+                )
+                node = [TUPLE, target, stack[m:], [len(stack) - m, pos], sub, -1]
+                del stack[m:]
+                nodepos.append(m)
+                stack.append(node)
+        elif act == A_PUT:
+            if len(stack) <= fence:
+                raise oc._bad(w, pos, op, "with nothing on the stack")
+            if op == BINPUT_OP:
+                mid = b[pos + 1]
+            elif op == LONG_BINPUT_OP:
+                mid = <int64_t>_le(b, pos + 1, 4)
+            else:
+                mid = _text_id(buf, pos, nxt, op, w)
+            k = len(defs)
+            if first_id < 0:
+                first_id = mid
+            elif mid != first_id + k - key0:
+                raise oc._Refused(f"memo id {mid} stored out of order", pos)
+            top = stack[len(stack) - 1]
+            if type(top) is list:
+                memo[k] = top
+                (<list>top)[KEY] = k
+            array_push(defs, pos)
+        elif act == A_TUPLE or act == A_LIST or act == A_DICT or act == A_MARKPOP:
+            if not marks:
+                raise oc._bad(w, pos, op, "without a MARK")
+            m = marks.pop()
+            moff = moffs.pop()
+            fence = marks[len(marks) - 1] if marks else 0
+            if act == A_MARKPOP:  # e.g. FROZENSET, ADDITEMS, OBJ: an opaque value
+                lo = m - NPOP_[op]
+                if lo < fence:
+                    raise oc._bad(w, pos, op, "underflows the stack")
+                target = _start_of(stack[lo]) if lo < m else moff
+                _discard(stack, lo, nodepos, memo)
+                stack.append(target)
+            else:
+                kind = TUPLE if act == A_TUPLE else LIST if act == A_LIST else DICT
+                if kind == DICT and (len(stack) - m) % 2:
+                    raise oc._bad(w, pos, op, "with an odd number of items")
+                node = [kind, moff, [], [], None, -1]
+                _adopt(node, stack, m, pos, nodepos, memo)
+                nodepos.append(len(stack))
+                stack.append(node)
+        elif act == A_PUSH:
+            stack.append(pos)
+        elif act == A_FRAME:
+            n = _le(b, pos + 1, 8)
+            if n > <uint64_t>(end - pos - 9):
+                raise oc._cut(w, pos, f"a FRAME of {n} bytes")
+        elif act == A_STOP:
+            if len(stack) != 1 or marks:
+                raise oc._Refused(f"{len(stack)} values and {len(marks)} marks at STOP", pos)
+            w.skipped += skipped
+            return stack[0], nxt, max(first_id, 0)
+        elif act == A_POP or act == A_POP_MARK:  # only a recursive tuple: POPs, then a GET
+            if act == A_POP and len(stack) > fence:
+                s = _start_of(stack[len(stack) - 1])
+                _discard(stack, len(stack) - 1, nodepos, memo)
+            elif marks:
+                m = marks.pop()
+                s = moffs.pop()
+                fence = marks[len(marks) - 1] if marks else 0
+                _discard(stack, m, nodepos, memo)
+            else:
+                raise oc._bad(w, pos, op, "on an empty stack")
+            carry = s if carry < 0 else min(carry, s)
+            if oc._next_action(buf, nxt, end) not in (A_POP, A_POP_MARK, A_GET):
+                raise oc._Refused(f"{oc.OPNAME[op]} not followed by a GET", pos)
+        elif act == A_PROTO:
+            if b[pos + 1] > oc.HIGHEST_PROTOCOL:
+                raise oc._bad(w, pos, op, f"names unknown protocol {b[pos + 1]}")
+        elif act == A_REFUSE:
+            raise oc._Refused(oc.REFUSED[op], pos)
+        pos = nxt
