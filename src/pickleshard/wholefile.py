@@ -98,7 +98,11 @@ def _load_one(fh: IO[bytes], where: str, size: int, policy: UnpicklePolicy) -> A
     except PickleshardError:
         raise
     except MemoryError:
-        raise CorruptPickleError(where, "a length in the stream exceeds available memory") from None
+        raise CorruptPickleError(
+            where,
+            "a length or memo id in the pickle starting here needs more memory than is available",
+            offset=start,
+        ) from None
     except Exception as exc:  # the unpickler raises many types on bad bytes
         offset = fh.tell()
         ran_out = isinstance(exc, EOFError) or "truncated" in str(exc)
