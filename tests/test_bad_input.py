@@ -20,6 +20,7 @@ from pickleshard.scan import scan_bytes, scan_file
 from pickleshard.spanread import SpanReader
 from pickleshard.testing.corpus import Case, generate, opcode_offsets, valid_files
 from pickleshard.testing.corpus_run import deep_diff, run_corpus
+from pickleshard.wholefile import load_records
 
 
 def test_corpus_never_crashes_hangs_or_executes(tmp_path: Path) -> None:
@@ -197,3 +198,15 @@ def test_package_errors_name_the_file_for_a_foreign_file(tmp_path: Path) -> None
     path.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
     with pytest.raises(PickleshardError, match=r"noise\.pkl"):
         build_index(tmp_path / "data", jobs=1)
+
+
+def test_whole_file_memory_error_names_file_and_offset(tmp_path: Path) -> None:
+    # (a LONG_BINPUT near 2**32 also ends in MemoryError, but only under the corpus' RLIMIT_AS:
+    # without a limit CPython may really allocate and zero a 32 GiB memo)
+    path = tmp_path / "f.pkl"
+    huge = b"\x80\x05\x8e" + (2**62).to_bytes(8, "little") + b"abc."  # BINBYTES8 of 2**62 bytes
+    path.write_bytes(b"\x80\x04K\x01." + huge)  # the second pickle of the file
+    with pytest.raises(CorruptPickleError) as info:
+        load_records(path)
+    assert os.fspath(path) in str(info.value)
+    assert info.value.offset == 5
