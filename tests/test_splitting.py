@@ -204,3 +204,19 @@ def test_refused_file_loads_whole_within_budget_else_names_file_and_reason(
 def test_needs_a_limit(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="max_bytes or max_samples"):
         split(tmp_path / "x.pickle", tmp_path / "out")
+
+
+@pytest.mark.parametrize("protocol", [2, 5])
+def test_one_sample_per_pickle_files(tmp_path: Path, protocol: int) -> None:
+    for name, samples in (
+        ("dicts", [{"x": np.arange(i), "y": i} for i in range(7)]),
+        ("tuples", [(np.arange(i), i) for i in range(7)]),
+        ("bare", [[i, str(i)] for i in range(7)]),
+    ):
+        src = tmp_path / f"{name}.pickle"
+        src.write_bytes(b"".join(pickle.dumps(s, protocol=protocol) for s in samples))
+        report = split(src, tmp_path / name, max_samples=3)
+        got = [o for c in report.chunks for o in _pickles(c)]
+        assert len(report.chunks) == 3 and len(got) == 7
+        for g, w in zip(got, samples, strict=True):
+            assert_same(g, w)

@@ -51,8 +51,14 @@ from typing import IO, Any, ClassVar
 import numpy as np
 
 from . import opcodes as oc
-from .errors import NotSpanIndexableError, OutputExistsError, OutputPathError
-from .layouts import decode_layout
+from .errors import (
+    NotSpanIndexableError,
+    OutputExistsError,
+    OutputPathError,
+    PickleshardError,
+    UnsupportedLayoutError,
+)
+from .layouts import decode_layout, default_field_names
 from .safety import UnpicklePolicy
 from .scan import ScanResult, scan_file
 from .spanread import SpanReader
@@ -223,7 +229,8 @@ class _Source:
     def row_shape(self, f: int) -> tuple[int, ...]:
         raise NotImplementedError
 
-    def rows(self, f: int, a: int, b: int) -> _Payload:
+    def rows(self, f: int, a: int, b: int) -> Any:
+        """Rows ``[a, b)`` of array field ``f``: a :class:`_Payload`, or an array."""
         raise NotImplementedError
 
     def sizes(self) -> np.ndarray:
@@ -304,9 +311,8 @@ class _LoadedSource(_Source):
     def row_shape(self, f: int) -> tuple[int, ...]:
         return tuple(np.shape(self.columns[f])[1:])
 
-    def rows(self, f: int, a: int, b: int) -> _Payload:
-        part = np.ascontiguousarray(self.columns[f][a:b])
-        return _Payload(part.nbytes, lambda write: write(part.data.cast("B")))
+    def rows(self, f: int, a: int, b: int) -> Any:
+        return self.columns[f][a:b]  # in memory already: pickled as an ndarray
 
     def sizes(self) -> np.ndarray:
         return np.fromiter(
@@ -344,11 +350,28 @@ def _field_view(scan: ScanResult, f: int) -> ScanResult:
     )
 
 
-_KIND_NAME = {oc.LIST: "list", oc.TUPLE: "tuple", oc.DICT: "dict"}
+# the opcode that completes a list, tuple or dict (the scanner's batch ends point at it)
+_CLOSERS = {
+    **dict.fromkeys(b"ea", "list"),
+    **dict.fromkeys(b"t\x85\x86\x87", "tuple"),
+    **dict.fromkeys(b"us", "dict"),
+}
+
+
+def _top_closer(tail: bytes) -> str:
+    """The container a pickle's top-level object is, from the bytes that end at its ``STOP``:
+    its closing opcode, maybe followed by a ``MEMOIZE``/``BINPUT``/``LONG_BINPUT``."""
+    for close, memo, op in ((-7, -6, oc.LONG_BINPUT_OP), (-4, -3, oc.BINPUT_OP)):
+        if len(tail) >= -close and tail[memo] == op and tail[close] in _CLOSERS:
+            return _CLOSERS[tail[close]]
+    if len(tail) >= 3 and tail[-2] == oc.MEMOIZE_OP and tail[-3] in _CLOSERS:
+        return _CLOSERS[tail[-3]]
+    return _CLOSERS.get(tail[-2], "") if len(tail) >= 2 else ""
 
 
 def _shape_from_scan(scan: ScanResult) -> _Shape:
-    """Container types of a scanned file, from a walk of its opcodes (payloads seeked over)."""
+    """Container types of a scanned file, from the opcodes that close them (a few bytes each,
+    read with ``pread``; no mapping of the file)."""
     layout = scan.layout.removeprefix("appended_")
     dtypes = tuple(
         None
@@ -358,23 +381,27 @@ def _shape_from_scan(scan: ScanResult) -> _Shape:
     )
     if layout in ("rows", "dict_rows"):
         return _Shape(layout, "list", scan.fields, (), dtypes)
-    buf, size = oc.open_buffer(scan.path)
+    fd = os.open(scan.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
-        root = oc.walk_opcodes(buf, size, scan.path).roots[0]
+        end = int(scan.records[0, 1])
+        top = _top_closer(os.pread(fd, min(end, 8), end - min(end, 8)))
+        if layout in ("samples", "dict_samples"):
+            return _Shape(layout, "", scan.fields, (), dtypes, tuple_samples=top == "tuple")
+        containers = []
+        for f, kind in enumerate(scan.kinds):
+            last = int(np.searchsorted(scan.starts[:, f], end)) - 1
+            if kind == "array_row":
+                containers.append("array")
+            elif last < 0:
+                containers.append("list")  # an empty field: no closing opcode to read
+            else:
+                op = os.pread(fd, 1, int(scan.ends[last, f]))
+                containers.append(_CLOSERS.get(op[0], "?") if op else "?")
     finally:
-        if not isinstance(buf, bytes):
-            buf.close()
-    if layout in ("samples", "dict_samples"):
-        tuples = type(root) is list and root[oc.KIND] == oc.TUPLE
-        return _Shape(layout, "", scan.fields, (), dtypes, tuple_samples=tuples)
-    values = root[oc.ITEMS][1::2] if layout == "dict_columns" else root[oc.ITEMS]
-    containers = tuple(
-        "array" if kind == "array_row" else _KIND_NAME[v[oc.KIND]] if type(v) is list else "?"
-        for v, kind in zip(values, scan.kinds, strict=True)
-    )
-    if "?" in containers:
-        raise NotSpanIndexableError(scan.path, "a field whose container type is unknown")
-    return _Shape(layout, _KIND_NAME[root[oc.KIND]], scan.fields, containers, dtypes)
+        os.close(fd)
+    if "?" in containers or top not in ("list", "tuple", "dict"):
+        raise NotSpanIndexableError(scan.path, "a container whose type split cannot tell")
+    return _Shape(layout, top, scan.fields, tuple(containers), dtypes)
 
 
 def _shape_from_object(obj: Any, layout: str, fields: tuple[str, ...]) -> _Shape:
@@ -395,11 +422,14 @@ def _write_field(p: ChunkPickler, src: _Source, shape: _Shape, f: int, a: int, b
     if container == "array":
         dtype = shape.dtypes[f]
         assert dtype is not None
+        payload = src.rows(f, a, b)
+        if not isinstance(payload, _Payload):
+            p.item(payload)
+            return
         row_shape = src.row_shape(f)
         template = np.zeros((1, *row_shape), dtype)
         reduced: Any = template.__reduce_ex__(p.proto)
         func, args, *state = reduced
-        payload = src.rows(f, a, b)
         if p.proto >= 5 and len(args) == 4:
             p.save_reduce(func, (payload, args[1], (b - a, *row_shape), args[3]))
         else:
@@ -485,10 +515,13 @@ def _write_json(path: Path, obj: dict[str, Any]) -> None:
 
 
 def _open_source(
-    path: Path, policy: UnpicklePolicy, memory_bytes: int
+    path: Path, policy: UnpicklePolicy, memory_bytes: int, scan: ScanResult | None
 ) -> tuple[_Source, _Shape, bool]:
     try:
-        scan = scan_file(path, encoding=policy.encoding)
+        if scan is None:
+            scan = scan_file(path, encoding=policy.encoding)
+        elif scan.size != path.stat().st_size:
+            raise ValueError(f"scan= is of a file of {scan.size} bytes, not of {path}")
     except NotSpanIndexableError as exc:
         need = WHOLE_FILE_FACTOR * path.stat().st_size
         if need > memory_bytes:
@@ -499,16 +532,60 @@ def _open_source(
                 f"(memory_bytes=, CLI --memory-bytes)",
                 offset=exc.offset,
             ) from None
-        obj = load_file(path, policy)
-        decoded = decode_layout(obj, path)
-        shape = _shape_from_object(obj, decoded.layout, decoded.fields)
-        return _LoadedSource(decoded.columns, _protocol_of(path)), shape, True
+        columns, shape = _load_whole(path, policy)
+        return _LoadedSource(columns, _protocol_of(path)), shape, True
     src = _SpanSource(scan, policy)
     try:
         return src, _shape_from_scan(scan), False
     except BaseException:
         src.close()
         raise
+
+
+def _load_whole(path: Path, policy: UnpicklePolicy) -> tuple[Sequence[Any], _Shape]:
+    """Every pickle of ``path``, as columns, by the scanner's rules for appended pickles."""
+    objs: list[Any] = []
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        while fh.tell() < size:
+            try:
+                objs.append(policy.unpickler(fh, path).load())
+            except PickleshardError:
+                raise
+            except Exception:
+                if not objs:
+                    load_file(path, policy)  # raises the classified error
+                raise
+    if len(objs) == 1:
+        decoded = decode_layout(objs[0], path)
+        return decoded.columns, _shape_from_object(objs[0], decoded.layout, decoded.fields)
+    try:
+        parts = [decode_layout(o, path) for o in objs]
+    except UnsupportedLayoutError:
+        first = objs[0]
+        if type(first) is tuple and first:
+            fields = default_field_names(len(first))
+            shape = _Shape("samples", "", fields, (), (None,) * len(fields))
+            return tuple(zip(*objs, strict=True)), shape
+        if type(first) is dict and first:
+            keys = list(first)
+            fields = tuple(str(k) for k in keys)
+            shape = _Shape("dict_samples", "", fields, (), (None,) * len(fields))
+            return tuple([o[k] for o in objs] for k in keys), shape
+        return (objs,), _Shape("samples", "", ("x",), (), (None,), tuple_samples=False)
+    columns = tuple(
+        np.concatenate([p.columns[f] for p in parts])
+        if all(isinstance(p.columns[f], np.ndarray) for p in parts)
+        else [v for p in parts for v in p.columns[f]]
+        for f in range(len(parts[0].fields))
+    )
+    shape = _shape_from_object(objs[0], parts[0].layout, parts[0].fields)
+    if any(
+        c == "array" and not isinstance(col, np.ndarray)
+        for c, col in zip(shape.containers, columns, strict=False)
+    ):
+        shape = replace(shape, containers=tuple("list" for _ in shape.containers))
+    return columns, shape
 
 
 def _protocol_of(path: Path) -> int:
@@ -533,6 +610,7 @@ def split(
     trusted: bool = False,
     allow_globals: Iterable[str] = (),
     overwrite: bool = False,
+    scan: ScanResult | None = None,
 ) -> SplitReport:
     """Split ``src_file`` into chunk pickles in ``out_dir`` (see the module docstring).
 
@@ -540,7 +618,9 @@ def split(
     ``max_samples`` bounds each chunk. Samples are unpickled under the policy of ``trusted`` /
     ``allow_globals`` / ``encoding``. ``memory_bytes`` bounds the whole-file fallback.
     ``overwrite`` replaces the chunks of an earlier split with other limits or of another
-    source version; without it that raises :class:`OutputExistsError`.
+    source version; without it that raises :class:`OutputExistsError`. ``scan`` is the file's
+    :class:`~pickleshard.scan.ScanResult` if the caller has it (from an index): the scanner
+    maps the whole file read-only, which needs address space (not memory) the size of the file.
     """
     if max_bytes is None and max_samples is None:
         raise ValueError("give max_bytes or max_samples")
@@ -576,7 +656,7 @@ def split(
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OutputPathError(out, f"cannot create: {exc.strerror or exc}") from None
-    src, shape, whole = _open_source(path, policy, memory_bytes)
+    src, shape, whole = _open_source(path, policy, memory_bytes, scan)
     try:
         if old is None:
             cuts = _boundaries(src.sizes(), max_bytes, max_samples)
