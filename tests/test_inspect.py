@@ -404,6 +404,7 @@ def test_truncation_at_every_opcode_boundary(tmp_path: Path) -> None:
         (P4 + b"h\x07.", CorruptPickleError, 2),  # GET of a memo id never stored
         (P4 + b"N(.", CorruptPickleError, 4),  # STOP on an empty slice above a MARK
         (P4 + b"e.", CorruptPickleError, 2),  # APPENDS without a MARK
+        (P4 + b"}(K\x01u.", CorruptPickleError, 6),  # SETITEMS of an odd number of items
         (P4 + b"N\xff.", CorruptPickleError, 3),
         (P4 + b"N." + b"\x00\x00", NotAPickleError, 4),  # trailing junk
     ],

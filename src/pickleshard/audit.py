@@ -287,6 +287,8 @@ def _fixed_op(w: _Walk, op: int, pos: int, nxt: int) -> bool:
         m = w.pop_mark(pos)
         if m < 1 or (w.marks and m <= w.marks[-1]):
             raise w.fail(pos, "with no container below its items")
+        if act == oc.A_SETITEMS and (len(stack) - m) % 2:
+            raise w.fail(pos, "with an odd number of items")
         del stack[m:]
     elif act == oc.A_MARK:
         w.marks.append(len(stack))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -31,7 +32,12 @@ import numpy as np
 
 from . import opcodes as oc
 from .audit import COUNTED, Audit, GlobalUse, audit_buffer
-from .errors import FileProblem, NotSpanIndexableError, UnsupportedLayoutError
+from .errors import (
+    FileProblem,
+    NotSpanIndexableError,
+    PickleshardError,
+    UnsupportedLayoutError,
+)
 from .layouts import decode_layout, decode_records
 from .memo import ArraySpec, InspectUnpickler, NotInspectable, Payload, SpanFile, _Latin1Text
 from .safety import Verdict, parse_allow_globals
@@ -40,7 +46,7 @@ from .scan import ScanResult, scan_file
 __all__ = ["WHOLE_FILE_OPCODES", "FileReport", "InertUnpickler", "Stand", "inspect_file"]
 
 SCHEMA = 1
-WHOLE_FILE_OPCODES = 2_000_000
+WHOLE_FILE_OPCODES = 1_000_000
 """A file the scanner cannot index is evaluated whole (inertly) only up to this many opcodes."""
 _VERDICT_RANK: dict[str, int] = {"allowed": 0, "not allowed": 1, "dangerous": 2}
 _TENSOR_REBUILDS = ("_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3")
@@ -117,7 +123,15 @@ def _encode(text: Any, encoding: str = "utf-8") -> _EncodedText:
 
 
 def describe(v: Any, depth: int = 0) -> str:
-    """A short type/shape/dtype summary of an inertly unpickled value."""
+    """A short type/shape/dtype summary of an inertly unpickled value (``?`` when the stand-ins
+    a hostile file built cannot be summarised)."""
+    try:
+        return _describe(v, depth)
+    except Exception as exc:
+        return f"? ({type(exc).__name__})"
+
+
+def _describe(v: Any, depth: int) -> str:
     if isinstance(v, ArraySpec):
         return f"ndarray {v.dtype if v.dtype is not None else '?'} {v.shape}"
     if isinstance(v, np.ndarray):  # a stand-in array (see _as_ndarray): its values are not real
@@ -261,7 +275,9 @@ class _Reader:
             encoding=self.encoding,
         )
         try:
-            return u.load(), dict(u.memo)
+            with warnings.catch_warnings():  # numpy's complaints about a hostile dtype's args
+                warnings.simplefilter("ignore")
+                return u.load(), dict(u.memo)
         finally:
             self.bytes_read += span.bytes_read
 
@@ -425,6 +441,10 @@ def _report(
         scan = scan_file(name, encoding=encoding)
     except (NotSpanIndexableError, UnsupportedLayoutError) as exc:
         report.reason = _message(exc)
+    except PickleshardError:
+        raise
+    except Exception as exc:  # a scanner defect must not hide the audit: report it as a reason
+        report.reason = f"the scanner failed ({type(exc).__name__}: {exc})"
     else:
         report.span_indexable = True
         report.layout, report.fields, report.kinds = scan.layout, scan.fields, scan.kinds
@@ -441,10 +461,9 @@ def _report(
         return report
     try:
         objs = [reader.load(start, end)[0] for start, end in audit.records]
+        decoded = _decode_whole(objs, name, samples)
     except Exception as exc:  # the inert reading cannot establish the content; it ran nothing
         report.layout += f" ({type(exc).__name__}: {exc})"
         return report
-    report.layout, report.fields, report.samples, report.preview = _decode_whole(
-        objs, name, samples
-    )
+    report.layout, report.fields, report.samples, report.preview = decoded
     return report
