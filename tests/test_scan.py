@@ -3,10 +3,12 @@ it refuses, and the errors it raises on bad bytes."""
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import pickle
 import struct
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ import pytest
 from conftest import BAD_FILES, LAYOUT_CASES
 from picklegen import assert_same, oracle
 from pickleshard import errors
+from pickleshard import scan as scan_module
 from pickleshard.errors import (
     CorruptPickleError,
     FieldLengthMismatchError,
@@ -25,6 +28,16 @@ from pickleshard.errors import (
 from pickleshard.layouts import decode_layout
 from pickleshard.scan import ScanResult, scan_bytes, scan_file
 from pickleshard.spanread import SpanReader
+
+
+@pytest.fixture(autouse=True, params=["python", "compiled"])
+def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs twice: with the reference opcode walker and with its compiled twin."""
+    here = sys.modules[__name__]
+    for name in ("scan_file", "scan_bytes"):
+        scan = functools.partial(getattr(scan_module, name), engine=request.param)
+        monkeypatch.setattr(here, name, scan)
+    return str(request.param)
 
 
 def _dump(tmp_path: Path, obj: Any, protocol: int = 5, name: str = "f.pkl") -> Path:
@@ -346,3 +359,7 @@ def test_a_reused_pickler_that_does_not_refer_back(tmp_path: Path) -> None:
     path = tmp_path / "f.pkl"
     path.write_bytes(buf.getvalue())
     assert _agrees(path).layout == "appended_columns"
+
+
+def test_the_chosen_engine_runs(tmp_path: Path, engine: str) -> None:
+    assert scan_file(_dump(tmp_path, ([1, 2], [3, 4]))).engine == engine

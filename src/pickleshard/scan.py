@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -58,9 +58,11 @@ from .memo import (
 )
 from .opcodes import ITEMS, KIND, START, Node, Value, Walked
 
-__all__ = ["ArrayRow", "ScanResult", "scan_bytes", "scan_file"]
+__all__ = ["ENGINE", "ArrayRow", "ScanResult", "scan_bytes", "scan_file"]
 
 _FORMAT = 1
+# The opcode walker ``engine="auto"`` runs here: "compiled" when pickleshard._cscan is built.
+ENGINE = oc.resolve_engine("auto")
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,9 @@ class ScanResult:
     Per sample (shape ``(N, F)``, int64): ``starts``, ``ends``, ``memo_base``. CSR externals:
     ``ext_offsets`` (``N * F + 1``) and ``ext_keys``. Per file: ``records`` (``(R, 3)`` int64:
     start, end after STOP, memo-key shift of each pickle in the file), ``shared`` and the rest.
-    ``bytes_read`` is how many bytes of the file the scan examined.
+    ``bytes_read`` is how many bytes of the file the scan examined. ``engine`` is the opcode
+    walker that ran ("compiled" or "python"; empty when rebuilt from the stored form); it takes
+    no part in comparisons, since both give equal results.
     """
 
     path: str
@@ -117,6 +121,7 @@ class ScanResult:
     records: np.ndarray
     shared: SharedTable
     bytes_read: int
+    engine: str = field(default="", compare=False)
 
     @property
     def num_samples(self) -> int:
@@ -562,11 +567,12 @@ def _assemble(
         records=np.array(w.records, np.int64).reshape(-1, 3),
         shared=table.shared(),
         bytes_read=w.size - w.skipped + insp.bytes_read,
+        engine=w.engine,
     )
 
 
-def _scan(buf: Any, size: int, name: str, encoding: str) -> ScanResult:
-    w = oc.walk_opcodes(buf, size, name)
+def _scan(buf: Any, size: int, name: str, encoding: str, engine: str) -> ScanResult:
+    w = oc.walk_opcodes(buf, size, name, engine=engine)
     stops = [end - 1 for _, end, _ in w.records]
     try:
         return _scan_chunks(buf, w, stops, encoding)
@@ -580,22 +586,28 @@ def _scan(buf: Any, size: int, name: str, encoding: str) -> ScanResult:
     return _scan_samples(buf, w, stops, encoding)
 
 
-def scan_file(path: str | os.PathLike[str], *, encoding: str = "ASCII") -> ScanResult:
+def scan_file(
+    path: str | os.PathLike[str], *, encoding: str = "ASCII", engine: str = "auto"
+) -> ScanResult:
     """Scan the pickle file at ``path`` (see the module docstring for what is reported).
 
-    ``encoding`` decodes Python 2 ``str`` dict keys, as in :func:`pickle.load`. Raises
+    ``encoding`` decodes Python 2 ``str`` dict keys, as in :func:`pickle.load`. ``engine`` picks
+    the opcode walker: ``"auto"`` (the compiled one when built, see :data:`ENGINE`),
+    ``"compiled"`` or ``"python"`` (the reference); results and errors are the same. Raises
     :class:`~pickleshard.errors.NotSpanIndexableError` when the file must be read whole, and the
     other :class:`~pickleshard.errors.PickleshardError` classes for bad files.
     """
     name = os.fspath(path)
     buf, size = oc.open_buffer(name)
     try:
-        return _scan(buf, size, name, encoding)
+        return _scan(buf, size, name, encoding, engine)
     finally:
         if not isinstance(buf, bytes):
             buf.close()
 
 
-def scan_bytes(data: bytes, name: str = "<bytes>", *, encoding: str = "ASCII") -> ScanResult:
+def scan_bytes(
+    data: bytes, name: str = "<bytes>", *, encoding: str = "ASCII", engine: str = "auto"
+) -> ScanResult:
     """:func:`scan_file` over bytes in memory; ``name`` is used in errors and as ``path``."""
-    return _scan(data, len(data), name, encoding)
+    return _scan(data, len(data), name, encoding, engine)

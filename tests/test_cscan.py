@@ -1,0 +1,142 @@
+"""The compiled opcode walker (``_cscan.pyx``) against its reference (``opcodes._walk_record``):
+built and used in the dev install, equal results on valid pickles, the same exceptions (class,
+message, offset) on damaged ones."""
+
+from __future__ import annotations
+
+import mmap
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from picklegen import build, datasets, dumps, values
+from pickleshard import opcodes as oc
+from pickleshard import scan as scan_module
+from pickleshard.opcodes import Walked
+from pickleshard.scan import ScanResult, scan_bytes, scan_file
+
+ENGINES = ("python", "compiled")
+Outcome = tuple[Any, ...]
+
+
+def _walked(w: Walked) -> Outcome:
+    return (
+        w.protocol,
+        w.roots,
+        w.records,
+        w.defs.tolist(),
+        w.get_offs.tolist(),
+        w.get_keys.tolist(),
+        w.skipped,
+    )
+
+
+def _scanned(s: ScanResult) -> Outcome:
+    return (s.meta(), {k: v.tolist() for k, v in s.arrays_dict().items()})
+
+
+def _outcome(run: Callable[[], Any], facts: Callable[[Any], Outcome]) -> Outcome:
+    try:
+        result = run()
+    except Exception as exc:  # every exception counts: the twins must agree on all of them
+        return ("raised", type(exc), str(exc), getattr(exc, "offset", None))
+    return ("returned", facts(result))
+
+
+def _assert_twins(data: bytes) -> None:
+    """Walk and scan ``data`` with both engines: same results, or the same exception."""
+    walks = [
+        _outcome(lambda e=e: oc.walk_opcodes(data, len(data), "t.pkl", engine=e), _walked)
+        for e in ENGINES
+    ]
+    assert walks[0] == walks[1]
+    scans = [_outcome(lambda e=e: scan_bytes(data, "t.pkl", engine=e), _scanned) for e in ENGINES]
+    assert scans[0] == scans[1]
+
+
+def test_the_extension_is_built_and_used() -> None:
+    # The dev install (`make`, `pip install -e .`) builds it: a missing build must fail here.
+    from pickleshard import _cscan
+
+    assert Path(_cscan.__file__).suffix in (".so", ".pyd")
+    assert oc.compiled_walker() is _cscan.walk_record
+    assert scan_module.ENGINE == "compiled"
+    assert scan_bytes(pickle.dumps(([1], [2]))).engine == "compiled"
+
+
+def test_engine_names() -> None:
+    assert oc.resolve_engine("auto") == "compiled"
+    assert oc.resolve_engine("python") == "python"
+    with pytest.raises(ValueError, match="engine must be one of"):
+        scan_bytes(pickle.dumps(([1], [2])), engine="fast")
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=datasets())
+def test_twins_agree_on_every_layout(data: dict[str, Any]) -> None:
+    objs = build(data["layout"], data["columns"], data["names"])
+    _assert_twins(b"".join(dumps(o, data["protocol"], numpy1=data["numpy1"]) for o in objs))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(obj=values(), protocol=st.integers(0, 5))
+def test_twins_agree_on_any_object(obj: Any, protocol: int) -> None:
+    _assert_twins(pickle.dumps(obj, protocol=protocol))
+
+
+@st.composite
+def damaged(draw: st.DrawFn) -> bytes:
+    """A valid pickle, truncated, with bytes flipped or overwritten, or with bytes inserted."""
+    obj = draw(values())
+    data = bytearray(pickle.dumps(([obj, obj], [1, "a"]), protocol=draw(st.integers(2, 5))))
+    for _ in range(draw(st.integers(1, 3))):
+        how = draw(st.sampled_from(["cut", "flip", "byte", "insert"]))
+        i = draw(st.integers(0, max(len(data) - 1, 0)))
+        if how == "cut":
+            del data[i:]
+        elif how == "flip" and data:
+            data[i] ^= 1 << draw(st.integers(0, 7))
+        elif how == "byte" and data:
+            data[i] = draw(st.integers(0, 255))
+        else:
+            data[i:i] = draw(st.binary(min_size=1, max_size=9))
+    return bytes(data)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=damaged())
+def test_twins_raise_the_same_errors_on_damaged_bytes(data: bytes) -> None:
+    _assert_twins(data)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\x80\x02]p99999999999999999999999\n.",  # a text memo id too large for C: the reference
+        b"\x80\x02]p-3\n0g-3\n.",
+        b"\x80\x02(I1\nI2\ntp0\n0g0\n.",
+        b"\x80\x04\x95\xff\xff\xff\xff\xff\xff\xff\xff.",
+        b"\x80\x02T\xff\xff\xff\xff.",
+        b"\x80\x05\x96" + b"\xff" * 8,
+    ],
+)
+def test_twins_agree_on_edge_cases(data: bytes) -> None:
+    _assert_twins(data)
+
+
+def test_the_mapping_closes_after_a_compiled_walk_fails(tmp_path: Path) -> None:
+    path = tmp_path / "cut.pkl"
+    path.write_bytes(pickle.dumps((list(range(100)), [np.ones(3)] * 100), protocol=5)[:-40])
+    with open(path, "rb") as fh:
+        buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    with pytest.raises(Exception, match="stream ends"):
+        oc.walk_opcodes(buf, len(buf), str(path), engine="compiled")
+    buf.close()  # BufferError if the compiled walker still held a view of it
+    with pytest.raises(Exception, match="stream ends"):
+        scan_file(path, engine="compiled")
