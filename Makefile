@@ -6,7 +6,9 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test lint bench clean
 
-$(STAMP): pyproject.toml ci/constraints.txt
+# The editable install compiles the scanner's Cython core (setup.py): editing the .pyx
+# re-runs it here; by hand, `pip install -e .` rebuilds it.
+$(STAMP): pyproject.toml setup.py ci/constraints.txt $(wildcard src/pickleshard/*.pyx)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade "pip>=25.1"
 	$(PY) -m pip install -q -c ci/constraints.txt -e . --group dev
@@ -28,3 +30,4 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache
+	rm -f src/pickleshard/*.so src/pickleshard/*.c
