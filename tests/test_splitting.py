@@ -152,10 +152,12 @@ def test_rerun_resumes_and_reports_done(tmp_path: Path) -> None:
     src.write_bytes(pickle.dumps(([b"a" * 100] * 50, list(range(50))), protocol=4))
     out = tmp_path / "out"
     first = split(src, out, max_samples=10)
-    assert len(first.chunks) == 5 and not first.already_done
+    assert len(first.chunks) == 5
+    assert not first.already_done
     assert json.loads((out / MANIFEST).read_text())["complete"] is True
     again = split(src, out, max_samples=10)
-    assert again.already_done and again.chunks == first.chunks
+    assert again.already_done
+    assert again.chunks == first.chunks
     # a run killed after two chunks: the manifest is incomplete and three chunks are missing
     manifest = json.loads((out / MANIFEST).read_text())
     (out / MANIFEST).write_text(json.dumps({**manifest, "complete": False}))
@@ -163,7 +165,8 @@ def test_rerun_resumes_and_reports_done(tmp_path: Path) -> None:
         c.unlink()
     (out / (first.chunks[3].name + ".tmp-999")).write_bytes(b"partial")
     resumed = split(src, out, max_samples=10)
-    assert resumed.chunks_reused == 2 and not resumed.already_done
+    assert resumed.chunks_reused == 2
+    assert not resumed.already_done
     assert not list(out.glob("*.tmp-*"))
     _check_split(src, out, max_samples=10)
 
@@ -217,6 +220,85 @@ def test_one_sample_per_pickle_files(tmp_path: Path, protocol: int) -> None:
         src.write_bytes(b"".join(pickle.dumps(s, protocol=protocol) for s in samples))
         report = split(src, tmp_path / name, max_samples=3)
         got = [o for c in report.chunks for o in _pickles(c)]
-        assert len(report.chunks) == 3 and len(got) == 7
+        assert len(report.chunks) == 3
+        assert len(got) == 7
         for g, w in zip(got, samples, strict=True):
             assert_same(g, w)
+
+
+_CHILD = r"""
+import json, os, resource, sys
+import numpy as np
+from pickleshard.scan import scan_file
+from pickleshard.splitting import split
+
+src, out, headroom = sys.argv[1], sys.argv[2], int(sys.argv[3])
+size = os.path.getsize(src)
+# The scanner maps the file read-only: address space the size of the file, but no memory.
+# Scan first, then limit the address space for the split itself.
+scan = scan_file(src)
+
+def vm_bytes():
+    with open("/proc/self/status") as fh:
+        return next(int(l.split()[1]) * 1024 for l in fh if l.startswith("VmSize:"))
+
+base = vm_bytes()
+resource.setrlimit(resource.RLIMIT_AS, (base + headroom, resource.RLIM_INFINITY))
+try:
+    hog = bytearray(size)
+except MemoryError:
+    pass
+else:
+    raise SystemExit("the address-space limit does not bite")
+report = split(src, out, max_bytes=32 << 20, scan=scan)
+print(json.dumps({
+    "chunks": [str(c) for c in report.chunks],
+    "base": base,
+    "limit": base + headroom,
+}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmSize from /proc")
+def test_splits_a_file_larger_than_the_memory_it_may_use(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from pickleshard.scan import scan_file
+    from pickleshard.spanread import SpanReader
+
+    n, row = 300, 1 << 18  # 300 samples of 1 MiB: a 300 MiB file
+    src = tmp_path / "big.pickle"
+    with open(src, "wb") as fh:
+        xs = [np.full(row, i, np.float32) for i in range(n)]
+        pickle.dump((xs, [f"label{i}" for i in range(n)]), fh, protocol=5)
+        del xs
+    size = src.stat().st_size
+    headroom = size // 3  # far less than the file, enough for numpy, the reader and a chunk's I/O
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(src), str(tmp_path / "out"), str(headroom)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert result["limit"] - result["base"] < size  # maxrss counts the scan's file pages: no use
+    chunks = [Path(c) for c in result["chunks"]]
+    assert len(chunks) >= size // (32 << 20)
+    with SpanReader(scan_file(src)) as reader:
+        i = 0
+        for chunk in chunks:
+            with open(chunk, "rb") as fh:
+                xs, ys = pickle.load(fh)
+            assert isinstance(xs, list)
+            assert isinstance(ys, list)
+            for x, y in zip(xs, ys, strict=True):
+                want_x, want_y = reader.read_sample(i)
+                assert y == want_y
+                assert x.dtype == want_x.dtype
+                assert np.array_equal(x, want_x)
+                i += 1
+            del xs, ys
+    assert i == n
