@@ -334,21 +334,47 @@ def _fixed_op(w: _Walk, op: int, pos: int, nxt: int) -> bool:
 def _walk_record(w: _Walk, pos: int) -> int:
     """Walk one pickle from ``pos`` to its STOP; return the offset after it."""
     a, buf, end = w.a, w.buf, w.end
-    stack, counts = w.stack, a.counts
+    stack, counts, marks, values = w.stack, a.counts, w.marks, w.values
     push, step_of, form_of = stack.append, _FAST_STEP, oc.FORM
+    action_of, npop_of = oc.ACTION, oc.NPOP
     n_ops, skipped, hi = 0, 0, 0
+    track = buf[pos] != oc.PROTO_OP  # protocol 0 or 1: which, by the opcodes it uses
     try:
         while True:
             if pos >= end:
                 raise w.cut(pos, "the opcode stream (no STOP)")
             op = buf[pos]
             n_ops += 1
-            if _OPPROTO[op] > hi:
+            if track and _OPPROTO[op] > hi:
                 hi = _OPPROTO[op]
             step = step_of[op]
             if step:
                 push(None)
                 pos += step
+                continue
+            # the two commonest other opcodes, inline: MEMOIZE with dense ids, and BINGET
+            if op == oc.MEMOIZE_OP and not w.sparse and len(stack) > (marks[-1] if marks else 0):
+                if stack[-1] is not None:
+                    values[w.dense] = stack[-1]
+                w.dense += 1
+                pos += 1
+                continue
+            if op == oc.BINGET_OP and pos + 2 <= end and buf[pos + 1] < w.dense:
+                push(values.get(buf[pos + 1]))
+                pos += 2
+                continue
+            act = action_of[op]
+            if act == oc.A_MARK:
+                marks.append(len(stack))
+                pos += 1
+                continue
+            if act == oc.A_TUPLEN or (act == oc.A_TUPLE and marks):
+                m = len(stack) - npop_of[op] if act == oc.A_TUPLEN else marks.pop()
+                if m < (marks[-1] if marks else 0):
+                    raise w.fail(pos, "underflows the stack")
+                del stack[m:]
+                push(None)
+                pos += 1
                 continue
             form = form_of[op]
             if oc.F_LEN1 <= form <= oc.F_LEN8U:
