@@ -1,5 +1,7 @@
 """``python -m bench``: whole-file PickleDataset against the naive and folk baselines.
 
+``python -m bench scan ...`` runs ``bench.scan`` instead (index build: scanner vs unpickling).
+
 Rows: {null, naive list, folk JSON, PickleDataset + BlockShuffleSampler} x {sequential,
 shuffled} x the ``--workers`` counts, each in a fresh process through the same DataLoader loop.
 Prints a Markdown table and writes it, with the raw numbers as JSON, to ``--out``.
@@ -186,6 +188,10 @@ def _write_report(raw: dict[str, Any], out: Path, name: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "--":
         argv = argv[1:]  # `pickleshard bench -- --quick` passes its separator through
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["scan"]:  # `python -m bench scan ...`
+        from .scan import main as scan_main
+
+        return scan_main((sys.argv[1:] if argv is None else argv)[1:])
     args = _parser().parse_args(argv)
     if args.render is not None:
         raw = json.loads(args.render.read_text())

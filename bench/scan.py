@@ -1,0 +1,265 @@
+"""``python -m bench.scan`` (or ``python -m bench scan``): index build, scanner vs unpickling.
+
+For each dataset, every file is scanned with the pure-Python opcode walker (``engine="python"``,
+the reference) and with the compiled one (``engine="compiled"``), and unpickled with
+``pickle.load``, in one process, all from the page cache (every file is read once first); each
+figure is the best of ``--repeat`` passes over all files. ``walk`` columns time the opcode walk
+alone (``opcodes.walk_opcodes``), the rest of a scan being layout matching and span tables.
+
+Datasets (``pickleshard synth`` layout, ``pickle.dump((x_list, y_list))`` per file):
+(a) float32 ``(3, 32, 32)`` arrays, 12 KB samples; (b) float32 ``(3, 224, 224)`` arrays, 600 KB
+samples; (c) small Python-object samples (``--kind objects``: dicts of a token list, a string,
+a float). Then the scanner's peak memory on one file of ``--big-gb`` GB of 600 KB arrays,
+measured in a fresh process as PSS (:mod:`pickleshard.memory`) and as private (anonymous) bytes.
+
+Writes ``bench/results/issue3-scan[-quick].md`` and ``.json``. ``--quick`` is a smoke run. The
+issue's targets: scan >= 20x faster than unpickling on array data; peak memory < 100 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pickleshard import opcodes as oc
+from pickleshard.scan import ENGINE, scan_file
+from pickleshard.synth import Kind, write_synthetic
+
+from .report import busy_note, describe_machine
+
+__all__ = ["main"]
+
+HERE = Path(__file__).resolve().parent
+MB = 1e6
+
+
+@dataclass(frozen=True)
+class DataSet:
+    """``files`` files of ``per_file`` samples (``kind``, ``shape``) in ``root / name``."""
+
+    label: str
+    kind: Kind
+    files: int
+    per_file: int
+    shape: tuple[int, ...] = (3, 32, 32)
+
+    @property
+    def name(self) -> str:
+        dims = "x".join(map(str, self.shape)) if self.kind == "arrays" else "objects"
+        return f"scan-{self.files}x{self.per_file}-{dims}"
+
+    def paths(self, root: Path) -> list[Path]:
+        folder = root / self.name
+        expected = [folder / f"part-{f:05d}.pkl" for f in range(self.files)]
+        if not all(p.exists() for p in expected):
+            print(f"writing {folder}", flush=True)
+            write_synthetic(
+                folder, files=self.files, per_file=self.per_file, shape=self.shape, kind=self.kind
+            )
+        return expected
+
+
+FULL = (
+    DataSet("(a) 12 KB arrays, float32 3x32x32", "arrays", 8, 5000),
+    DataSet("(b) 600 KB arrays, float32 3x224x224", "arrays", 2, 1000, (3, 224, 224)),
+    DataSet("(c) Python objects (dict of list, str, float)", "objects", 8, 5000),
+)
+QUICK = (
+    DataSet("(a) 12 KB arrays, float32 3x32x32", "arrays", 2, 500),
+    DataSet("(b) 600 KB arrays, float32 3x224x224", "arrays", 1, 50, (3, 224, 224)),
+    DataSet("(c) Python objects (dict of list, str, float)", "objects", 2, 500),
+)
+
+
+@dataclass(frozen=True)
+class Row:
+    """Best-of-``repeat`` seconds over all files of one dataset, per method."""
+
+    dataset: str
+    files: int
+    samples: int
+    megabytes: float
+    load_s: float
+    scan_python_s: float
+    scan_compiled_s: float
+    walk_python_s: float
+    walk_compiled_s: float
+    bytes_read: int
+
+
+def _best(fn: Callable[[], Any], repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _load_all(paths: list[Path]) -> None:
+    for p in paths:
+        with open(p, "rb") as fh:
+            t = pickle.load(fh)
+        del t
+
+
+def _walk_all(paths: list[Path], engine: str) -> None:
+    for p in paths:
+        buf, size = oc.open_buffer(p)
+        try:
+            oc.walk_opcodes(buf, size, str(p), engine=engine)
+        finally:
+            if not isinstance(buf, bytes):
+                buf.close()
+
+
+def _measure(ds: DataSet, root: Path, repeat: int) -> Row:
+    paths = ds.paths(root)
+    for p in paths:  # into the page cache
+        p.read_bytes()
+    scans = [scan_file(p, engine="compiled") for p in paths]
+    row = Row(
+        dataset=ds.label,
+        files=ds.files,
+        samples=sum(s.num_samples for s in scans),
+        megabytes=sum(p.stat().st_size for p in paths) / MB,
+        load_s=_best(lambda: _load_all(paths), repeat),
+        scan_python_s=_best(lambda: [scan_file(p, engine="python") for p in paths], repeat),
+        scan_compiled_s=_best(lambda: [scan_file(p, engine="compiled") for p in paths], repeat),
+        walk_python_s=_best(lambda: _walk_all(paths, "python"), repeat),
+        walk_compiled_s=_best(lambda: _walk_all(paths, "compiled"), repeat),
+        bytes_read=sum(s.bytes_read for s in scans),
+    )
+    print(
+        f"   load {row.load_s:.3f} s, scan python {row.scan_python_s:.3f} s, "
+        f"compiled {row.scan_compiled_s:.3f} s",
+        flush=True,
+    )
+    return row
+
+
+_PEAK_CHILD = """
+import json, resource, sys, psutil
+from pickleshard.memory import PeakPSS
+from pickleshard.scan import scan_file
+proc = psutil.Process()
+before = proc.memory_full_info()
+with PeakPSS(interval=0.005) as peak:
+    scan = scan_file(sys.argv[1], engine=sys.argv[2])
+after = proc.memory_full_info()
+print(json.dumps({"samples": scan.num_samples, "pss_start": peak.start_bytes,
+    "pss_peak": peak.peak_bytes, "uss_before": before.uss, "uss_after": after.uss,
+    "rss_peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+    "bytes_read": scan.bytes_read}))
+"""
+
+
+def _peak_memory(root: Path, gb: float, engine: str) -> dict[str, Any]:
+    per_file = int(gb * 1e9 / (3 * 224 * 224 * 4)) + 1
+    path = DataSet("big", "arrays", 1, per_file, (3, 224, 224)).paths(root)[0]
+    path.read_bytes()  # the page cache holds it: the worst case for mapped pages counted in PSS
+    out = subprocess.run(
+        [sys.executable, "-c", _PEAK_CHILD, str(path), engine],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    got: dict[str, Any] = json.loads(out.stdout)
+    got.update(engine=engine, file=str(path), file_bytes=path.stat().st_size)
+    return got
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:,.1f}x" if b > 0 else "—"
+
+
+def _table(rows: list[Row]) -> list[str]:
+    head = ["dataset", "files", "samples", "MB", "pickle.load s", "scan python s"]
+    head += ["scan compiled s", "load / compiled", "load / python", "python / compiled"]
+    head += ["walk python s", "walk compiled s", "bytes read by scan"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for r in rows:
+        cells = [r.dataset, str(r.files), f"{r.samples:,}", f"{r.megabytes:,.0f}"]
+        cells += [f"{r.load_s:.3f}", f"{r.scan_python_s:.3f}", f"{r.scan_compiled_s:.4f}"]
+        cells += [_ratio(r.load_s, r.scan_compiled_s), _ratio(r.load_s, r.scan_python_s)]
+        cells += [_ratio(r.scan_python_s, r.scan_compiled_s)]
+        cells += [f"{r.walk_python_s:.3f}", f"{r.walk_compiled_s:.4f}"]
+        cells += [f"{r.bytes_read / MB:,.1f} MB ({100 * r.bytes_read / (r.megabytes * MB):.2f}%)"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _memory_lines(mem: list[dict[str, Any]]) -> list[str]:
+    lines = ["| engine | file | samples | PSS at start MB | peak PSS MB | growth MB | private (USS) growth MB | peak RSS MB |"]  # fmt: skip
+    lines.append("|---|---|---|---|---|---|---|---|")
+    for m in mem:
+        cells = [m["engine"], f"{m['file_bytes'] / 1e9:.2f} GB", f"{m['samples']:,}"]
+        cells += [f"{m['pss_start'] / MB:,.0f}", f"{m['pss_peak'] / MB:,.0f}"]
+        cells += [f"{(m['pss_peak'] - m['pss_start']) / MB:,.0f}"]
+        cells += [f"{(m['uss_after'] - m['uss_before']) / MB:,.1f}"]
+        cells += [f"{m['rss_peak_kb'] * 1024 / MB:,.0f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.scan", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--quick", action="store_true", help="a tiny smoke run")
+    parser.add_argument("--repeat", type=int, default=3, help="passes per method; best kept")
+    parser.add_argument("--big-gb", type=float, default=2.1, help="size of the peak-memory file")
+    parser.add_argument("--data", type=Path, default=HERE / "data", help="where datasets live")
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    args = parser.parse_args(argv)
+    if ENGINE != "compiled":
+        print("the compiled scanner is not built: pip install -e . first", file=sys.stderr)
+        return 2
+    command = shlex.join(["python", "-m", "bench.scan", *(sys.argv[1:] if argv is None else argv)])
+    machine = describe_machine(command)
+    rows = []
+    for ds in QUICK if args.quick else FULL:
+        print(f"-- {ds.label}", flush=True)
+        rows.append(_measure(ds, args.data, args.repeat))
+    big_gb = 0.05 if args.quick else args.big_gb
+    mem = [_peak_memory(args.data, big_gb, e) for e in ("compiled", "python")]
+    name = "issue3-scan-quick" if args.quick else "issue3-scan"
+    lines = ["# Index build: the opcode scanner vs unpickling", "", "## Machine", ""]
+    lines += [f"- {k}: {v}" for k, v in machine.items()]
+    note = busy_note(machine)
+    lines += ["", note] if note else []
+    lines += ["", "## Setup", "", *_SETUP.strip().splitlines()]
+    lines += ["", "## Scan time", "", *_table(rows), "", "## Scanner peak memory", ""]
+    lines += [*_memory_lines(mem), ""]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{name}.md").write_text("\n".join(lines))
+    raw = {"machine": machine, "rows": [asdict(r) for r in rows], "memory": mem}
+    (args.out / f"{name}.json").write_text(json.dumps(raw, indent=1) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+_SETUP = """
+- every figure is the best of --repeat passes over all files of the dataset, in one process,
+  files in the page cache; `pickle.load` is the time to unpickle each file (its result freed
+  outside the timer)
+- scan = `scan_file(path, engine=...)`: the opcode walk, layout matching, span and memo tables
+  (what an index build does per file); walk = `opcodes.walk_opcodes` alone
+- peak memory: `scan_file` of one file in a fresh process (after importing numpy and pickleshard),
+  the file in the page cache; PSS sampled every 5 ms (`pickleshard.memory.PeakPSS`) counts the
+  file's pages the scan touched through its mmap (clean, shared page cache) plus private memory;
+  USS growth is the private part
+"""
+
+
+if __name__ == "__main__":
+    sys.exit(main())
