@@ -302,3 +302,23 @@ def test_splits_a_file_larger_than_the_memory_it_may_use(tmp_path: Path) -> None
                 i += 1
             del xs, ys
     assert i == n
+
+
+def test_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pickleshard.cli import main
+
+    src = tmp_path / "big.pickle"
+    src.write_bytes(pickle.dumps(([np.zeros(100) for _ in range(10)], list(range(10))), protocol=5))
+    out = tmp_path / "parts"
+    assert main(["split", str(src), str(out), "--max-bytes", "2KiB", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["samples"] == 10
+    assert report["chunks"][0] == "big-00000.pickle"
+    assert len(report["chunks"]) >= 5
+    assert main(["split", str(src), str(out), "--max-bytes", "2KiB"]) == 0
+    assert "already holds this split" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["split", str(src), str(out)])
+    assert "--max-bytes SIZE or --max-samples N" in capsys.readouterr().err
+    assert main(["split", str(tmp_path / "missing.pickle"), str(out), "--max-samples", "2"]) == 1
+    assert "missing.pickle" in capsys.readouterr().err

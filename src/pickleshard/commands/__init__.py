@@ -5,4 +5,4 @@
 so that ``pickleshard inspect`` does not pay for torch.
 """
 
-COMMANDS = ("synth", "index", "inspect", "convert", "verify", "demo", "bench")
+COMMANDS = ("synth", "index", "inspect", "convert", "verify", "split", "demo", "bench")
