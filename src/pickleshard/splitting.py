@@ -56,6 +56,7 @@ from .errors import (
     OutputExistsError,
     OutputPathError,
     PickleshardError,
+    UnreadableFileError,
     UnsupportedLayoutError,
 )
 from .layouts import decode_layout, default_field_names
@@ -633,7 +634,10 @@ def split(
     policy = UnpicklePolicy.from_args(
         trusted=trusted, allow_globals=allow_globals, encoding=encoding
     )
-    ident = _identity(path, max_bytes, max_samples)
+    try:
+        ident = _identity(path, max_bytes, max_samples)
+    except OSError as exc:
+        raise UnreadableFileError(path, f"cannot read: {exc.strerror or exc}") from None
     manifest_path = out / MANIFEST
     old = _read_manifest(manifest_path)
     if old is not None and {k: old.get(k) for k in ident} != ident:
