@@ -22,7 +22,8 @@ ones are rebuilt for every read, so mutating a sample never changes another. Wit
 and its objects are reused, so ``x is y``-style sharing within a sample survives.
 
 :meth:`SpanReader._fast_unpickler` and :meth:`SpanReader._general_unpickler` build every
-unpickler; ``find_class=`` (a later allowlist) replaces the global lookup in both.
+unpickler; ``find_class=`` (default: the allowlist of :mod:`pickleshard.safety`) replaces the
+global lookup in both.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import sys
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -47,6 +48,7 @@ from .errors import (
     UnreadableFileError,
 )
 from .memo import WINDOW, SpanFile, SpanUnpickler
+from .safety import AllowlistFindClass
 from .scan import ScanResult
 
 __all__ = ["BIG", "ReaderStats", "SpanReader", "rewrite_span"]
@@ -268,9 +270,11 @@ class SpanReader:
     """Reads samples of one scanned file by span; one per file and process.
 
     ``encoding`` / ``errors`` are those of :func:`pickle.load` (``"latin1"`` or ``"bytes"`` for
-    Python 2 pickles). ``find_class(module, name)``, if given, replaces the global lookup of
-    every unpickler this reader builds (:meth:`_fast_unpickler` and :meth:`_general_unpickler`
-    are the only places they are built). ``general=True`` reads every pickle span with the
+    Python 2 pickles). ``find_class(module, name)`` replaces the global lookup of every
+    unpickler this reader builds (:meth:`_fast_unpickler` and :meth:`_general_unpickler` are the
+    only places they are built); by default (``"allowlist"``) it is the allowlist of
+    :mod:`pickleshard.safety`, and ``None`` (a trusted file) is the plain lookup, which runs any
+    callable the file names. ``general=True`` reads every pickle span with the
     pure-Python general path. Immutable shared values are cached up to ``shared_bytes``
     (``sys.getsizeof`` estimate, see :class:`ReaderStats`). The file descriptor is opened on
     first use and reopened after a fork; a pickled reader travels without it.
@@ -282,13 +286,16 @@ class SpanReader:
         *,
         encoding: str = "ASCII",
         errors: str = "strict",
-        find_class: FindClass | None = None,
+        find_class: FindClass | Literal["allowlist"] | None = "allowlist",
         general: bool = False,
         shared_bytes: int = 64 << 20,
         big: int = BIG,
     ) -> None:
         self.scan = scan
         self.path = scan.path
+        self._own_allowlist: AllowlistFindClass | None = None
+        if isinstance(find_class, str):  # restricted unless the caller says otherwise
+            find_class = self._own_allowlist = AllowlistFindClass(scan.path)
         self.encoding, self.errors, self.find_class = encoding, errors, find_class
         self.general = general
         self.shared_budget = shared_bytes
@@ -490,6 +497,8 @@ class SpanReader:
             raise IndexError(f"sample {i} out of range for {self.path} ({n} samples)")
         if i < 0:
             i += n
+        if self._own_allowlist is not None:
+            self._own_allowlist.sample = i  # a refusal names the sample
         starts, ends, bases = (
             scan.starts[i].tolist(),
             scan.ends[i].tolist(),
