@@ -24,6 +24,7 @@ from pickleshard.errors import UnsafePickleError
 from pickleshard.safety import DEFAULT_POLICY, UnpicklePolicy
 from pickleshard.scan import scan_file
 from pickleshard.spanread import SpanReader
+from pickleshard.splitting import split
 from pickleshard.testing import SLOW_GLOBAL, SlowInt
 from pickleshard.wholefile import load_file, load_records
 
@@ -114,6 +115,18 @@ def _read_all(folder: Path, mode: Any) -> None:
         ds[i]
 
 
+def test_span_reader_is_restricted_by_default(tmp_path: Path) -> None:
+    canary = tmp_path / "canary"
+    path = _write(tmp_path / "data", _System(f"touch {canary}"))
+    with SpanReader(scan_file(path)) as reader, pytest.raises(UnsafePickleError) as info:
+        reader.read_sample(1)
+    _check_refusal(info.value, path, "posix.system")
+    assert not canary.exists()
+    path = _write(tmp_path / "data", Counter("ab"))
+    with SpanReader(scan_file(path), find_class=None) as trusting:  # None: the plain lookup
+        assert trusting.read_sample(1) == (11, Counter("ab"))
+
+
 @pytest.mark.parametrize("mode", ["span", "whole", "auto"])
 def test_dataset_refuses_in_every_mode(unlisted: tuple[Path, Any, str], mode: str) -> None:
     path, obj, name = unlisted
@@ -186,8 +199,21 @@ def test_convert_ways_out(tmp_path: Path) -> None:
         lambda p: SpanReader(scan_file(p), find_class=DEFAULT_POLICY.find_class(p)).read_sample(0),
         lambda p: PickleDataset(p.parent, mode="span")[0],
         lambda p: PickleDataset(p.parent, mode="whole")[0],
+        lambda p: build_index(p.parent, spans=False, jobs=1),
+        lambda p: convert(p.parent, p.parent.parent / "out", jobs=1),
+        lambda p: convert(p.parent, p.parent.parent / "out", jobs=2, to="lmdb"),
+        lambda p: split(p, p.parent.parent / "parts", max_samples=1),
     ],
-    ids=["whole", "span", "dataset-span", "dataset-whole"],
+    ids=[
+        "whole",
+        "span",
+        "dataset-span",
+        "dataset-whole",
+        "index-whole",
+        "convert",
+        "convert-lmdb-2jobs",
+        "split",
+    ],
 )
 def test_dangerous_reduce_never_runs(tmp_path: Path, reader: Callable[[Path], Any]) -> None:
     canary = tmp_path / "canary"
