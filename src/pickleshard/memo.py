@@ -430,6 +430,17 @@ class MemoRefusal(Exception):
         self.reason, self.offset = reason, offset
 
 
+def _unique_pairs(first: np.ndarray, second: np.ndarray, bound: int) -> np.ndarray:
+    """Sorted unique rows of ``(first, second)`` (``0 <= second < bound``), shape ``(n, 2)``."""
+    if not len(first):
+        return np.zeros((0, 2), np.int64)
+    bound = max(bound, 1)
+    if int(first.max()) < (1 << 62) // bound:  # one int64 per pair: a 1-D unique, 10x faster
+        flat = np.unique(first.astype(np.int64) * bound + second)
+        return np.stack([flat // bound, flat % bound], axis=1)
+    return np.unique(np.stack([first, second], axis=1), axis=0)
+
+
 class ElementTable:
     """Disjoint element spans of a file and the memo keys each needs from before its start.
 
@@ -460,11 +471,7 @@ class ElementTable:
         inside = e >= 0
         e, keys = e[inside], get_keys[inside]
         external = defs[keys] < starts[e]
-        pairs = (
-            np.unique(np.stack([e[external], keys[external]], axis=1), axis=0)
-            if external.any()
-            else np.zeros((0, 2), np.int64)
-        )
+        pairs = _unique_pairs(e[external], keys[external], len(defs))
         self.ext_offsets = np.concatenate(
             [[0], np.cumsum(np.bincount(pairs[:, 0], minlength=len(starts)))]
         ).astype(np.int64)

@@ -37,6 +37,7 @@ value whose type the scanner cannot establish without running code.
 from __future__ import annotations
 
 import os
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -188,12 +189,25 @@ class _Field:
     array: ArrayRow | None = None
 
 
+def _item_starts(node: Node) -> np.ndarray:
+    items = node[ITEMS]
+    if type(items) is array:  # a complete node: item offsets only, as int64
+        return np.frombuffer(items, np.int64)
+    try:
+        return np.array(items, np.int64)
+    except (TypeError, ValueError):  # some items are nodes
+        return np.fromiter((x if type(x) is int else x[START] for x in items), np.int64, len(items))
+
+
 def _spans(nodes: Sequence[Node]) -> tuple[np.ndarray, np.ndarray]:
     """Start and end offsets of the items of ``nodes``, concatenated."""
     total = sum(len(n[ITEMS]) for n in nodes)
-    starts = np.fromiter(
-        (x if type(x) is int else x[START] for n in nodes for x in n[ITEMS]), np.int64, total
-    )
+    if len(nodes) <= 16:  # a few big nodes (columns): whole arrays at a time
+        starts = np.concatenate([_item_starts(n) for n in nodes] or [np.zeros(0, np.int64)])
+    else:  # many small nodes (rows)
+        starts = np.fromiter(
+            (x if type(x) is int else x[START] for n in nodes for x in n[ITEMS]), np.int64, total
+        )
     ends = np.empty(total, np.int64)
     ends[:-1] = starts[1:]
     base = 0
