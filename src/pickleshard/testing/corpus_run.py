@@ -28,7 +28,6 @@ Each worker writes one JSON line per case, ``{"case", "outcomes": {path: class n
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import os
@@ -135,13 +134,11 @@ def _on_alarm(signum: int, frame: Any) -> None:
     raise _CaseTimeout
 
 
-def _engines(scan_file: Callable[..., Any]) -> list[str | None]:
-    """The scanner engines to try: each of ``ENGINES`` once the ``engine`` argument exists."""
-    if "engine" not in inspect.signature(scan_file).parameters:
-        return [None]
-    from .. import scan
+def _engines() -> list[str]:
+    """The scanner engines to try: the pure-Python walker, and the compiled one when built."""
+    from .. import opcodes
 
-    return list(getattr(scan, "available_engines", lambda: ("python", "compiled"))())
+    return ["python"] + (["compiled"] if opcodes.compiled_walker() is not None else [])
 
 
 def _reference(path: str) -> tuple[list[Any] | None, str]:
@@ -184,10 +181,8 @@ def _reference_samples(objs: list[Any], path: str) -> tuple[tuple[str, ...], lis
 
 class _Worker:
     def __init__(self, index_dir: str, canary: str) -> None:
-        from ..scan import scan_file
-
         self.index_dir, self.canary = index_dir, canary
-        self.engines = _engines(scan_file)
+        self.engines = _engines()
         self.built = False
 
     def run(self, name: str, folder: str, out: Any) -> None:
@@ -205,9 +200,7 @@ class _Worker:
             ("load", lambda: self._load(path, ref)),
         ]
         for engine in self.engines:
-            paths.append(
-                (f"scan:{engine or 'python'}", partial(self._scan, path, ref, ref_error, engine))
-            )
+            paths.append((f"scan:{engine}", partial(self._scan, path, ref, ref_error, engine)))
         paths.append(("index", lambda: self._index(folder, ref)))
         paths.append(("dataset", lambda: self._dataset(folder, path, ref, ref_error)))
         for label, fn in paths:
@@ -236,6 +229,9 @@ class _Worker:
             if os.path.exists(self.canary):
                 problems.append(f"{label}: the canary file was created")
                 os.unlink(self.canary)
+        twins = {outcomes[f"scan:{e}"] for e in self.engines}
+        if len(twins) > 1:
+            problems.append(f"the scanner engines disagree: {sorted(twins)}")
         outcomes["reference"] = ref_error or "ok"
         took = round(time.perf_counter() - t0, 4)
         rec = {"case": name, "outcomes": outcomes, "problems": problems, "seconds": took}
@@ -251,13 +247,11 @@ class _Worker:
         diff = deep_diff(got, ref)
         return f"value differs from pickle.load at {diff}" if diff else None
 
-    def _scan(
-        self, path: str, ref: list[Any] | None, ref_error: str, engine: str | None
-    ) -> str | None:
+    def _scan(self, path: str, ref: list[Any] | None, ref_error: str, engine: str) -> str | None:
         from ..scan import scan_file
         from ..spanread import SpanReader
 
-        scan = scan_file(path) if engine is None else scan_file(path, engine=engine)  # type: ignore[call-arg]
+        scan = scan_file(path, engine=engine)
         want: list[Any] | None = None
         if ref is not None:
             fields, want = _reference_samples(ref, path)
