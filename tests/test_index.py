@@ -487,3 +487,93 @@ def test_synthetic_datasets_equal_pickle_load(tmp_path: Path, kind: Any, protoco
         seed=protocol,
     )
     _assert_dataset_matches_oracle(PickleDataset(tmp_path / "data", jobs=1), files)
+
+
+# -- skip_bad: every good file indexed, every bad one listed with its error --------------------
+
+
+def _folder_with_bad_files(tmp_path: Path) -> Path:
+    paths = _synth(tmp_path / "data", files=3, per_file=4)
+    data = paths[0].read_bytes()
+    (tmp_path / "data" / "a-truncated.pkl").write_bytes(data[: len(data) // 2])
+    (tmp_path / "data" / "notes.pkl").write_text("not a pickle\n")
+    with open(tmp_path / "data" / "z-fields.pkl", "wb") as fh:
+        pickle.dump({"image": [1, 2], "label": [3, 4]}, fh)
+    return tmp_path / "data"
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_skip_bad_indexes_good_files_and_lists_each_bad_one(tmp_path: Path, jobs: int) -> None:
+    folder = _folder_with_bad_files(tmp_path)
+    with pytest.raises(errors.TruncatedPickleError, match="a-truncated"):
+        build_index(folder, jobs=1)
+    index = build_index(folder, jobs=jobs, skip_bad=True)
+    assert _names(index) == [f"part-0000{i}.pkl" for i in range(3)]
+    assert len(index) == 12
+    errors_by_path = {s["path"]: s["error"] for s in index.skipped}
+    assert errors_by_path == {
+        "a-truncated.pkl": "TruncatedPickleError",
+        "notes.pkl": "NotAPickleError",
+        "z-fields.pkl": "UnsupportedLayoutError",
+    }
+    for s in index.skipped:
+        assert str((folder / s["path"]).resolve()) in s["message"]
+    reopened, _ = open_index(folder, rebuild="never")  # skipped files are not "added" files
+    assert reopened.skipped == index.skipped
+    (folder / "notes.pkl").write_text("still not a pickle, but changed\n")
+    with pytest.raises(errors.StaleIndexError) as info:
+        open_index(folder)
+    assert info.value.changed == ("notes.pkl",)
+
+
+def test_skip_bad_keeps_the_fields_most_files_have(write_pickle: WritePickle) -> None:
+    write_pickle("a.pkl", {"image": [1], "label": [2]})
+    for name in ("b.pkl", "c.pkl"):
+        write_pickle(name, ([1, 2], [3, 4]))
+    index = build_index(write_pickle("d.pkl", ([5], [6])).parent, jobs=1, skip_bad=True)
+    assert _names(index) == ["b.pkl", "c.pkl", "d.pkl"]
+    assert [s["path"] for s in index.skipped] == ["a.pkl"]
+
+
+def test_index_command_skip_bad_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pickleshard.cli import main
+
+    folder = _folder_with_bad_files(tmp_path)
+    assert main(["index", str(folder)]) == 1
+    assert "a-truncated.pkl" in capsys.readouterr().err
+    assert main(["index", str(folder), "--skip-bad", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["files"], summary["samples"], summary["span_files"]) == (3, 12, 3)
+    assert [s["path"] for s in summary["skipped"]] == [
+        "a-truncated.pkl",
+        "notes.pkl",
+        "z-fields.pkl",
+    ]
+    assert all(str(folder.resolve()) in s["message"] for s in summary["skipped"])
+    assert main(["index", str(folder), "--skip-bad"]) == 0
+    text = capsys.readouterr().out
+    assert "skipped 3 bad file(s)" in text
+    assert "NotAPickleError" in text
+    assert "notes.pkl" in text
+
+
+def test_index_records_span_and_whole_files(tmp_path: Path) -> None:
+    _synth(tmp_path / "data", files=2, per_file=4)
+    _synth(tmp_path / "data", files=1, per_file=3, protocol=1, prefix="old")
+    index = build_index(tmp_path / "data", jobs=1)
+    header = json.loads((index.path / "index.json").read_text())
+    assert header["modes"] == {"span": 2, "whole": 1}
+    old, a, b = index.files
+    assert (old.mode, old.scan, old.span_row) == ("whole", None, -1)
+    assert "protocol 0 or 1" in (old.reason or "")
+    assert (a.mode, a.reason, a.span_row, b.span_row) == ("span", None, 0, 4)
+    assert a.scan is not None
+    assert a.scan["layout"] == "columns"
+    for name in ("starts", "ends", "memo_base", "ext_offsets", "ext_keys", "records"):
+        assert isinstance(index.spans[name], np.memmap)
+        assert (index.path / header["arrays"][name]).is_file()
+    assert index.spans["starts"].shape == (8, 2)
+    scan = index.scan(1, tmp_path / "data" / a.path)
+    assert scan.num_samples == 4
+    with pytest.raises(errors.NotSpanIndexableError, match="protocol 0 or 1"):
+        index.scan(0, tmp_path / "data" / old.path)

@@ -35,6 +35,7 @@ import os
 import secrets
 import shutil
 import tempfile
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, replace
@@ -323,14 +324,18 @@ def _skip_record(source: ResolvedSource, rel: str, exc: FileProblem) -> SkippedF
 def _check_fields(
     described: dict[int, Described], source: ResolvedSource, skip_bad: bool
 ) -> tuple[list[Described], list[SkippedFile]]:
-    """The files (in files-table order) whose fields match the first file's; with ``skip_bad``
-    the others are skipped, else the first of them raises."""
+    """The files (in files-table order) whose fields match those of the first file, or with
+    ``skip_bad`` those of most files; the others are skipped with ``skip_bad``, else the first
+    of them raises."""
     ordered = [described[p] for p in sorted(described)]
     if not ordered:
         return [], []
     first = ordered[0].entry
-    kept, skipped = [ordered[0]], []
-    for d in ordered[1:]:
+    if skip_bad:
+        common = Counter(d.entry.fields for d in ordered).most_common(1)[0][0]
+        first = next(d.entry for d in ordered if d.entry.fields == common)
+    kept, skipped = [], []
+    for d in ordered:
         if d.entry.fields == first.fields:
             kept.append(d)
             continue
