@@ -6,6 +6,7 @@ import os
 import pickle
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -209,3 +210,48 @@ def test_cache_in_a_forked_child_starts_empty() -> None:
     assert report == (0, 1, 1, 10, 1)
     assert loaded == ["a", "a"]
     assert (cache.stats.hits, cache.stats.loads, files.loaded) == (0, 1, ["a"])
+
+
+@pytest.mark.parametrize("protocol", [0, 2, 5])
+@pytest.mark.parametrize(
+    "objs",
+    [
+        [([1, 2], ["a", "b"]), ([3], ["c"])],  # chunks of one layout
+        [([1, 2], ["a", "b"]), [(3, "c")]],  # chunks of two layouts, same fields
+        [(1, "a"), (2, "b"), (3, "c")],  # one sample per pickle
+        [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}],  # one dict sample per pickle
+        [5, "x", None],  # single-field samples
+        [(np.zeros((2, 3)), [0, 1]), (np.ones((1, 3)), [2])],  # array fields concatenate
+    ],
+    ids=["chunks", "mixed_chunks", "tuples", "dicts", "objects", "arrays"],
+)
+def test_load_layout_reads_every_appended_pickle(
+    tmp_path: Path, objs: list[Any], protocol: int
+) -> None:
+    from picklegen import oracle
+
+    path = tmp_path / "appended.pkl"
+    with open(path, "wb") as fh:
+        for obj in objs:
+            pickle.dump(obj, fh, protocol=protocol)
+    fields, want = oracle(path)
+    decoded = load_layout(path)
+    assert decoded.fields == fields
+    assert decoded.layout.startswith("appended_")
+    assert decoded.num_samples == len(want)
+    for i, sample in enumerate(want):
+        assert_deep_equal(tuple(col[i] for col in decoded.columns), sample)
+    assert_deep_equal(load_file(path), objs[0])  # load_file: the first pickle only
+
+
+def test_appended_samples_of_different_shapes_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "odd.pkl"
+    with open(path, "wb") as fh:
+        for obj in [(1, 2), (3,)]:
+            pickle.dump(obj, fh)
+    with pytest.raises(errors.UnsupportedLayoutError, match="different shapes"):
+        load_layout(path)
+    with open(path, "ab") as fh:
+        fh.write(b"trailing junk")
+    with pytest.raises(errors.NotAPickleError, match="after pickle ending at"):
+        load_layout(path)
