@@ -12,6 +12,10 @@ Two tables, measured in one process on one synthetic dataset (``bench.data``: fl
    ``.npy`` files (per sample, and batched with fancy indexing), a plain LMDB reader
    (``pickle.loads`` per key), and ``webdataset.WebDataset(...).shuffle(1000).decode()`` on
    the same shards. Target: the memmap reader at >= 0.9x the faster raw ``np.memmap`` row.
+   Plain ``lmdb`` also reads pickleshard's own LMDB output with the documented decoding.
+3. **Split**: the whole dataset as one pickle, cut into 64 MiB chunks by ``pickleshard split``
+   and by the naive loop (``pickle.load`` whole, dump slices), each in a fresh process: seconds
+   per GB and peak PSS against the file's size.
 
 Writes ``bench/results/issue6-convert[-quick].md`` and ``.json``. ``--quick`` is a smoke run.
 """
@@ -19,11 +23,15 @@ Writes ``bench/results/issue6-convert[-quick].md`` and ``.json``. ``--quick`` is
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import pickle
 import shlex
 import shutil
+import struct
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -63,6 +71,7 @@ class Row:
     samples: int
     nbytes: int
     note: str = ""
+    peak_pss: int = 0
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -160,6 +169,21 @@ class PlainLmdb(Dataset[Any]):
         return pickle.loads(self._txn.get(int(i).to_bytes(8, "big")))
 
 
+class PlainLmdbPsl1(PlainLmdb):
+    """Plain ``lmdb`` on pickleshard's LMDB output: ``get`` + the documented "PSL1" decoding
+    (``struct`` heads, ``np.load`` of the ``.npy`` member, ``int`` of the ASCII label)."""
+
+    def __getitem__(self, i: int) -> Any:
+        if self._txn is None:
+            env = lmdb.open(str(self.root), readonly=True, lock=False, readahead=False)
+            self._txn = env.begin()
+        v = self._txn.get(int(i).to_bytes(8, "big"))
+        nf = struct.unpack_from("<H", v, 4)[0]
+        (_, nx), (_, ny) = (struct.unpack_from("<BQ", v, 6 + 9 * k) for k in range(nf))
+        pos = 6 + 9 * nf
+        return np.load(io.BytesIO(v[pos : pos + nx])), int(v[pos + nx : pos + nx + ny])
+
+
 def _epoch(loader: Iterable[Any]) -> int:
     count = 0
     for _, y in loader:
@@ -216,11 +240,14 @@ def _reads(spec: DataSpec, work: Path) -> list[Row]:
     n = spec.num_samples
     sample_bytes = int(np.prod(spec.shape)) * 4 + 8
     shards = len(json.loads((work / "wds" / "pickleshard.json").read_text())["shards"])
+    # lmdb opens a path once per process and pickleshard's reader holds "lmdb": a copy for plain
+    shutil.copytree(work / "lmdb", work / "lmdb-plain")
     plans: list[tuple[str, Callable[[], int]]] = [
         ("raw np.memmap, __getitem__", _map_epoch(RawMemmap(work / "memmap"))),
         ("raw np.memmap, __getitems__ (fancy index)", _map_epoch(RawMemmapBatched(work / "memmap"))),
         ("pickleshard memmap (open_dataset)", _map_epoch(open_dataset(work / "memmap"))),
         ("plain LMDB, pickle.loads per key", _map_epoch(PlainLmdb(work / "naive-lmdb", n))),
+        ("plain LMDB on pickleshard's output, get + PSL1 decode", _map_epoch(PlainLmdbPsl1(work / "lmdb-plain", n))),
         ("pickleshard LMDB (open_dataset)", _map_epoch(open_dataset(work / "lmdb"))),
         ("plain webdataset: shuffle(1000).decode()", _plain_wds(work / "wds", shards)),
         ("pickleshard WebDataset (buffer 1000)", lambda: _epoch(DataLoader(open_dataset(work / "wds", buffer_size=1000), batch_size=BATCH))),
@@ -234,6 +261,60 @@ def _reads(spec: DataSpec, work: Path) -> list[Row]:
         print(f"  {name}: {seen / rows[-1].seconds:,.0f} samples/s", flush=True)
         if seen != n:
             raise RuntimeError(f"{name} read {seen} samples, expected {n}")
+    return rows
+
+
+_SPLIT_CHILD = {
+    "pickleshard split": "from pickleshard.splitting import split\n"
+    "split(SRC, OUT, max_bytes=CHUNK)",
+    "naive split: pickle.load whole + dump slices": "import os, pickle\n"
+    "xs, ys = pickle.load(open(SRC, 'rb'))\n"
+    "per = max(1, CHUNK * len(xs) // os.path.getsize(SRC))\n"
+    "os.makedirs(OUT)\n"
+    "for k in range(0, len(xs), per):\n"
+    "    with open(f'{OUT}/part-{k // per:05d}.pickle', 'wb') as fh:\n"
+    "        pickle.dump((xs[k:k + per], ys[k:k + per]), fh, protocol=5)",
+}
+SPLIT_CHUNK = 64 << 20
+
+
+def _splits(spec: DataSpec, work: Path) -> list[Row]:
+    """One pickle of the whole dataset, split into 64 MiB chunks by pickleshard and by the naive
+    load-and-dump loop, each in a fresh process whose peak PSS is sampled from outside."""
+    from pickleshard.memory import tree_pss
+
+    big = work / "big.pickle"
+    xs: list[Any] = []
+    ys: list[int] = []
+    for path in spec.paths:
+        a, b = _load(path)
+        xs += a
+        ys += b
+    with open(big, "wb") as fh:
+        pickle.dump((xs, ys), fh, protocol=5)
+    del xs, ys
+    size = big.stat().st_size
+    rows = []
+    for k, (name, body) in enumerate(_SPLIT_CHILD.items()):
+        out = work / f"split-{k}"
+        code = f"SRC, OUT, CHUNK = {str(big)!r}, {str(out)!r}, {SPLIT_CHUNK}\n{body}"
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-c", code])
+        peak = 0
+        while proc.poll() is None:
+            with contextlib.suppress(Exception):  # the process may be exiting
+                peak = max(peak, tree_pss(proc.pid))
+            time.sleep(0.02)
+        rc = proc.returncode
+        seconds = time.perf_counter() - t0
+        if rc != 0:
+            raise RuntimeError(f"{name} exited with {rc}")
+        parts = len(list(out.glob("*.pickle")))
+        note = f"{parts} chunks; peak PSS {peak / 1e6:,.0f} MB"
+        rows.append(Row("split", name, seconds, spec.num_samples, size, note, peak))
+        print(f"  {name}: {seconds:.2f} s, {note}", flush=True)
+        shutil.rmtree(out)
+    big.unlink()
     return rows
 
 
@@ -261,6 +342,17 @@ def _tables(rows: Sequence[Row]) -> list[str]:
         out.append(
             f"| {r.name} | {rate:,.0f} | {r.nbytes / r.seconds / 1e6:,.0f} | {rate / best_raw:.2f}x |"
         )
+    splits = [r for r in rows if r.table == "split"]
+    if splits:
+        out += [
+            "",
+            f"| split one {splits[0].nbytes / 1e6:,.0f} MB pickle into {SPLIT_CHUNK >> 20} MiB chunks (fresh process, wall time) | seconds | s/GB | peak PSS (MB) | peak PSS / file size |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for r in splits:
+            out.append(
+                f"| {r.name} | {r.seconds:.2f} | {r.seconds / (r.nbytes / 1e9):.1f} | {r.peak_pss / 1e6:,.0f} | {r.peak_pss / r.nbytes:.2f} |"
+            )
     mine = next(r for r in reads if r.name.startswith("pickleshard memmap"))
     ratio = mine.samples / mine.seconds / best_raw
     verdict = "met" if ratio >= 0.9 else "NOT met"
@@ -292,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
         sizes = {name: _size(work / name) for name in ("memmap", "lmdb", "wds", "naive-memmap", "naive-lmdb", "naive-wds")}  # fmt: skip
         print("reading", flush=True)
         rows += _reads(spec, work)
+        print("splitting", flush=True)
+        rows += _splits(spec, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     source = sum(p.stat().st_size for p in spec.paths)
