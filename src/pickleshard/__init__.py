@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from .conversion import ConvertReport, convert
     from .dataset import DEFAULT_CACHE_BYTES, PickleDataset
     from .formats import open_dataset
+    from .inspection import FileReport, inspect_file
     from .sampling import BlockShuffleSampler
     from .shuffle import ShuffleSampler, sampler_state_from_loader
     from .verification import VerifyReport, verify
@@ -26,6 +27,8 @@ _LAZY = {
     "ConvertReport": "conversion",
     "convert": "conversion",
     "open_dataset": "formats",
+    "FileReport": "inspection",
+    "inspect_file": "inspection",
     "VerifyReport": "verification",
     "verify": "verification",
 }
@@ -44,6 +47,7 @@ __all__ = [
     "BlockShuffleSampler",
     "ConvertReport",
     "DatasetIndex",
+    "FileReport",
     "PickleDataset",
     "PickleshardError",
     "ShuffleSampler",
@@ -52,6 +56,7 @@ __all__ = [
     "__version__",
     "build_index",
     "convert",
+    "inspect_file",
     "open_dataset",
     "open_index",
     "sampler_state_from_loader",
