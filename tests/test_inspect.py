@@ -175,6 +175,21 @@ def test_any_pickle_gets_an_audit_even_without_a_layout(tmp_path: Path, protocol
     assert r.verdict == "not allowed"
 
 
+def test_python_2_strings_follow_the_encoding(tmp_path: Path) -> None:
+    # {"x": [1, 2], "y": ["ab", "cd"]} as Python 2 writes it: str is SHORT_BINSTRING
+    data = (
+        b"\x80\x02}q\x00(U\x01xq\x01]q\x02(K\x01K\x02eU\x01yq\x03]q\x04(U\x02abq\x05U\x02cdq\x06eu."
+    )
+    path = _file(tmp_path, data)
+    assert pickle.loads(data) == {"x": [1, 2], "y": ["ab", "cd"]}
+    r = inspect_file(path)
+    assert (r.layout, r.fields) == ("dict_columns", ("x", "y"))
+    assert r.preview["y"] == ["str 'ab'", "str 'cd'"]
+    r = inspect_file(path, encoding="bytes")
+    assert r.fields == ("b'x'", "b'y'")
+    assert r.preview["b'y'"] == ["bytes len=2", "bytes len=2"]
+
+
 def test_appended_pickles_are_counted(tmp_path: Path) -> None:
     data = b"".join(pickle.dumps((i, f"s{i}"), 4) for i in range(5))
     r = inspect_file(_file(tmp_path, data))
