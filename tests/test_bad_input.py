@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from pickleshard import build_index, open_index
+from pickleshard.dataset import PickleDataset
 from pickleshard.errors import CorruptPickleError, PickleshardError, StaleIndexError
 from pickleshard.index import fingerprint
 from pickleshard.scan import scan_bytes, scan_file
@@ -183,6 +184,13 @@ def test_rewrite_outside_the_sampled_blocks_is_not_detected(tmp_path: Path) -> N
     assert fingerprint(path) == before
     index, _ = open_index(tmp_path / "data")  # no StaleIndexError: the change goes unseen
     assert index.num_samples == 100
+    data = path.read_bytes()
+    changed = next(i for i in range(100) if bytes([i % 251]) * 2000 not in data)
+    ds = PickleDataset(tmp_path / "data")
+    assert ds.file_modes == ("span",)
+    got = ds[changed][0]
+    assert got != bytes([changed % 251]) * 2000  # the rewritten bytes, served without a word
+    assert len(got) == 2000
 
 
 def test_every_corpus_case_name_is_a_valid_file_name() -> None:
