@@ -191,9 +191,8 @@ class PickleDataset(_DatasetBase[Any]):
         """Fetch a batch: each file visited once (in order of first appearance), its samples
         read in offset order; returned in request order."""
         wanted = np.fromiter((self._check(i) for i in indices), dtype=np.int64)
-        rows = self.index.samples[wanted]
-        files, items = rows["file"].astype(np.int64), rows["item"].astype(np.int64)
-        out: list[Any] = [None] * len(rows)
+        files, items = self.index.locate_many(wanted)
+        out: list[Any] = [None] * len(wanted)
         # Files in order of first appearance (the order BlockShuffleSampler plans whole-file
         # loads for), samples of a file in item order, which is their offset order.
         uniq, first, inverse = np.unique(files, return_index=True, return_inverse=True)

@@ -96,6 +96,10 @@ class DatasetIndex:
         self.samples = samples
         self.spans = spans or {}
         self.skipped = skipped or []
+        # Plain ndarray views of the same mapped pages: np.memmap's per-index subclass hooks
+        # cost more than a span read's own bookkeeping.
+        self._rows = np.asarray(samples)
+        self._spans = {k: np.asarray(v) for k, v in self.spans.items()}
         counts = np.fromiter((f.num_samples for f in files), dtype=np.int64, count=len(files))
         self.file_starts = np.concatenate([[0], np.cumsum(counts)])
 
@@ -117,8 +121,13 @@ class DatasetIndex:
 
     def locate(self, i: int) -> tuple[int, int]:
         """Return ``(file_position, item_in_file)`` of global sample ``i``."""
-        row = self.samples[i]
+        row = self._rows[i]
         return int(row["file"]), int(row["item"])
+
+    def locate_many(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(file_positions, items_in_file)`` (int64 arrays) of global samples ``indices``."""
+        rows = self._rows[indices]
+        return rows["file"].astype(np.int64), rows["item"].astype(np.int64)
 
     def scan(self, pos: int, path: str | os.PathLike[str]) -> ScanResult:
         """The :class:`ScanResult` of span-indexed file ``pos`` (found at ``path``), made of
@@ -130,7 +139,7 @@ class DatasetIndex:
         n, nf = entry.num_samples, len(entry.fields)
         r, e, q = entry.span_row, entry.ext_row, entry.record_row
         nrec = int(entry.scan["num_records"])
-        sp = self.spans
+        sp = self._spans
         arrays = {
             "starts": sp["starts"][r : r + n],
             "ends": sp["ends"][r : r + n],
