@@ -4,6 +4,7 @@ message, offset) on damaged ones."""
 
 from __future__ import annotations
 
+import functools
 import mmap
 import pickle
 from collections.abc import Callable
@@ -16,10 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from picklegen import build, datasets, dumps, values
+from pickleshard import _cscan, spanread
 from pickleshard import opcodes as oc
 from pickleshard import scan as scan_module
 from pickleshard.opcodes import Walked
 from pickleshard.scan import ScanResult, scan_bytes, scan_file
+from pickleshard.spanread import SpanReader
 
 ENGINES = ("python", "compiled")
 Outcome = tuple[Any, ...]
@@ -62,12 +65,12 @@ def _assert_twins(data: bytes) -> None:
 
 def test_the_extension_is_built_and_used() -> None:
     # The dev install (`make`, `pip install -e .`) builds it: a missing build must fail here.
-    from pickleshard import _cscan
-
     assert Path(_cscan.__file__).suffix in (".so", ".pyd")
     assert oc.compiled_walker() is _cscan.walk_record
     assert scan_module.ENGINE == "compiled"
-    assert scan_bytes(pickle.dumps(([1], [2]))).engine == "compiled"
+    scan = scan_bytes(pickle.dumps(([1], [2])))
+    assert scan.engine == "compiled"
+    assert SpanReader(scan).engine == "compiled"
 
 
 def test_engine_names() -> None:
@@ -140,3 +143,89 @@ def test_the_mapping_closes_after_a_compiled_walk_fails(tmp_path: Path) -> None:
     buf.close()  # BufferError if the compiled walker still held a view of it
     with pytest.raises(Exception, match="stream ends"):
         scan_file(path, engine="compiled")
+
+
+def _payload(offset: int, n: int, kind: int) -> Any:
+    return ("payload", offset, n, kind)
+
+
+def _rewrites(data: bytes, scan: ScanResult, damage: int | None = None) -> list[Outcome]:
+    """Every pickle span of ``scan`` rewritten by both twins, as (python, compiled) outcomes;
+    the file's byte ``damage`` (if given) is changed after the scan."""
+    if damage is not None:
+        data = data[:damage] + bytes([data[damage] ^ 0x5A]) + data[damage + 1 :]
+    reads: list[list[tuple[int, int]]] = [[], []]
+    outcomes = []
+    for i in range(scan.num_samples):
+        for f, kind in enumerate(scan.kinds):
+            if kind != "pickle":
+                continue
+            start = int(scan.starts[i, f])
+            rec = int(np.searchsorted(scan.records[:, 0], start, "right")) - 1
+            args = {
+                "start": start,
+                "end": int(scan.ends[i, f]),
+                "protocol": scan.protocol,
+                "memo_base": int(scan.memo_base[i, f]),
+                "shift": int(scan.records[rec, 2]),
+                "externals": scan.externals(i, f).tolist(),
+                "read_payload": _payload,
+                "big": 1024,
+            }
+            pair = []
+            twins = (spanread.rewrite_span, _cscan.rewrite_span)
+            for log, rewrite in zip(reads, twins, strict=True):
+
+                def read_at(offset: int, n: int, log: list[tuple[int, int]] = log) -> bytes:
+                    log.append((offset, n))
+                    return data[offset : offset + n]
+
+                run = functools.partial(rewrite, read_at, **args)
+                pair.append(_outcome(run, lambda r: (bytes(r[0]), r[1])))
+            outcomes.append(tuple(pair))
+    assert reads[0] == reads[1]
+    return outcomes
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=datasets(), where=st.floats(0, 1), damage=st.booleans())
+def test_rewrite_twins_agree(data: dict[str, Any], where: float, damage: bool) -> None:
+    objs = build(data["layout"], data["columns"], data["names"])
+    raw = b"".join(dumps(o, data["protocol"], numpy1=data["numpy1"]) for o in objs)
+    try:
+        scan = scan_bytes(raw, "t.pkl")
+    except Exception:  # not span-indexable: nothing to rewrite
+        return
+    at = min(int(where * len(raw)), len(raw) - 1) if damage else None
+    for python, compiled in _rewrites(raw, scan, at):
+        assert python == compiled
+
+
+@pytest.mark.parametrize(
+    ("span", "file_end", "error"),
+    [
+        (b"T\xfb\xff\xff\xffK\x01", None, pickle.UnpicklingError),  # negative BINSTRING length
+        (b"K\x01" * 10 + b"\x8e" + b"\xff" * 8, None, EOFError),  # a length beyond any span
+        (b"M\x01\x00" * 30_000, 65_537, EOFError),  # the file ends inside the span, mid-opcode
+        (b"\x8c\x05abcde\x94", None, None),
+    ],
+)
+def test_rewrite_twins_on_edge_cases(
+    span: bytes, file_end: int | None, error: type[Exception] | None
+) -> None:
+    data = span[:file_end] if file_end is not None else span
+    outcomes = []
+    for rewrite in (spanread.rewrite_span, _cscan.rewrite_span):
+        run = functools.partial(
+            rewrite,
+            lambda offset, n: data[offset : offset + n],
+            0,
+            len(span),
+            protocol=4,
+            memo_base=0,
+            shift=0,
+            externals=[],
+        )
+        outcomes.append(_outcome(run, lambda r: (bytes(r[0]), r[1])))
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][1] is error if error else outcomes[0][0] == "returned"

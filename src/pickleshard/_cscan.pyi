@@ -1,7 +1,20 @@
 """Types of the compiled scanner core (``_cscan.pyx``); see that file and :mod:`.opcodes`."""
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .opcodes import Value, Walked
 
 def walk_record(buf: Any, pos: int, end: int, w: Walked) -> tuple[Value, int, int]: ...
+def rewrite_span(
+    read_at: Callable[[int, int], bytes],
+    start: int,
+    end: int,
+    *,
+    protocol: int,
+    memo_base: int,
+    shift: int,
+    externals: Sequence[int],
+    read_payload: Callable[[int, int, int], Any] | None = None,
+    big: int = ...,
+) -> tuple[bytearray, list[Any]]: ...

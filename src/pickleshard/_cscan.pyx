@@ -18,7 +18,7 @@ import array as pyarray
 from . import opcodes as oc
 from .errors import CorruptPickleError
 
-__all__ = ["walk_record"]
+__all__ = ["rewrite_span", "walk_record"]
 
 cdef enum:
     F_BAD, F_FIXED, F_LEN1, F_LEN4S, F_LEN4U, F_LEN8U, F_LINE, F_LINE2
@@ -395,3 +395,174 @@ def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w):
         elif act == A_REFUSE:
             raise oc._Refused(oc.REFUSED[op], pos)
         pos = nxt
+
+
+# -- the span rewrite: the compiled twin of pickleshard.spanread.rewrite_span ----------------------
+
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_Resize
+from libc.string cimport memcpy
+
+import pickle
+
+cdef int COPY_STEP_[256]
+cdef int PAYLOAD_[256]
+for _b in range(256):
+    COPY_STEP_[_b], PAYLOAD_[_b] = oc.COPY_STEP[_b], oc.PAYLOAD[_b]
+
+cdef enum:
+    P_BYTES = 1
+    P_BYTEARRAY = 2
+    WINDOW = 64 * 1024
+    NEXT_BUFFER_OP = 0x97
+    STOP_OP = 0x2E
+
+if (oc.P_BYTES, oc.P_BYTEARRAY, oc.NEXT_BUFFER_OP, oc.STOP_OP) != (1, 2, 0x97, 0x2E):
+    raise ImportError("pickleshard._cscan was built against other opcode tables")
+
+# a payload length beyond this is past any span: the span cannot be rewritten
+cdef uint64_t LENGTH_LIMIT = 1 << 62
+cdef object _spanread = None
+
+
+cdef int _copy(bytearray out, const unsigned char[:] b, Py_ssize_t lo, Py_ssize_t hi) except -1:
+    """Append ``b[lo:hi]`` to ``out``."""
+    cdef Py_ssize_t n0 = len(out)
+    if hi <= lo:
+        return 0
+    if lo < 0 or hi > b.shape[0]:
+        raise IndexError(f"copy of [{lo}, {hi}) from a window of {b.shape[0]} bytes")
+    PyByteArray_Resize(out, n0 + hi - lo)
+    memcpy(PyByteArray_AS_STRING(out) + n0, &b[lo], hi - lo)
+    return 0
+
+
+cdef Py_ssize_t _find_nl(const unsigned char[:] b, Py_ssize_t lo, Py_ssize_t hi):
+    cdef Py_ssize_t i
+    for i in range(lo, hi):
+        if b[i] == 10:
+            return i
+    return -1
+
+
+def rewrite_span(
+    object read_at,
+    Py_ssize_t start,
+    Py_ssize_t end,
+    *,
+    int protocol,
+    object memo_base,
+    object shift,
+    object externals,
+    object read_payload=None,
+    Py_ssize_t big=64 * 1024,
+):
+    """:func:`pickleshard.spanread.rewrite_span`, compiled: same arguments, same reads, same
+    pickle and buffers, same exceptions."""
+    global _spanread
+    if _spanread is None:
+        from . import spanread as _sp
+
+        _spanread = _sp
+    sp = _spanread
+    cdef Py_ssize_t n_ext = len(externals)
+    cdef dict local = {k: j for j, k in enumerate(externals)} if n_ext else {}
+    cdef bytearray out = bytearray(sp._head(protocol, n_ext))
+    cdef list buffers = []
+    cdef list gets = sp._GETS, puts = sp._PUTS
+    cdef Py_ssize_t here = start, blen, i = 0, mark = 0, need, nxt, nl
+    cdef uint64_t n
+    cdef int32_t sn
+    cdef int op, step, form, act
+    cdef object data, ident, key, new
+    data = read_at(here, min(end - here, WINDOW))
+    cdef const unsigned char[:] buf = data
+    blen = buf.shape[0]
+    while True:
+        if i >= blen:  # window done; a plain opcode or payload may run on into the next one
+            _copy(out, buf, mark, blen)
+            here += blen
+            if here >= end:
+                if here > end or i > blen:
+                    raise EOFError(f"an opcode runs past the span end {end}")
+                break
+            i -= blen
+            data = read_at(here, min(end - here, max(WINDOW, i + 16)))
+            buf = data
+            blen, mark = buf.shape[0], 0
+            if not blen:
+                raise EOFError(f"file ends at byte {here}, inside a span ending at {end}")
+            continue
+        op = buf[i]
+        step = COPY_STEP_[op]
+        if step:
+            i += step
+            continue
+        form = FORM_[op]
+        need = 1 + ARGLEN_[op]
+        if form == F_LINE or form == F_LINE2:
+            nl = _find_nl(buf, i + 1, blen)
+            if nl >= 0 and form == F_LINE2:
+                nl = _find_nl(buf, nl + 1, blen)
+            need = nl + 1 - i if nl >= 0 else blen - i + WINDOW
+        if i + need > blen:  # the opcode's head is cut by the window: read again from it
+            if here + blen >= end:
+                raise EOFError(f"opcode at byte {here + i} runs past the span end {end}")
+            _copy(out, buf, mark, i)
+            here += i
+            data = read_at(here, min(end - here, max(WINDOW, 2 * need)))
+            buf = data
+            blen, i, mark = buf.shape[0], 0, 0
+            if blen < min(end - here, need):
+                raise EOFError(f"file ends at byte {here + blen}, inside a span ending at {end}")
+            continue
+        nxt = i + need
+        if F_LEN1 <= form <= F_LEN8U:
+            if form == F_LEN1:
+                n = buf[i + 1]
+            elif form == F_LEN4S:
+                sn = <int32_t><uint32_t>_le(buf, i + 1, 4)
+                if sn < 0:
+                    raise pickle.UnpicklingError(
+                        f"{oc.OPNAME[op]} at byte {here + i} declares a negative length {sn}"
+                    )
+                n = <uint64_t>sn
+            else:
+                n = _le(buf, i + 1, 4 if form == F_LEN4U else 8)
+            if n > LENGTH_LIMIT:
+                raise EOFError(f"an opcode runs past the span end {end}")
+            if (
+                <uint64_t>nxt + n > <uint64_t>blen
+                and n >= <uint64_t>big
+                and read_payload is not None
+                and (PAYLOAD_[op] == P_BYTES or PAYLOAD_[op] == P_BYTEARRAY)
+            ):
+                _copy(out, buf, mark, i)
+                out.append(NEXT_BUFFER_OP)
+                buffers.append(read_payload(here + nxt, n, PAYLOAD_[op]))
+                here += nxt + <Py_ssize_t>n  # resume after the payload, in a new window
+                data = read_at(here, min(end - here, WINDOW))
+                buf = data
+                blen, i, mark = buf.shape[0], 0, 0
+                continue
+            i = nxt + <Py_ssize_t>n
+            continue
+        act = ACTION_[op]
+        if act == A_GET or act == A_PUT or act == A_FRAME:
+            _copy(out, buf, mark, i)
+            mark = nxt
+            if act != A_FRAME:
+                if need == 2:
+                    ident = buf[i + 1]
+                elif need == 5:
+                    ident = _le(buf, i + 1, 4)
+                else:
+                    ident = int(data[i + 1 : nxt - 1])
+                key = ident + shift
+                new = local[key] if act == A_GET and key < memo_base else n_ext + key - memo_base
+                if new < 256:
+                    out += gets[new] if act == A_GET else puts[new]
+                else:
+                    out += sp._encode_get(new) if act == A_GET else sp._encode_put(new)
+        i = nxt
+    out.append(STOP_OP)
+    return out, buffers

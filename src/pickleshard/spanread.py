@@ -54,6 +54,7 @@ from .scan import ScanResult
 __all__ = ["BIG", "ReaderStats", "SpanReader", "rewrite_span"]
 
 BIG = 64 * 1024
+_LENGTH_LIMIT = 1 << 62  # a payload length beyond any span (what the compiled twin's ints hold)
 FindClass = Callable[[str, str], Any]
 _HEADS: dict[tuple[int, int], bytes] = {}
 _P4 = struct.Struct("<I").pack
@@ -175,6 +176,8 @@ def rewrite_span(
             here += i
             buf = read_at(here, min(end - here, max(WINDOW, 2 * need)))
             blen, i, mark = len(buf), 0, 0
+            if blen < min(end - here, need):  # else the same short read again, forever
+                raise EOFError(f"file ends at byte {here + blen}, inside a span ending at {end}")
             continue
         nxt = i + need
         if F_LEN1 <= form <= F_LEN8U:
@@ -185,6 +188,12 @@ def rewrite_span(
                     buf, i + 1
                 )[0]
             )
+            if n < 0:  # BINSTRING's signed length: stepping back by it would loop forever
+                raise pickle.UnpicklingError(
+                    f"{oc.OPNAME[op]} at byte {here + i} declares a negative length {n}"
+                )
+            if n > _LENGTH_LIMIT:
+                raise EOFError(f"an opcode runs past the span end {end}")
             if (
                 nxt + n > blen
                 and n >= big
@@ -223,6 +232,12 @@ def rewrite_span(
         i = nxt
     out.append(oc.STOP_OP)
     return out, buffers
+
+
+def _compiled_rewrite() -> Callable[..., tuple[bytearray, list[Any]]]:
+    from ._cscan import rewrite_span as compiled
+
+    return compiled
 
 
 @dataclass
@@ -275,7 +290,9 @@ class SpanReader:
     only places they are built); by default (``"allowlist"``) it is the allowlist of
     :mod:`pickleshard.safety`, and ``None`` (a trusted file) is the plain lookup, which runs any
     callable the file names. ``general=True`` reads every pickle span with the
-    pure-Python general path. Immutable shared values are cached up to ``shared_bytes``
+    pure-Python general path; ``engine`` picks the fast path's span rewrite, compiled or
+    :func:`rewrite_span` (as :func:`pickleshard.scan.scan_file` picks its walker; the same
+    pickles either way). Immutable shared values are cached up to ``shared_bytes``
     (``sys.getsizeof`` estimate, see :class:`ReaderStats`). The file descriptor is opened on
     first use and reopened after a fork; a pickled reader travels without it.
     """
@@ -290,6 +307,7 @@ class SpanReader:
         general: bool = False,
         shared_bytes: int = 64 << 20,
         big: int = BIG,
+        engine: str = "auto",
     ) -> None:
         self.scan = scan
         self.path = scan.path
@@ -298,6 +316,8 @@ class SpanReader:
             find_class = self._own_allowlist = AllowlistFindClass(scan.path)
         self.encoding, self.errors, self.find_class = encoding, errors, find_class
         self.general = general
+        self.engine = oc.resolve_engine(engine)
+        self._rewrite = _compiled_rewrite() if self.engine == "compiled" else rewrite_span
         self.shared_budget = shared_bytes
         self.big = big
         self.stats = ReaderStats()
@@ -426,7 +446,7 @@ class SpanReader:
             else:
                 self.stats.fast_reads += 1
                 objs = [self._external(k, memos) for k in ext]
-                data, buffers = rewrite_span(
+                data, buffers = self._rewrite(
                     self._read_at,
                     start,
                     end,
