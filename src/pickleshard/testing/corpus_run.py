@@ -313,8 +313,11 @@ class _Worker:
 
 
 def _limit(memory: int, cpu: int) -> None:
+    """At most ``memory`` bytes of address space, and ``cpu`` more CPU seconds from now."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    used = int(usage.ru_utime + usage.ru_stime) + 1
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
+    resource.setrlimit(resource.RLIMIT_CPU, (used + cpu, used + cpu + 5))
 
 
 def _worker_main(manifest: str, out_path: str, memory: int, cpu: int) -> None:
@@ -323,6 +326,8 @@ def _worker_main(manifest: str, out_path: str, memory: int, cpu: int) -> None:
     faulthandler.enable()
     spec = json.loads(Path(manifest).read_text())
     worker = _Worker(spec["index_dir"], spec["canary"])
+    from .. import dataset, index, scan, spanread, wholefile  # noqa: F401 - imported before the limits
+
     _limit(memory, cpu)
     signal.signal(signal.SIGPROF, _on_alarm)
     with open(out_path, "a") as out:
@@ -427,10 +432,13 @@ def _collect(
         report.outcomes[rec["case"]] = rec["outcomes"]
         report.seconds_by_case[rec["case"]] = rec["seconds"]
         report.problems += [f"{rec['case']}: {p}" for p in rec["problems"]]
-    if rc == 0 and started is None:
-        return []
     tail = err.read_text(errors="replace")[-600:] if err.exists() else ""
-    culprit = started or next((n for n, _ in todo if n not in done), "?")
+    left = [n for n, _ in todo if n not in done]
+    if started is None and not left:
+        if rc != 0:
+            report.problems.append(f"a worker exited with {rc} after its last case: {tail}")
+        return []
+    culprit = started or left[0]
     report.outcomes[culprit] = {"worker": f"died rc={rc}"}
     report.problems.append(f"{culprit}: the worker died (exit {rc}) on this case: {tail}")
     done.add(culprit)
