@@ -44,10 +44,8 @@ def _check_split(src: Path, out: Path, **limits: Any) -> list[Path]:
     names, want = oracle(src)
     report = split(src, out, **limits)
     objs = _pickles(src)
-    samples_per_pickle = len(objs) > 1 and report.num_samples == len(objs)
-    if len(objs) > 1 and not samples_per_pickle:
-        # appended chunks of one layout: each output chunk is one pickle of that layout
-        samples_per_pickle = False
+    layout = json.loads((out / MANIFEST).read_text())["layout"]
+    samples_per_pickle = layout in ("samples", "dict_samples")
     got: list[tuple[Any, ...]] = []
     source_layout = None if samples_per_pickle else decode_layout(objs[0], src)
     for chunk in report.chunks:

@@ -1,0 +1,300 @@
+"""Where :func:`pickleshard.splitting.split` reads samples from, and the layout it writes.
+
+:class:`SpanSource` reads a scanned file through :class:`~pickleshard.spanread.SpanReader`
+under the caller's :class:`~pickleshard.safety.UnpicklePolicy` (one reader per field over a
+one-field view of the scan, so writing a column reads only that column), and copies the rows of
+an ``array_row`` field from the file in blocks of ``COPY_BLOCK`` bytes. :func:`shape_from_scan`
+tells the container types from the opcodes that close them (a few bytes each, by ``pread``; the
+file is not mapped). :class:`LoadedSource` holds a file the scanner refused, loaded whole by
+:func:`open_source` when ``WHOLE_FILE_FACTOR`` times its size fits the memory budget.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import opcodes as oc
+from .chunkwriter import ChunkShape, RowPayload, SampleSource
+from .errors import NotSpanIndexableError, PickleshardError, UnsupportedLayoutError
+from .layouts import decode_layout, default_field_names
+from .safety import UnpicklePolicy
+from .scan import ScanResult, scan_file
+from .spanread import SpanReader
+from .wholefile import load_file
+
+__all__ = [
+    "COPY_BLOCK",
+    "WHOLE_FILE_FACTOR",
+    "LoadedSource",
+    "SpanSource",
+    "open_source",
+    "shape_from_scan",
+]
+
+COPY_BLOCK = 8 << 20
+WHOLE_FILE_FACTOR = 3  # unpickled data takes 2-3x its file size
+
+
+class SpanSource(SampleSource):
+    """Reads through :class:`SpanReader`; one reader per field, over a one-field view of the
+    scan, so writing a column reads only that column."""
+
+    def __init__(self, scan: ScanResult, policy: UnpicklePolicy) -> None:
+        self.scan, self.num_samples, self.protocol = scan, scan.num_samples, scan.protocol
+        find = _find_class(policy, scan.path)
+        kw: dict[str, Any] = {"encoding": policy.encoding, "find_class": find}
+        self.reader = SpanReader(scan, **kw)
+        self.field_readers = [
+            SpanReader(_field_view(scan, f), **kw) if k == "pickle" else None
+            for f, k in enumerate(scan.kinds)
+        ]
+        self._fd = os.open(scan.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+
+    def value(self, f: int, i: int) -> Any:
+        r = self.field_readers[f]
+        assert r is not None
+        return r.read_sample(i)[0]
+
+    def sample(self, i: int) -> tuple[Any, ...]:
+        return self.reader.read_sample(i)
+
+    def row_shape(self, f: int) -> tuple[int, ...]:
+        spec = self.scan.arrays[f]
+        assert spec is not None
+        return spec.row_shape
+
+    def rows(self, f: int, a: int, b: int) -> RowPayload:
+        spec = self.scan.arrays[f]
+        assert spec is not None
+        start, n = int(self.scan.starts[a, f]) if b > a else 0, (b - a) * spec.nbytes
+        fd, path = self._fd, self.scan.path
+
+        def fill(write: Callable[[Any], Any]) -> None:
+            done = 0
+            while done < n:
+                block = os.pread(fd, min(COPY_BLOCK, n - done), start + done)
+                if not block:
+                    raise NotSpanIndexableError(path, "file ends inside an array field")
+                write(block)
+                done += len(block)
+
+        return RowPayload(n, fill)
+
+    def sizes(self) -> np.ndarray:
+        return np.asarray((self.scan.ends - self.scan.starts).sum(axis=1), np.int64)
+
+    def close(self) -> None:
+        for r in (self.reader, *self.field_readers):
+            if r is not None:
+                r.close()
+        os.close(self._fd)
+
+
+class LoadedSource(SampleSource):
+    """A file loaded whole (the scanner refused it): its columns in memory."""
+
+    def __init__(self, columns: Sequence[Any], protocol: int) -> None:
+        self.columns, self.protocol = columns, protocol
+        self.num_samples = len(columns[0]) if columns else 0
+
+    def value(self, f: int, i: int) -> Any:
+        return self.columns[f][i]
+
+    def sample(self, i: int) -> tuple[Any, ...]:
+        return tuple(c[i] for c in self.columns)
+
+    def row_shape(self, f: int) -> tuple[int, ...]:
+        return tuple(np.shape(self.columns[f])[1:])
+
+    def rows(self, f: int, a: int, b: int) -> Any:
+        return self.columns[f][a:b]  # in memory already: pickled as an ndarray
+
+    def sizes(self) -> np.ndarray:
+        return np.fromiter(
+            (len(pickle.dumps(self.sample(i), self.protocol)) for i in range(self.num_samples)),
+            np.int64,
+            self.num_samples,
+        )
+
+
+def _find_class(policy: UnpicklePolicy, path: str) -> Callable[[str, str], Any] | None:
+    """The policy's global lookup (None: any global, the unpickler's own)."""
+    if policy.trusted:
+        return None
+    return policy.unpickler(io.BytesIO(), path).find_class
+
+
+def _field_view(scan: ScanResult, f: int) -> ScanResult:
+    """``scan`` with field ``f`` alone (its externals re-sliced)."""
+    n, nf = scan.starts.shape
+    counts = np.diff(scan.ext_offsets).reshape(n, nf)[:, f]
+    firsts = scan.ext_offsets[:-1].reshape(n, nf)[:, f]
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    take = np.arange(int(offsets[-1]), dtype=np.int64) - np.repeat(offsets[:-1], counts)
+    take += np.repeat(firsts, counts)
+    return replace(
+        scan,
+        fields=(scan.fields[f],),
+        kinds=(scan.kinds[f],),
+        arrays=(scan.arrays[f],),
+        starts=scan.starts[:, f : f + 1],
+        ends=scan.ends[:, f : f + 1],
+        memo_base=scan.memo_base[:, f : f + 1],
+        ext_offsets=offsets,
+        ext_keys=scan.ext_keys[take],
+    )
+
+
+# the opcode that completes a list, tuple or dict (the scanner's batch ends point at it)
+_CLOSERS = {
+    **dict.fromkeys(b"ea", "list"),
+    **dict.fromkeys(b"t\x85\x86\x87", "tuple"),
+    **dict.fromkeys(b"us", "dict"),
+}
+
+
+def _top_closer(tail: bytes) -> str:
+    """The container a pickle's top-level object is, from the bytes that end at its ``STOP``:
+    its closing opcode, maybe followed by a ``MEMOIZE``/``BINPUT``/``LONG_BINPUT``."""
+    for close, memo, op in ((-7, -6, oc.LONG_BINPUT_OP), (-4, -3, oc.BINPUT_OP)):
+        if len(tail) >= -close and tail[memo] == op and tail[close] in _CLOSERS:
+            return _CLOSERS[tail[close]]
+    if len(tail) >= 3 and tail[-2] == oc.MEMOIZE_OP and tail[-3] in _CLOSERS:
+        return _CLOSERS[tail[-3]]
+    return _CLOSERS.get(tail[-2], "") if len(tail) >= 2 else ""
+
+
+def shape_from_scan(scan: ScanResult) -> ChunkShape:
+    """Container types of a scanned file, from the opcodes that close them (a few bytes each,
+    read with ``pread``; no mapping of the file)."""
+    layout = scan.layout.removeprefix("appended_")
+    dtypes = tuple(
+        None
+        if a is None
+        else (a.dtype.newbyteorder("S") if a.swap and a.dtype.byteorder != "|" else a.dtype)
+        for a in scan.arrays
+    )
+    if layout in ("rows", "dict_rows"):
+        return ChunkShape(layout, "list", scan.fields, (), dtypes)
+    fd = os.open(scan.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        end = int(scan.records[0, 1])
+        top = _top_closer(os.pread(fd, min(end, 8), end - min(end, 8)))
+        if layout in ("samples", "dict_samples"):
+            return ChunkShape(layout, "", scan.fields, (), dtypes, tuple_samples=top == "tuple")
+        containers = []
+        for f, kind in enumerate(scan.kinds):
+            last = int(np.searchsorted(scan.starts[:, f], end)) - 1
+            if kind == "array_row":
+                containers.append("array")
+            elif last < 0:
+                containers.append("list")  # an empty field: no closing opcode to read
+            else:
+                op = os.pread(fd, 1, int(scan.ends[last, f]))
+                containers.append(_CLOSERS.get(op[0], "?") if op else "?")
+    finally:
+        os.close(fd)
+    if "?" in containers or top not in ("list", "tuple", "dict"):
+        raise NotSpanIndexableError(scan.path, "a container whose type split cannot tell")
+    return ChunkShape(layout, top, scan.fields, tuple(containers), dtypes)
+
+
+def _shape_from_object(obj: Any, layout: str, fields: tuple[str, ...]) -> ChunkShape:
+    if layout in ("rows", "dict_rows"):
+        return ChunkShape(layout, "list", fields, (), (None,) * len(fields))
+    cols = list(obj.values()) if isinstance(obj, dict) else list(obj)
+    containers = tuple(
+        "array" if isinstance(c, np.ndarray) else "tuple" if isinstance(c, tuple) else "list"
+        for c in cols
+    )
+    dtypes = tuple(c.dtype if isinstance(c, np.ndarray) else None for c in cols)
+    top = "dict" if isinstance(obj, dict) else "tuple" if isinstance(obj, tuple) else "list"
+    return ChunkShape(layout, top, fields, containers, dtypes)
+
+
+def open_source(
+    path: Path, policy: UnpicklePolicy, memory_bytes: int, scan: ScanResult | None
+) -> tuple[SampleSource, ChunkShape, bool]:
+    try:
+        if scan is None:
+            scan = scan_file(path, encoding=policy.encoding)
+        elif scan.size != path.stat().st_size:
+            raise ValueError(f"scan= is of a file of {scan.size} bytes, not of {path}")
+    except NotSpanIndexableError as exc:
+        need = WHOLE_FILE_FACTOR * path.stat().st_size
+        if need > memory_bytes:
+            raise NotSpanIndexableError(
+                path,
+                f"{exc.reason}; loading it whole instead needs about {need:,} bytes "
+                f"({WHOLE_FILE_FACTOR}x its size), over the memory budget of {memory_bytes:,} "
+                f"(memory_bytes=, CLI --memory-bytes)",
+                offset=exc.offset,
+            ) from None
+        columns, shape = _load_whole(path, policy)
+        return LoadedSource(columns, _protocol_of(path)), shape, True
+    src = SpanSource(scan, policy)
+    try:
+        return src, shape_from_scan(scan), False
+    except BaseException:
+        src.close()
+        raise
+
+
+def _load_whole(path: Path, policy: UnpicklePolicy) -> tuple[Sequence[Any], ChunkShape]:
+    """Every pickle of ``path``, as columns, by the scanner's rules for appended pickles."""
+    objs: list[Any] = []
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        while fh.tell() < size:
+            try:
+                objs.append(policy.unpickler(fh, path).load())
+            except PickleshardError:
+                raise
+            except Exception:
+                if not objs:
+                    load_file(path, policy)  # raises the classified error
+                raise
+    if len(objs) == 1:
+        decoded = decode_layout(objs[0], path)
+        return decoded.columns, _shape_from_object(objs[0], decoded.layout, decoded.fields)
+    try:
+        parts = [decode_layout(o, path) for o in objs]
+    except UnsupportedLayoutError:
+        first = objs[0]
+        if type(first) is tuple and first:
+            fields = default_field_names(len(first))
+            shape = ChunkShape("samples", "", fields, (), (None,) * len(fields))
+            return tuple(zip(*objs, strict=True)), shape
+        if type(first) is dict and first:
+            keys = list(first)
+            fields = tuple(str(k) for k in keys)
+            shape = ChunkShape("dict_samples", "", fields, (), (None,) * len(fields))
+            return tuple([o[k] for o in objs] for k in keys), shape
+        return (objs,), ChunkShape("samples", "", ("x",), (), (None,), tuple_samples=False)
+    columns = tuple(
+        np.concatenate([p.columns[f] for p in parts])
+        if all(isinstance(p.columns[f], np.ndarray) for p in parts)
+        else [v for p in parts for v in p.columns[f]]
+        for f in range(len(parts[0].fields))
+    )
+    shape = _shape_from_object(objs[0], parts[0].layout, parts[0].fields)
+    if any(
+        c == "array" and not isinstance(col, np.ndarray)
+        for c, col in zip(shape.containers, columns, strict=False)
+    ):
+        shape = replace(shape, containers=tuple("list" for _ in shape.containers))
+    return columns, shape
+
+
+def _protocol_of(path: Path) -> int:
+    with open(path, "rb") as fh:
+        head = fh.read(2)
+    return head[1] if len(head) == 2 and head[0] == oc.PROTO_OP else 0
