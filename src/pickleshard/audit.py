@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import codecs
 import copyreg
+import gc
 import pickle
 import pickletools
 from collections.abc import Iterable
@@ -53,6 +54,7 @@ _NAME_MAX = 256
 _UNICODE_OPS = frozenset(getattr(pickle, n)[0] for n in ("SHORT_BINUNICODE", "BINUNICODE"))
 _UNICODE_OPS |= {pickle.BINUNICODE8[0]}
 _BYTESTR_OPS = frozenset(getattr(pickle, n)[0] for n in ("SHORT_BINSTRING", "BINSTRING"))
+_NAME_OPS = _UNICODE_OPS | _BYTESTR_OPS
 _OPPROTO = [0] * 256
 for _op in pickletools.opcodes:
     _OPPROTO[ord(_op.code.encode("latin-1"))] = _op.proto
@@ -134,9 +136,9 @@ class _Walk:
 
     def __init__(self, audit: Audit, buf: Any, end: int) -> None:
         self.a, self.buf, self.end = audit, buf, end
-        self.stack: list[Any] = []  # None (unknown), a str, or a GlobalKey tuple
+        self.stack: list[Any] = []  # None (unknown), a string (see text), or a GlobalKey
         self.marks: list[int] = []
-        self.values: dict[int, Any] = {}  # memo id -> str or GlobalKey (unknowns not kept)
+        self.values: dict[int, Any] = {}  # memo id -> string or GlobalKey (unknowns not kept)
         self.dense = 0  # memo ids 0..dense-1 are all defined
         self.sparse: set[int] = set()  # defined ids above dense
         self.proto = -1
@@ -178,6 +180,20 @@ class _Walk:
         if not (0 <= mid < self.dense or mid in self.sparse):
             raise self.fail(pos, f"of memo id {mid}, which was never stored")
         self.stack.append(self.values.get(mid))
+
+    def text(self, v: Any) -> str | None:
+        """The string a stack value stands for: a decoded ``str``, or the offset (``int``) of a
+        short string opcode, decoded now; None for anything else."""
+        if type(v) is str:
+            return v
+        if type(v) is not int:
+            return None
+        buf, op = self.buf, self.buf[v]
+        form = oc.FORM[op]
+        hdr = 2 if form == oc.F_LEN1 else 9 if form == oc.F_LEN8U else 5
+        n = buf[v + 1] if hdr == 2 else int.from_bytes(buf[v + 1 : v + hdr], "little")
+        raw = bytes(buf[v + hdr : v + hdr + n])
+        return raw.decode("utf-8" if op in _UNICODE_OPS else "latin-1", "replace")
 
     def name(self, key: GlobalKey) -> GlobalKey:
         refs = self.a.refs
@@ -260,9 +276,9 @@ def _fixed_op(w: _Walk, op: int, pos: int, nxt: int) -> bool:
         w.need(pos, n)
         value = None
         if op == _OP["STACK_GLOBAL"]:
-            module, name = stack[-2], stack[-1]
-            ok = type(module) is str and type(name) is str
-            value = w.name((module, name) if ok else UNRESOLVED)
+            module, name = w.text(stack[-2]), w.text(stack[-1])
+            resolved = (module, name) if module is not None and name is not None else None
+            value = w.name(resolved or UNRESOLVED)
         elif op in (_OP["REDUCE"], _OP["NEWOBJ"]):
             w.call(stack[-2])
         elif op == _OP["NEWOBJ_EX"]:
@@ -279,17 +295,6 @@ def _fixed_op(w: _Walk, op: int, pos: int, nxt: int) -> bool:
             w.call(stack[m])
         del stack[m - oc.NPOP[op] :]
         stack.append(None)
-    elif act == oc.A_APPEND or act == oc.A_SETITEM:
-        n = 1 if act == oc.A_APPEND else 2
-        w.need(pos, n + 1)
-        del stack[len(stack) - n :]
-    elif act == oc.A_APPENDS or act == oc.A_SETITEMS:
-        m = w.pop_mark(pos)
-        if m < 1 or (w.marks and m <= w.marks[-1]):
-            raise w.fail(pos, "with no container below its items")
-        if act == oc.A_SETITEMS and (len(stack) - m) % 2:
-            raise w.fail(pos, "with an odd number of items")
-        del stack[m:]
     elif act == oc.A_MARK:
         w.marks.append(len(stack))
     elif act == oc.A_POP:
@@ -332,11 +337,26 @@ def _fixed_op(w: _Walk, op: int, pos: int, nxt: int) -> bool:
 
 
 def _walk_record(w: _Walk, pos: int) -> int:
-    """Walk one pickle from ``pos`` to its STOP; return the offset after it."""
+    """Walk one pickle from ``pos`` to its STOP; return the offset after it.
+
+    The hot loop: fixed-size pushes, MEMOIZE with dense ids, BINGET, MARK, tuples, empty
+    containers, appends and payloads are handled inline; everything else by :func:`_fixed_op`
+    and :func:`_text_op`. A short string is pushed as its opcode's offset (an ``int``) and only
+    decoded if a ``STACK_GLOBAL`` uses it.
+    """
     a, buf, end = w.a, w.buf, w.end
     stack, counts, marks, values = w.stack, a.counts, w.marks, w.values
     push, step_of, form_of = stack.append, _FAST_STEP, oc.FORM
-    action_of, npop_of = oc.ACTION, oc.NPOP
+    action_of, npop_of, counted = oc.ACTION, oc.NPOP, _COUNTED_OPS
+    memoize, binget, names = oc.MEMOIZE_OP, oc.BINGET_OP, _NAME_OPS
+    a_mark, a_tuplen, a_tuple = oc.A_MARK, oc.A_TUPLEN, oc.A_TUPLE
+    a_empty_lo, a_empty_hi, a_append, a_setitems = (
+        oc.A_EMPTY_LIST,
+        oc.A_EMPTY_TUPLE,
+        oc.A_APPEND,
+        oc.A_SETITEMS,
+    )
+    f_len1, f_len8, f_fixed = oc.F_LEN1, oc.F_LEN8U, oc.F_FIXED
     n_ops, skipped, hi = 0, 0, 0
     track = buf[pos] != oc.PROTO_OP  # protocol 0 or 1: which, by the opcodes it uses
     try:
@@ -352,38 +372,45 @@ def _walk_record(w: _Walk, pos: int) -> int:
                 push(None)
                 pos += step
                 continue
-            # the two commonest other opcodes, inline: MEMOIZE with dense ids, and BINGET
-            if op == oc.MEMOIZE_OP and not w.sparse and len(stack) > (marks[-1] if marks else 0):
+            if op == memoize and not w.sparse and len(stack) > (marks[-1] if marks else 0):
                 if stack[-1] is not None:
                     values[w.dense] = stack[-1]
                 w.dense += 1
                 pos += 1
                 continue
-            if op == oc.BINGET_OP and pos + 2 <= end and buf[pos + 1] < w.dense:
+            if op == binget and pos + 2 <= end and buf[pos + 1] < w.dense:
                 push(values.get(buf[pos + 1]))
                 pos += 2
                 continue
             act = action_of[op]
-            if act == oc.A_MARK:
+            if act == a_mark:
                 marks.append(len(stack))
                 pos += 1
                 continue
-            if act == oc.A_TUPLEN or (act == oc.A_TUPLE and marks):
-                m = len(stack) - npop_of[op] if act == oc.A_TUPLEN else marks.pop()
+            if act == a_tuplen or (act == a_tuple and marks):
+                m = len(stack) - npop_of[op] if act == a_tuplen else marks.pop()
                 if m < (marks[-1] if marks else 0):
                     raise w.fail(pos, "underflows the stack")
                 del stack[m:]
                 push(None)
                 pos += 1
                 continue
+            if a_empty_lo <= act <= a_empty_hi:
+                push(None)
+                pos += 1
+                continue
+            if a_append <= act <= a_setitems:  # APPEND, APPENDS, SETITEM, SETITEMS
+                _add_items(w, act, pos)
+                pos += 1
+                continue
             form = form_of[op]
-            if oc.F_LEN1 <= form <= oc.F_LEN8U:
-                hdr = 2 if form == oc.F_LEN1 else 9 if form == oc.F_LEN8U else 5
+            if f_len1 <= form <= f_len8:
+                hdr = 2 if form == f_len1 else 9 if form == f_len8 else 5
                 if pos + hdr > end:
                     raise w.cut(pos, f"the length of {oc.OPNAME[op]}")
-                if form == oc.F_LEN1:
+                if form == f_len1:
                     n = buf[pos + 1]
-                elif form == oc.F_LEN8U:
+                elif form == f_len8:
                     n = oc.U8(buf, pos + 1)[0]
                 else:
                     n = (oc.I4 if form == oc.F_LEN4S else oc.U4)(buf, pos + 1)[0]
@@ -392,19 +419,17 @@ def _walk_record(w: _Walk, pos: int) -> int:
                 if pos + hdr + n > end:
                     what = f"the {n}-byte payload of {oc.OPNAME[op]} ({end - pos} bytes left)"
                     raise w.cut(pos, what)
-                value = None
-                if n <= _NAME_MAX and (op in _UNICODE_OPS or op in _BYTESTR_OPS):
-                    raw = bytes(buf[pos + hdr : pos + hdr + n])
-                    value = raw.decode("utf-8" if op in _UNICODE_OPS else "latin-1", "replace")
+                if n <= _NAME_MAX and op in names:
+                    push(pos)
                 else:
                     skipped += n
-                push(value)
+                    push(None)
                 pos += hdr + n
                 continue
-            if op in _COUNTED_OPS:
+            if op in counted:
                 name = oc.OPNAME[op]
                 counts[name] = counts.get(name, 0) + 1
-            if form == oc.F_FIXED:
+            if form == f_fixed:
                 nxt: int = pos + 1 + oc.ARGLEN[op]
                 if nxt > end:
                     raise w.cut(pos, f"the argument of {oc.OPNAME[op]}")
@@ -419,6 +444,21 @@ def _walk_record(w: _Walk, pos: int) -> int:
     finally:
         a.opcodes += n_ops
         a.bytes_read -= skipped
+
+
+def _add_items(w: _Walk, act: int, pos: int) -> None:
+    stack = w.stack
+    if act == oc.A_APPEND or act == oc.A_SETITEM:
+        n = 1 if act == oc.A_APPEND else 2
+        w.need(pos, n + 1)
+        del stack[len(stack) - n :]
+        return
+    m = w.pop_mark(pos)
+    if m < 1 or (w.marks and m <= w.marks[-1]):
+        raise w.fail(pos, "with no container below its items")
+    if act == oc.A_SETITEMS and (len(stack) - m) % 2:
+        raise w.fail(pos, "with an odd number of items")
+    del stack[m:]
 
 
 def audit_buffer(buf: Any, size: int, name: str) -> Audit:
@@ -437,6 +477,8 @@ def audit_buffer(buf: Any, size: int, name: str) -> Audit:
             why = f"PROTO opcode names unknown protocol {buf[pos + 1]}"
             raise NotAPickleError(name, why, offset=pos + 1)
         w = _Walk(audit, buf, size)
+        collecting = gc.isenabled()
+        gc.disable()  # the walk makes no cycles; collections over its memo would cost time
         try:
             nxt = _walk_record(w, pos)
         except CorruptPickleError as exc:
@@ -448,6 +490,9 @@ def audit_buffer(buf: Any, size: int, name: str) -> Audit:
                 detail = str(exc).removeprefix(f"{name}: ")
                 raise NotAPickleError(name, f"{what}: {detail}", offset=pos) from None
             raise
+        finally:
+            if collecting:
+                gc.enable()
         if not audit.records:
             audit.protocol = w.proto if w.proto >= 0 else min(w.hi, 1)
         audit.records.append((pos, nxt))
