@@ -3,6 +3,10 @@
 Nothing is loaded: see :mod:`pickleshard.inspection`. Several files, directories (searched for
 ``*.pkl``, ``*.pickle``, ``*.pk``, ``*.p``) and globs may be given; each file is reported.
 
+``--json`` prints :meth:`~pickleshard.inspection.FileReport.to_json` of the file when one file
+is named, else a list with one entry per file (``{"path": ..., "error": ...}`` for a file that
+could not be read).
+
 Exit status: 0; 1 when any file could not be read (it is reported on stderr and the others are
 still inspected); otherwise 3 with ``--strict`` when any file references a global that is not
 allowed or is dangerous (those globals are listed on stderr).
