@@ -50,12 +50,17 @@ FLIPS_PER_FILE = 24
 
 @dataclass(frozen=True)
 class Case:
-    """One corpus file: ``name`` (unique, file-name safe), ``family`` and the bytes."""
+    """One corpus file: ``name`` (unique, file-name safe), ``family`` and the bytes.
+
+    ``original`` (truncated and bit-flipped cases) is the valid file they were made from: the
+    runner also scans it and reads its spans from ``data``, as for a file changed after indexing.
+    """
 
     name: str
     family: str
     data: bytes
     suffix: str = ".pkl"
+    original: bytes | None = None
 
 
 def _columns(n: int = 2) -> dict[str, list[Any]]:
@@ -105,7 +110,7 @@ def opcode_offsets(data: bytes) -> list[int]:
 def _truncated(label: str, data: bytes) -> Iterator[Case]:
     for cut in opcode_offsets(data):
         if cut:
-            yield Case(f"trunc_{label}_at{cut}", "truncated", data[:cut])
+            yield Case(f"trunc_{label}_at{cut}", "truncated", data[:cut], original=data)
 
 
 def _flipped(label: str, data: bytes, rng: random.Random) -> Iterator[Case]:
@@ -116,7 +121,7 @@ def _flipped(label: str, data: bytes, rng: random.Random) -> Iterator[Case]:
             pos, bit = rng.randrange(len(buf)), rng.randrange(8)
             buf[pos] ^= 1 << bit
             where.append(f"{pos}b{bit}")
-        yield Case(f"flip_{label}_{'_'.join(where)}", "bitflip", bytes(buf))
+        yield Case(f"flip_{label}_{'_'.join(where)}", "bitflip", bytes(buf), original=data)
 
 
 _P8 = struct.Struct("<Q").pack

@@ -8,8 +8,11 @@ and ``RLIMIT_CPU`` on themselves and, per case, try:
     :func:`pickleshard.wholefile.load_file`.
 ``scan:<engine>``
     :func:`pickleshard.scan.scan_file` with each available engine, then
-    :meth:`~pickleshard.spanread.SpanReader.read_sample` of every sample, with the restricted
-    ``find_class``.
+    :meth:`~pickleshard.spanread.SpanReader.read_sample` of every sample (span rewrite of the
+    same engine, globals restricted to the allowlist).
+``stale:<engine>``
+    truncated and bit-flipped cases only: the spans of the valid original, read from the
+    damaged bytes, as after a file changed since it was indexed (no value is checked).
 ``index``
     :func:`pickleshard.build_index` over the case's folder (spans, or whole when refused).
 ``dataset``
@@ -28,6 +31,7 @@ Each worker writes one JSON line per case, ``{"case", "outcomes": {path: class n
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import math
@@ -52,6 +56,7 @@ from .corpus import Case
 __all__ = ["CorpusReport", "deep_diff", "run_corpus"]
 
 MEMORY_LIMIT = 2 << 30
+_ORIGINAL = "original.bin"
 CASE_SECONDS = 20
 
 
@@ -203,8 +208,9 @@ class _Worker:
     def run(self, name: str, folder: str, out: Any) -> None:
         from ..errors import PickleshardError
 
-        files = os.listdir(folder)
-        path = os.path.join(folder, files[0])
+        files = sorted(os.listdir(folder))
+        path = os.path.join(folder, next(f for f in files if f != _ORIGINAL))
+        original = os.path.join(folder, _ORIGINAL) if _ORIGINAL in files else None
         out.write(json.dumps({"start": name}) + "\n")
         out.flush()
         t0 = time.perf_counter()
@@ -216,6 +222,9 @@ class _Worker:
         ]
         for engine in self.engines:
             paths.append((f"scan:{engine}", partial(self._scan, path, ref, ref_error, engine)))
+        if original is not None:
+            for engine in self.engines:
+                paths.append((f"stale:{engine}", partial(self._stale, path, original, engine)))
         paths.append(("index", lambda: self._index(folder, ref)))
         paths.append(("dataset", lambda: self._dataset(folder, path, ref, ref_error)))
         for label, fn in paths:
@@ -274,7 +283,7 @@ class _Worker:
                 return f"fields {scan.fields} != {fields} of pickle.load"
             if len(want) != scan.num_samples:
                 return f"{scan.num_samples} samples, pickle.load gives {len(want)}"
-        with SpanReader(scan) as reader:  # restricted to the allowlist by default
+        with SpanReader(scan, engine=engine) as reader:  # restricted to the allowlist by default
             for i in range(scan.num_samples):
                 got = reader.read_sample(i)
                 if want is not None:
@@ -283,6 +292,18 @@ class _Worker:
                         return f"sample {i} differs from pickle.load at {diff}"
         if want is None and ref_error != "MemoryError":  # spans renumber huge memo ids
             return f"every span reads, but pickle.load of the whole file fails ({ref_error})"
+        return None
+
+    def _stale(self, path: str, original: str, engine: str) -> str | None:
+        """Spans of the valid original read from the damaged bytes (a file changed after
+        indexing): every sample must read or raise a package error; values are not checked."""
+        from ..scan import scan_file
+        from ..spanread import SpanReader
+
+        scan = dataclasses.replace(scan_file(original, engine=engine), path=path)
+        with SpanReader(scan, engine=engine) as reader:
+            for i in range(scan.num_samples):
+                reader.read_sample(i)
         return None
 
     def _index(self, folder: str, ref: list[Any] | None) -> str | None:
@@ -344,6 +365,8 @@ def _write_cases(cases: Sequence[Case], root: Path) -> list[tuple[str, str]]:
         folder = root / f"{k:05d}"
         folder.mkdir(parents=True)
         (folder / f"f{case.suffix}").write_bytes(case.data)
+        if case.original is not None:
+            (folder / _ORIGINAL).write_bytes(case.original)  # not a pickle name: never indexed
         out.append((case.name, os.fspath(folder)))
     return out
 
