@@ -25,6 +25,8 @@ The reference is ``pickle.load`` under the same allowlist, one call per appended
 where the reference failed, the canary file existing, or the worker dying (crash, timeout,
 memory) on the case; a dead worker is replaced and goes on after that case.
 
+``python -m pickleshard.testing.corpus_run summary`` runs the whole corpus and prints the counts.
+
 Each worker writes one JSON line per case, ``{"case", "outcomes": {path: class name or "ok"},
 "problems": [...]}``, preceded by a ``{"start": case}`` line so a case that kills it is named.
 """
@@ -468,5 +470,22 @@ def _collect(
     return [(n, f) for n, f in todo if n not in done]
 
 
+def _summary_main() -> int:
+    """``python -m pickleshard.testing.corpus_run summary``: run the whole corpus in a temporary
+    folder, print the outcome counts and every problem; exit 1 if there is any."""
+    import tempfile
+
+    from .corpus import generate
+
+    with tempfile.TemporaryDirectory(prefix="pickleshard-corpus-") as tmp:
+        canary = os.path.join(tmp, "canary")
+        report = run_corpus(generate(canary), Path(tmp), canary)
+    print(report.summary())
+    print("\n".join(report.problems))
+    return 1 if report.problems else 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["summary"]:
+        sys.exit(_summary_main())
     _worker_main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
