@@ -50,6 +50,7 @@ def test_corpus_is_deterministic_and_covers_every_family(tmp_path: Path) -> None
         "truncated",
         "bitflip",
         "length",
+        "frames",
         "deep",
         "stack",
         "hostile",

@@ -11,6 +11,8 @@
 ``length``
     payload lengths that lie: ``BINBYTES8`` / ``BINUNICODE8`` / ``BYTEARRAY8`` claiming 2**62
     bytes, ``BINSTRING`` negative, ``LONG_BINPUT`` ids near 2**32, ``FRAME`` lengths past the end.
+``frames``
+    valid layouts re-framed: frames cutting opcodes, one per opcode, empty, nested, lengths off.
 ``deep``
     100,000 nested lists, tuples and MARKs, balanced or not.
 ``stack``
@@ -172,6 +174,57 @@ def _lengths() -> Iterator[tuple[str, bytes]]:
     yield "layout_BYTEARRAY8_long", arr[: at + 1] + _P8(17) + arr[at + 9 :]
 
 
+def _unframed_ops(data: bytes) -> list[bytes]:
+    """The opcodes of one protocol 4+ pickle without its PROTO and FRAME opcodes."""
+    ops = list(pickletools.genops(data))
+    ends = [p for _, _, p in ops[1:]] + [len(data)]
+    return [
+        data[p:e]
+        for (op, _, p), e in zip(ops, ends, strict=True)
+        if op.name not in ("FRAME", "PROTO") and p is not None
+    ]
+
+
+def _framed(head: bytes, chunks: list[bytes]) -> bytes:
+    return head + b"".join(b"\x95" + _P8(len(c)) + c for c in chunks)
+
+
+def _frames() -> Iterator[tuple[str, bytes]]:
+    """Valid layouts re-framed: frames that cut opcodes, one opcode per frame, empty frames,
+    frames inside frames, frame lengths one off."""
+    objs = {
+        "columns": ([b"ab" * 40, "xyz", 1.5, None], [1, 2, 3, 4]),
+        "dict": {"x": ["k" * 300, [1, 2]], "y": [0, 1]},
+    }
+    for label, obj in objs.items():
+        for protocol in (4, 5):
+            head = bytes((0x80, protocol))
+            ops = _unframed_ops(pickle.dumps(obj, protocol))
+            body = b"".join(ops)
+            name = f"{label}_p{protocol}"
+            for size in (1, 2, 3, 7, 64):
+                chunks = [body[k : k + size] for k in range(0, len(body), size)]
+                yield f"{name}_cut{size}", _framed(head, chunks)
+            yield f"{name}_per_opcode", _framed(head, ops)
+            yield f"{name}_empty_between", _framed(head, [c for op in ops for c in (op, b"")])
+            yield f"{name}_unframed", head + body
+            outer = _framed(b"", [body[:10]])
+            yield f"{name}_nested", _framed(head, [outer + body[10:]])
+            for delta in (-1, 1):
+                yield f"{name}_len{delta:+d}", head + b"\x95" + _P8(len(body) + delta) + body
+            half = len(ops) // 2
+            two = [b"".join(ops[:half]), b"".join(ops[half:])]
+            yield (
+                f"{name}_two_frames_short",
+                head
+                + b"\x95"
+                + _P8(len(two[0]) - 1)
+                + two[0]
+                + (b"\x95" + _P8(len(two[1]) + 1) + two[1]),
+            )
+            yield f"{name}_many_empty", head + (b"\x95" + _P8(0)) * 20_000 + body
+
+
 def _deep() -> Iterator[tuple[str, bytes]]:
     n = DEEP
     yield "lists_append", b"\x80\x04" + b"]" * n + b"a" * (n - 1) + b"."
@@ -244,6 +297,18 @@ def _stack() -> Iterator[tuple[str, bytes]]:
     yield "layout_trailing_noise", pickle.dumps(([1, 2], [3, 4]), 4) + b"\x00\xffjunk"
     yield "layout_trailing_proto0", pickle.dumps(([1, 2], [3, 4]), 4) + pickle.dumps([5], 0)
     yield "layout_then_stop", pickle.dumps(([1, 2], [3, 4]), 4) + b"."
+    dup = pickle.dumps({"x": [1, 2], "z": [5, 6]}, 4).replace(b"\x8c\x01z", b"\x8c\x01x")
+    yield "dict_columns_duplicate_key", dup
+    yield (
+        "dict_columns_equal_keys",
+        pickle.dumps({1: [1, 2], 2.5: [3, 4]}, 4).replace(
+            b"G@\x04\x00\x00\x00\x00\x00\x00", b"G?\xf0\x00\x00\x00\x00\x00\x00"
+        ),
+    )
+    yield (
+        "dict_rows_duplicate_key",
+        pickle.dumps([{"a": 1, "b": 2}, {"a": 3, "b": 4}], 4).replace(b"\x8c\x01b", b"\x8c\x01a"),
+    )
 
 
 class _Reduce:
@@ -324,7 +389,12 @@ def generate(canary: str, *, seed: int = 2026) -> list[Case]:
         cases.append(Case(f"valid_{label}", "valid", data))
         cases += _truncated(label, data)
         cases += _flipped(label, data, rng)
-    families = (("length", _lengths()), ("deep", _deep()), ("stack", _stack()))
+    families = (
+        ("length", _lengths()),
+        ("frames", _frames()),
+        ("deep", _deep()),
+        ("stack", _stack()),
+    )
     for family, items in families:
         cases += [Case(f"{family}_{name}", family, data) for name, data in items]
     cases += [Case(f"hostile_{name}", "hostile", data) for name, data in hostile(canary)]
