@@ -132,7 +132,8 @@ class DatasetIndex:
     def scan(self, pos: int, path: str | os.PathLike[str]) -> ScanResult:
         """The :class:`ScanResult` of span-indexed file ``pos`` (found at ``path``), made of
         views of the memory-mapped span arrays; raises :class:`NotSpanIndexableError` for a file
-        indexed whole."""
+        indexed whole. Its ``ext_keys`` is the index-wide array and its ``ext_offsets`` point
+        into it (they do not start at 0), so :meth:`ScanResult.externals` needs no copy."""
         entry = self.files[pos]
         if entry.mode != "span" or entry.scan is None:
             raise NotSpanIndexableError(path, entry.reason or "indexed without spans")
