@@ -10,7 +10,7 @@ Datasets (``pickleshard synth`` layout, ``pickle.dump((x_list, y_list))`` per fi
 (a) float32 ``(3, 32, 32)`` arrays, 12 KB samples; (b) float32 ``(3, 224, 224)`` arrays, 600 KB
 samples; (c) small Python-object samples (``--kind objects``: dicts of a token list, a string,
 a float). Then the scanner's peak memory on one file of ``--big-gb`` GB of 600 KB arrays,
-measured in a fresh process as PSS (:mod:`pickleshard.memory`) and as private (anonymous) bytes.
+measured in a fresh process as PSS (:mod:`pickleshard.memory`) and as peak RSS (VmHWM).
 
 Writes ``bench/results/issue3-scan[-quick].md`` and ``.json``. ``--quick`` is a smoke run. The
 issue's targets: scan >= 20x faster than unpickling on array data; peak memory < 100 MB.
@@ -148,17 +148,18 @@ def _measure(ds: DataSet, root: Path, repeat: int) -> Row:
 
 
 _PEAK_CHILD = """
-import json, resource, sys, psutil
+import json, sys
 from pickleshard.memory import PeakPSS
 from pickleshard.scan import scan_file
-proc = psutil.Process()
-before = proc.memory_full_info()
+def hwm():  # peak RSS of this process so far (VmHWM), in bytes
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+before = hwm()
 with PeakPSS(interval=0.005) as peak:
     scan = scan_file(sys.argv[1], engine=sys.argv[2])
-after = proc.memory_full_info()
 print(json.dumps({"samples": scan.num_samples, "pss_start": peak.start_bytes,
-    "pss_peak": peak.peak_bytes, "uss_before": before.uss, "uss_after": after.uss,
-    "rss_peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+    "pss_peak": peak.peak_bytes, "hwm_before": before, "hwm_after": hwm(),
     "bytes_read": scan.bytes_read}))
 """
 
@@ -199,14 +200,13 @@ def _table(rows: list[Row]) -> list[str]:
 
 
 def _memory_lines(mem: list[dict[str, Any]]) -> list[str]:
-    lines = ["| engine | file | samples | PSS at start MB | peak PSS MB | growth MB | private (USS) growth MB | peak RSS MB |"]  # fmt: skip
+    lines = ["| engine | file | samples | PSS at start MB | peak PSS MB | PSS growth MB | peak RSS MB | peak RSS growth MB |"]  # fmt: skip
     lines.append("|---|---|---|---|---|---|---|---|")
     for m in mem:
         cells = [m["engine"], f"{m['file_bytes'] / 1e9:.2f} GB", f"{m['samples']:,}"]
         cells += [f"{m['pss_start'] / MB:,.0f}", f"{m['pss_peak'] / MB:,.0f}"]
-        cells += [f"{(m['pss_peak'] - m['pss_start']) / MB:,.0f}"]
-        cells += [f"{(m['uss_after'] - m['uss_before']) / MB:,.1f}"]
-        cells += [f"{m['rss_peak_kb'] * 1024 / MB:,.0f}"]
+        cells += [f"{(m['pss_peak'] - m['pss_start']) / MB:,.1f}"]
+        cells += [f"{m['hwm_after'] / MB:,.0f}", f"{(m['hwm_after'] - m['hwm_before']) / MB:,.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -256,8 +256,8 @@ _SETUP = """
   (what an index build does per file); walk = `opcodes.walk_opcodes` alone
 - peak memory: `scan_file` of one file in a fresh process (after importing numpy and pickleshard),
   the file in the page cache; PSS sampled every 5 ms (`pickleshard.memory.PeakPSS`) counts the
-  file's pages the scan touched through its mmap (clean, shared page cache) plus private memory;
-  USS growth is the private part
+  file's pages mapped through the scan's mmap (the walk unmaps them every 32 MiB) plus private
+  memory; peak RSS is the process's VmHWM, its growth the part the scan added
 """
 
 

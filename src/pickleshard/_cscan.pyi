@@ -5,7 +5,9 @@ from typing import Any
 
 from .opcodes import Value, Walked
 
-def walk_record(buf: Any, pos: int, end: int, w: Walked) -> tuple[Value, int, int]: ...
+def walk_record(
+    buf: Any, pos: int, end: int, w: Walked, release: Callable[[int], None] | None = None
+) -> tuple[Value, int, int]: ...
 def rewrite_span(
     read_at: Callable[[int, int], bytes],
     start: int,

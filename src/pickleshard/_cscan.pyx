@@ -39,6 +39,7 @@ cdef enum:
     BOUNDS = 3
     SUB = 4
     KEY = 5
+    RELEASE_SHIFT = 25
     MEMOIZE_OP = 0x94
     BINPUT_OP = 0x71
     LONG_BINPUT_OP = 0x72
@@ -65,12 +66,13 @@ def _check_tables():
             oc.A_LIST, oc.A_DICT, oc.A_APPEND, oc.A_APPENDS, oc.A_SETITEM, oc.A_SETITEMS,
             oc.A_REFUSE)
     slots = (oc.LIST, oc.TUPLE, oc.DICT, oc.KIND, oc.START, oc.ITEMS, oc.BOUNDS, oc.SUB, oc.KEY)
-    ops = (oc.MEMOIZE_OP, oc.BINPUT_OP, oc.LONG_BINPUT_OP, oc.BINGET_OP, oc.LONG_BINGET_OP)
+    ops = (oc.MEMOIZE_OP, oc.BINPUT_OP, oc.LONG_BINPUT_OP, oc.BINGET_OP, oc.LONG_BINGET_OP,
+           oc.RELEASE_SHIFT)
     if (
         forms != tuple(range(8))
         or acts != tuple(range(26))
         or slots != (1, 2, 3, 0, 1, 2, 3, 4, 5)
-        or ops != (0x94, 0x71, 0x72, 0x68, 0x6A)
+        or ops != (0x94, 0x71, 0x72, 0x68, 0x6A, 25)
         or pyarray.array("q").itemsize != sizeof(long long)
     ):
         raise ImportError("pickleshard._cscan was built against other opcode tables")
@@ -160,7 +162,7 @@ cdef int64_t _text_id(object buf, Py_ssize_t pos, Py_ssize_t nxt, int op, object
     return mid
 
 
-def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w):
+def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w, object release=None):
     """:func:`pickleshard.opcodes._walk_record`, compiled: walk one pickle from just after its
     PROTO to its STOP; return ``(root, end, first id)``."""
     cdef const unsigned char[:] b = buf
@@ -225,6 +227,10 @@ def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w):
                     w, pos, f"the {n}-byte payload of {oc.OPNAME[op]} ({end - pos} bytes left)"
                 )
             skipped += n
+            if release is not None and (
+                (pos + hdr + <Py_ssize_t>n) >> RELEASE_SHIFT != pos >> RELEASE_SHIFT
+            ):
+                release(pos)
             stack.append(pos)
             pos += hdr + <Py_ssize_t>n
             continue

@@ -144,6 +144,8 @@ BININT1_OP, BININT_OP, BINPERSID_OP, SHORT_BINUNICODE_OP, BINUNICODE_OP = (
     0x58,
 )
 U4, I4, U8 = (struct.Struct(f).unpack_from for f in ("<I", "<i", "<Q"))
+RELEASE_SHIFT: Final = 25  # walks release mapped pages every 32 MiB (see _releaser)
+Release = Callable[[int], None]
 
 
 LIST, TUPLE, DICT = 1, 2, 3
@@ -253,11 +255,14 @@ def _bad(w: Walked, pos: int, op: int, what: str) -> CorruptPickleError:
     return CorruptPickleError(w.name, f"{OPNAME[op]} {what}", offset=pos)
 
 
-def _walk_record(buf: Any, pos: int, end: int, w: Walked) -> tuple[Value, int, int]:
+def _walk_record(
+    buf: Any, pos: int, end: int, w: Walked, release: Release | None = None
+) -> tuple[Value, int, int]:
     """Walk one pickle from just after its PROTO to its STOP; return (root, end, first id).
 
     The hot loop: one table lookup and one ``list.append`` for the common fixed-size pushes,
-    a length read and a seek for payloads; containers, marks and the memo are the rest.
+    a length read and a seek for payloads; containers, marks and the memo are the rest. When a
+    payload ends in another 32 MiB block than it starts, ``release(start)`` is called.
     """
     defs, goffs, gkeys = w.defs, w.get_offs, w.get_keys
     stack: list[Value] = []
@@ -305,6 +310,8 @@ def _walk_record(buf: Any, pos: int, end: int, w: Walked) -> tuple[Value, int, i
             if pos + hdr + n > end:
                 raise _cut(w, pos, f"the {n}-byte payload of {OPNAME[op]} ({end - pos} bytes left)")
             skipped += n
+            if release is not None and (pos + hdr + n) >> RELEASE_SHIFT != pos >> RELEASE_SHIFT:
+                release(pos)
             push(pos)
             pos += hdr + n
             continue
@@ -467,7 +474,7 @@ def _next_action(buf: Any, pos: int, end: int) -> int:
 
 
 ENGINES: Final = ("auto", "compiled", "python")
-WalkRecord = Callable[[Any, int, int, Walked], tuple[Value, int, int]]
+WalkRecord = Callable[[Any, int, int, Walked, Release | None], tuple[Value, int, int]]
 
 
 @functools.cache
@@ -499,21 +506,42 @@ def resolve_engine(engine: str) -> str:
     return "compiled"
 
 
-def _walk_with(walk: WalkRecord, buf: Any, pos: int, end: int, w: Walked) -> tuple[Value, int, int]:
+def _walk_with(
+    walk: WalkRecord, buf: Any, pos: int, end: int, w: Walked, release: Release | None
+) -> tuple[Value, int, int]:
     n_defs, n_gets = len(w.defs), len(w.get_offs)
     try:
-        return walk(buf, pos, end, w)
+        return walk(buf, pos, end, w, release)
     except _Unsupported:  # the compiled walker leaves this pickle to the reference
         del w.defs[n_defs:], w.get_offs[n_gets:], w.get_keys[n_gets:]
-        return _walk_record(buf, pos, end, w)
+        return _walk_record(buf, pos, end, w, release)
+
+
+def _releaser(buf: Any) -> Release | None:
+    """For an mmap: drop its pages before an offset from this process's page tables (they stay
+    in the page cache). A walk never reads back, and the kernel maps 64 KiB around every page
+    fault: without this, walking a file of big payloads maps a tenth of it or more."""
+    if not isinstance(buf, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
+        return None
+    done = [0]
+
+    def release(upto: int) -> None:
+        upto -= upto % mmap.PAGESIZE
+        if upto > done[0]:
+            buf.madvise(mmap.MADV_DONTNEED, done[0], upto - done[0])
+            done[0] = upto
+
+    return release
 
 
 def walk_opcodes(buf: Any, size: int, name: str, *, engine: str = "auto") -> Walked:
     """Walk every pickle of ``buf[:size]`` (bytes or mmap), one after another.
 
     ``engine`` picks the walker (:func:`resolve_engine`); both give equal results and raise the
-    same exceptions at the same offsets, and ``Walked.engine`` says which one ran. Raises :class:`EmptyPickleError`, :class:`NotAPickleError`, :class:`TruncatedPickleError`
-    or :class:`CorruptPickleError` for bad bytes in the first pickle, and
+    same exceptions at the same offsets, and ``Walked.engine`` says which one ran. Pages of an
+    mmap ``buf`` the walk has passed are unmapped as it goes (:func:`_releaser`). Raises
+    :class:`EmptyPickleError`, :class:`NotAPickleError`, :class:`TruncatedPickleError` or
+    :class:`CorruptPickleError` for bad bytes in the first pickle, and
     :class:`NotSpanIndexableError` for anything readable only as a whole (including bytes after
     the first pickle that are not a complete protocol 2+ pickle).
     """
@@ -525,6 +553,7 @@ def walk_opcodes(buf: Any, size: int, name: str, *, engine: str = "auto") -> Wal
     walk = compiled_walker() if engine == "compiled" else _walk_record
     assert walk is not None
     w = Walked(name, size, 0, [], [], array("q"), array("q"), array("q"), 0, engine)
+    release = _releaser(buf)
     pos = 0
     while pos < size:
         first = not w.records
@@ -539,7 +568,7 @@ def walk_opcodes(buf: Any, size: int, name: str, *, engine: str = "auto") -> Wal
         key0, collecting = len(w.defs), gc.isenabled()
         gc.disable()  # the walk makes no cycles; GC passes over its lists cost half its time
         try:
-            root, nxt, first_id = _walk_with(walk, buf, pos + 2, size, w)
+            root, nxt, first_id = _walk_with(walk, buf, pos + 2, size, w, release)
         except _Refused as exc:
             raise NotSpanIndexableError(name, exc.reason, offset=exc.offset) from None
         except CorruptPickleError as exc:
