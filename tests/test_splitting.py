@@ -21,6 +21,8 @@ from pickleshard.errors import (
     UnsupportedLayoutError,
 )
 from pickleshard.layouts import decode_layout
+from pickleshard.scan import scan_file
+from pickleshard.spanread import SpanReader
 from pickleshard.splitting import MANIFEST, split
 
 pytestmark = pytest.mark.filterwarnings("ignore:numpy.core:DeprecationWarning")
@@ -62,7 +64,13 @@ def _check_split(src: Path, out: Path, **limits: Any) -> list[Path]:
         assert decoded.fields == source_layout.fields
         if decoded.layout in ("columns", "dict_columns"):
             assert _containers(parts[0]) == _containers(objs[0])
-        got += list(zip(*decoded.columns, strict=True))
+        chunk_samples = list(zip(*decoded.columns, strict=True))
+        if not report.whole_file:  # a chunk of a span-indexable file is span-indexable too
+            with SpanReader(scan_file(chunk)) as reader:
+                for k, want_k in enumerate(chunk_samples):
+                    for gf, wf in zip(reader.read_sample(k), want_k, strict=True):
+                        assert_same(gf, wf, _path=f"{chunk.name} sample {k} through the scanner")
+        got += chunk_samples
     assert len(got) == len(want)
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert len(g) == len(w)
@@ -166,6 +174,11 @@ def test_rerun_resumes_and_reports_done(tmp_path: Path) -> None:
     assert resumed.chunks_reused == 2
     assert not resumed.already_done
     assert not list(out.glob("*.tmp-*"))
+    _check_split(src, out, max_samples=10)
+    first.chunks[0].unlink()  # a chunk lost after the split completed is written again
+    again = split(src, out, max_samples=10)
+    assert not again.already_done
+    assert again.chunks_reused == 4
     _check_split(src, out, max_samples=10)
 
 

@@ -11,7 +11,6 @@ file is not mapped). :class:`LoadedSource` holds a file the scanner refused, loa
 
 from __future__ import annotations
 
-import io
 import os
 import pickle
 from collections.abc import Callable, Sequence
@@ -49,7 +48,7 @@ class SpanSource(SampleSource):
 
     def __init__(self, scan: ScanResult, policy: UnpicklePolicy) -> None:
         self.scan, self.num_samples, self.protocol = scan, scan.num_samples, scan.protocol
-        find = _find_class(policy, scan.path)
+        find = policy.find_class(scan.path)
         kw: dict[str, Any] = {"encoding": policy.encoding, "find_class": find}
         self.reader = SpanReader(scan, **kw)
         self.field_readers = [
@@ -123,13 +122,6 @@ class LoadedSource(SampleSource):
             np.int64,
             self.num_samples,
         )
-
-
-def _find_class(policy: UnpicklePolicy, path: str) -> Callable[[str, str], Any] | None:
-    """The policy's global lookup (None: any global, the unpickler's own)."""
-    if policy.trusted:
-        return None
-    return policy.unpickler(io.BytesIO(), path).find_class
 
 
 def _field_view(scan: ScanResult, f: int) -> ScanResult:

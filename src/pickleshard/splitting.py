@@ -165,8 +165,8 @@ def split(
             (out / name).unlink(missing_ok=True)
         manifest_path.unlink()
         old = None
-    if old is not None and old.get("complete"):
-        chunks = [out / n for n in old["chunks"]]
+    chunks = [out / n for n in old["chunks"]] if old is not None else []
+    if old is not None and old.get("complete") and all(c.exists() for c in chunks):
         return SplitReport(
             path, out, chunks, old["samples"], len(chunks), True, old["whole_file"], 0, 0.0
         )
