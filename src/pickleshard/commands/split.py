@@ -62,7 +62,9 @@ def register(sub: Any) -> None:
         metavar="SIZE",
         help="at most this many pickled bytes per chunk, e.g. 1GiB",
     )
-    s.add_argument("--max-samples", type=int, default=None, metavar="N")
+    s.add_argument(
+        "--max-samples", type=int, default=None, metavar="N", help="at most N samples per chunk"
+    )
     s.add_argument(
         "--memory-bytes",
         type=parse_size,
