@@ -158,7 +158,8 @@ class ExternalMemo(dict[int, Any]):
 class SpanUnpickler(pickle._Unpickler):
     """``pickle._Unpickler`` for one span read through a :class:`SpanFile`.
 
-    ``MEMOIZE`` stores at ``first_id``, ``first_id + 1``...; ``PUT`` stores at its explicit id;
+    ``MEMOIZE`` stores at ``first_id``, ``first_id + 1``...; ``PUT`` stores at its explicit id,
+    and a later ``MEMOIZE`` goes on from the id after it;
     a ``GET`` of an id not stored yet calls ``resolve(id)`` (ids are the file's own, record-local
     ids). ``FRAME`` headers are skipped. After :meth:`load`, ``memo`` holds every id the span
     defined plus the externals it used. ``find_class``, if given, replaces the module lookup.
@@ -168,6 +169,7 @@ class SpanUnpickler(pickle._Unpickler):
     # set by pickle._Unpickler, which typeshed does not describe
     stack: list[Any]
     read: Callable[[int], bytes]
+    readline: Callable[[], bytes]
     append: Callable[[Any], None]
     _decode_string: Callable[[bytes], Any]
 
@@ -196,10 +198,30 @@ class SpanUnpickler(pickle._Unpickler):
         self.memo[self._next_id] = self.stack[-1]
         self._next_id += 1
 
+    def _put(self, memo_id: int) -> None:
+        if memo_id < 0:
+            raise ValueError("negative PUT argument")
+        self.memo[memo_id] = self.stack[-1]
+        # The scanner admits only ids stored in order, so a MEMOIZE after this PUT (as C's
+        # unpickler counts, len(memo)) stores at the next id.
+        self._next_id = memo_id + 1
+
+    def load_put(self) -> None:
+        self._put(int(self.readline()[:-1]))
+
+    def load_binput(self) -> None:
+        self._put(self.read(1)[0])
+
+    def load_long_binput(self) -> None:
+        self._put(U4(self.read(4))[0])
+
     def load_frame(self) -> None:
         self.read(8)
 
     dispatch[MEMOIZE_OP] = load_memoize
+    dispatch[pickle.PUT[0]] = load_put
+    dispatch[pickle.BINPUT[0]] = load_binput
+    dispatch[pickle.LONG_BINPUT[0]] = load_long_binput
     dispatch[FRAME_OP] = load_frame
 
 
