@@ -232,3 +232,25 @@ def test_a_case_that_kills_its_worker_is_named_and_the_rest_still_run(tmp_path: 
     assert len(report.problems) == 1
     assert report.problems[0].startswith("deep_memoized_deep: the worker died")
     assert report.outcomes["valid_rows_p4"]["dataset"] == "ok"
+
+
+def test_general_span_reader_counts_memoize_after_an_explicit_put(tmp_path: Path) -> None:
+    """A valid pickle mixing BINPUT and MEMOIZE (the corpus' re-encoded family): C's unpickler
+    stores MEMOIZE at len(memo), so 'q' lands at id 2 and GET 1 is 'p'. The general path used to
+    overwrite id 1 and return 'q' without any error."""
+    data = (
+        b"\x80\x04]q\x00("  # x = [ MARK
+        b"\x8c\x01pq\x01"  # 'p' BINPUT 1
+        b"\x8c\x01q\x94"  # 'q' MEMOIZE (id 2)
+        b"h\x01\x87q\x03"  # BINGET 1, TUPLE3, BINPUT 3
+        b"K\x07e]q\x04(K\x01K\x02e\x86q\x05."  # 7 APPENDS; y = [1, 2]; TUPLE2
+    )
+    path = tmp_path / "mixed.pkl"
+    path.write_bytes(data)
+    want = pickle.loads(data)
+    assert want[0][0] == ("p", "q", "p")
+    scan = scan_file(path)
+    for general in (False, True):
+        with SpanReader(scan, general=general) as reader:
+            assert reader.read_sample(0) == (want[0][0], 1)
+            assert reader.read_sample(1) == (7, 2)

@@ -8,6 +8,10 @@
     opcode boundary (``pickletools.genops`` offsets, over every appended pickle).
 ``bitflip``
     the same files with one to three bits flipped (seeded: the corpus is the same on every run).
+``reencoded``
+    the valid files with opcodes swapped for equivalent ones (``BINUNICODE8`` for
+    ``SHORT_BINUNICODE``, ``LONG_BINPUT`` for ``MEMOIZE``, ``LONG1`` for ``BININT1``...), unframed:
+    valid pickles the scanner has never seen from CPython's pickler.
 ``length``
     payload lengths that lie: ``BINBYTES8`` / ``BINUNICODE8`` / ``BYTEARRAY8`` claiming 2**62
     bytes, ``BINSTRING`` negative, ``LONG_BINPUT`` ids near 2**32, ``FRAME`` lengths past the end.
@@ -225,6 +229,58 @@ def _frames() -> Iterator[tuple[str, bytes]]:
             yield f"{name}_many_empty", head + (b"\x95" + _P8(0)) * 20_000 + body
 
 
+_Q = struct.Struct("<q").pack
+
+
+def _reencode_op(name: str, arg: Any, raw: bytes, memo_id: int, rng: random.Random) -> bytes:
+    """Another encoding of one opcode that unpickles to the same value, or ``raw``."""
+    pick = rng.randrange(3)
+    if name == "SHORT_BINUNICODE":
+        text = arg.encode("utf-8", "surrogatepass")
+        return (raw, b"X" + _P4(len(text)) + text, b"\x8d" + _P8(len(text)) + text)[pick]
+    if name == "SHORT_BINBYTES":
+        payload = bytes(arg)
+        return (raw, b"B" + _P4(len(payload)) + payload, b"\x8e" + _P8(len(payload)) + payload)[
+            pick
+        ]
+    if name in ("BININT1", "BININT2"):
+        return (raw, b"J" + _I4(arg), b"\x8a\x08" + _Q(arg))[pick]
+    if name == "MEMOIZE" and pick:
+        return b"q" + bytes([memo_id]) if memo_id < 256 and pick == 1 else b"r" + _P4(memo_id)
+    if name == "BINPUT" and pick:
+        return b"r" + _P4(arg)
+    if name == "BINGET" and pick:
+        return b"j" + _P4(arg)
+    if name == "EMPTY_TUPLE" and pick:
+        return b"(t"
+    if name in ("NEWTRUE", "NEWFALSE") and pick:
+        return b"I01\n" if name == "NEWTRUE" else b"I00\n"
+    if name == "BINFLOAT" and pick:
+        return b"F" + repr(arg).encode() + b"\n"
+    return raw
+
+
+def reencode(data: bytes, rng: random.Random) -> bytes:
+    """``data`` (pickles appended) with opcodes swapped for equivalent ones and FRAMEs dropped:
+    a valid file that :func:`pickle.load` reads to the same objects."""
+    out = []
+    base = 0
+    while base < len(data):
+        stream = io.BytesIO(data[base:])
+        ops = list(pickletools.genops(stream))
+        ends = [p for _, _, p in ops[1:]] + [stream.tell()]
+        memo_id = 0
+        for (op, arg, pos), end in zip(ops, ends, strict=True):
+            raw = data[base + (pos or 0) : base + (end or 0)]
+            if op.name == "FRAME":
+                continue
+            out.append(_reencode_op(op.name, arg, raw, memo_id, rng))
+            if op.name in ("MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"):
+                memo_id += 1
+        base += stream.tell()
+    return b"".join(out)
+
+
 def _deep() -> Iterator[tuple[str, bytes]]:
     n = DEEP
     yield "lists_append", b"\x80\x04" + b"]" * n + b"a" * (n - 1) + b"."
@@ -383,12 +439,15 @@ def _foreign() -> Iterator[tuple[str, bytes, str]]:
 
 def generate(canary: str, *, seed: int = 2026) -> list[Case]:
     """The whole corpus; ``canary`` is the path the hostile cases try to create."""
-    rng = random.Random(seed)
+    rng, swaps = random.Random(seed), random.Random(seed + 1)
     cases: list[Case] = []
     for label, data in valid_files():
         cases.append(Case(f"valid_{label}", "valid", data))
         cases += _truncated(label, data)
         cases += _flipped(label, data, rng)
+        cases += [
+            Case(f"reencoded_{label}_{k}", "reencoded", reencode(data, swaps)) for k in range(4)
+        ]
     families = (
         ("length", _lengths()),
         ("frames", _frames()),
