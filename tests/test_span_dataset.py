@@ -22,7 +22,7 @@ from picklegen import LAYOUTS, assert_same, build, datasets, oracle, write
 from pickleshard import ShuffleSampler, errors
 from pickleshard.dataset import PickleDataset
 from pickleshard.errors import UnsupportedLayoutError
-from pickleshard.index import DatasetIndex, build_index, open_index
+from pickleshard.index import DatasetIndex, SkippedFilesWarning, build_index, open_index
 from pickleshard.synth import write_synthetic
 
 # pickles written with numpy 1.x module paths load through numpy's deprecated numpy.core shims
@@ -328,10 +328,10 @@ def test_dataset_over_an_index_with_skipped_files_warns(tmp_path: Path) -> None:
     (tmp_path / "data" / "bad.pkl").write_bytes(b"not a pickle at all")
     with pytest.raises(errors.NotAPickleError, match=r"bad\.pkl"):
         PickleDataset(tmp_path / "data")
-    with pytest.warns(errors.SkippedFilesWarning, match=r"1 bad file\(s\).*bad\.pkl"):
+    with pytest.warns(SkippedFilesWarning, match=r"1 bad file\(s\).*bad\.pkl"):
         ds = PickleDataset(tmp_path / "data", skip_bad=True)
     _assert_reads(ds, _expected(files))
-    with pytest.warns(errors.SkippedFilesWarning):  # reopening the index warns again
+    with pytest.warns(SkippedFilesWarning):  # reopening the index warns again
         PickleDataset(tmp_path / "data")
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -19,8 +19,8 @@ try:  # a real torch Dataset when torch is there (isinstance checks, typing); pl
 except ImportError:  # pragma: no cover - exercised only without torch
     _DatasetBase = object  # type: ignore[assignment,misc]
 
-from .errors import NotSpanIndexableError, SkippedFilesWarning
-from .index import Rebuild, open_index
+from .errors import NotSpanIndexableError
+from .index import Rebuild, SkippedFilesWarning, open_index
 from .layouts import DecodedLayout
 from .safety import UnpicklePolicy
 from .sources import Source
@@ -52,7 +52,7 @@ class PickleDataset(_DatasetBase[Any]):
     ``DIR/.pickleshard``), built when missing, and checked against the files: see
     :func:`pickleshard.open_index` for ``rebuild``. ``skip_bad=True`` builds it leaving out bad
     files (see :func:`pickleshard.build_index`); a dataset over an index that skipped files
-    warns how many (:class:`~pickleshard.errors.SkippedFilesWarning`).
+    warns how many (:class:`~pickleshard.index.SkippedFilesWarning`).
 
     ``ds[i]`` returns a tuple with one element per field, ``(x, y)`` for the common layout;
     ``transform``, if given, is applied to that tuple.

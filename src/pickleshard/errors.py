@@ -261,8 +261,4 @@ def _rebuild_not_span(path: str, reason: str, offset: int | None) -> NotSpanInde
 __all__ += ["NotSpanIndexableError"]
 
 
-class SkippedFilesWarning(UserWarning):
-    """A dataset's index left out bad files (``skip_bad=True``): their samples are missing."""
-
-
-__all__ += ["NotSpanIndexableError", "SkippedFilesWarning"]
+__all__ += ["NotSpanIndexableError"]

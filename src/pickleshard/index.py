@@ -64,6 +64,7 @@ __all__ = [
     "DatasetIndex",
     "FileEntry",
     "SkippedFile",
+    "SkippedFilesWarning",
     "build_index",
     "default_index_path",
     "fingerprint",
@@ -76,6 +77,10 @@ SAMPLES_DTYPE = np.dtype([("file", "<u4"), ("item", "<u4")])
 
 Rebuild = Literal["missing", "auto", "never"]
 SkippedFile = dict[str, Any]  # {"path", "error", "message", "size", "mtime_ns"}
+
+
+class SkippedFilesWarning(UserWarning):
+    """A dataset's index left out bad files (``skip_bad=True``): their samples are missing."""
 
 
 class DatasetIndex:
