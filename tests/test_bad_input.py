@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,7 @@ from pickleshard.wholefile import load_records
 def test_corpus_never_crashes_hangs_or_executes(tmp_path: Path) -> None:
     canary = os.fspath(tmp_path / "canary")
     cases = generate(canary)
-    report = run_corpus(cases, tmp_path, canary, workers=2)
+    report = run_corpus(cases, tmp_path, canary, workers=2, wall_seconds=270)
     summary = report.summary()
     print("\n" + summary)
     (tmp_path / "summary.txt").write_text(summary)
@@ -254,3 +256,25 @@ def test_general_span_reader_counts_memoize_after_an_explicit_put(tmp_path: Path
         with SpanReader(scan, general=general) as reader:
             assert reader.read_sample(0) == (want[0][0], 1)
             assert reader.read_sample(1) == (7, 2)
+
+
+def test_a_one_bit_flip_can_make_whole_file_loading_allocate_a_huge_memo(tmp_path: Path) -> None:
+    """Documents a limit (reported, not fixed): CPython's C unpickler sizes its memo array to
+    the largest PUT id, so a LONG_BINPUT id near 2**31 in a 9-byte file asks for ~32 GiB. Under
+    an address-space limit that is a clean CorruptPickleError; without one it is real memory.
+    The span path renumbers memo ids and is not affected."""
+    code = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
+        "from pickleshard.errors import CorruptPickleError\n"
+        "from pickleshard.wholefile import load_file\n"
+        "try:\n"
+        "    load_file(sys.argv[1])\n"
+        "except CorruptPickleError as exc:\n"
+        "    sys.exit(0 if 'memory' in str(exc) else 2)\n"
+        "sys.exit(3)\n"
+    )
+    path = tmp_path / "memo.pkl"
+    path.write_bytes(b"\x80\x02]r\xff\xff\xff\x7f.")
+    run = subprocess.run([sys.executable, "-c", code, os.fspath(path)], check=False)
+    assert run.returncode == 0
