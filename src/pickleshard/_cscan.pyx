@@ -405,7 +405,12 @@ def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w, object rel
 
 # -- the span rewrite: the compiled twin of pickleshard.spanread.rewrite_span ----------------------
 
-from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_Resize
+from cpython.bytearray cimport (
+    PyByteArray_AS_STRING,
+    PyByteArray_FromStringAndSize,
+    PyByteArray_Resize,
+)
+from cpython.bytes cimport PyBytes_AS_STRING
 from libc.string cimport memcpy
 
 import pickle
@@ -427,7 +432,26 @@ if (oc.P_BYTES, oc.P_BYTEARRAY, oc.NEXT_BUFFER_OP, oc.STOP_OP) != (1, 2, 0x97, 0
 
 # a payload length beyond this is past any span: the span cannot be rewritten
 cdef uint64_t LENGTH_LIMIT = 1 << 62
-cdef object _spanread = None
+cdef object _head = None  # spanread's _head, _GETS, _PUTS, _encode_get, _encode_put (first call)
+cdef list _gets = None, _puts = None
+cdef dict _heads = {}  # (protocol, n_ext) -> _head(protocol, n_ext), for n_ext < 64
+cdef object _encode_get = None, _encode_put = None
+
+
+cdef int _put_bytes(bytearray out, bytes b) except -1:
+    """``out += b``."""
+    cdef Py_ssize_t n0 = len(out), n = len(b)
+    PyByteArray_Resize(out, n0 + n)
+    memcpy(PyByteArray_AS_STRING(out) + n0, PyBytes_AS_STRING(b), n)
+    return 0
+
+
+cdef int _put_byte(bytearray out, unsigned char c) except -1:
+    """``out.append(c)``."""
+    cdef Py_ssize_t n0 = len(out)
+    PyByteArray_Resize(out, n0 + 1)
+    PyByteArray_AS_STRING(out)[n0] = <char>c
+    return 0
 
 
 cdef int _copy(bytearray out, const unsigned char[:] b, Py_ssize_t lo, Py_ssize_t hi) except -1:
@@ -464,17 +488,24 @@ def rewrite_span(
 ):
     """:func:`pickleshard.spanread.rewrite_span`, compiled: same arguments, same reads, same
     pickle and buffers, same exceptions."""
-    global _spanread
-    if _spanread is None:
-        from . import spanread as _sp
+    global _head, _gets, _puts, _encode_get, _encode_put
+    if _head is None:
+        from .spanread import _GETS, _PUTS
+        from .spanread import _encode_get as eg
+        from .spanread import _encode_put as ep
+        from .spanread import _head as make_head
 
-        _spanread = _sp
-    sp = _spanread
+        _gets, _puts, _encode_get, _encode_put, _head = _GETS, _PUTS, eg, ep, make_head
     cdef Py_ssize_t n_ext = len(externals)
     cdef dict local = {k: j for j, k in enumerate(externals)} if n_ext else {}
-    cdef bytearray out = bytearray(sp._head(protocol, n_ext))
+    cdef bytes head = _heads.get((protocol, n_ext)) if n_ext < 64 else None
+    if head is None:
+        head = _head(protocol, n_ext)
+        if n_ext < 64:
+            _heads[(protocol, n_ext)] = head
+    cdef bytearray out = PyByteArray_FromStringAndSize(PyBytes_AS_STRING(head), len(head))
     cdef list buffers = []
-    cdef list gets = sp._GETS, puts = sp._PUTS
+    cdef list gets = _gets, puts = _puts
     cdef Py_ssize_t here = start, blen, i = 0, mark = 0, need, nxt, nl
     cdef uint64_t n
     cdef int32_t sn
@@ -543,7 +574,7 @@ def rewrite_span(
                 and (PAYLOAD_[op] == P_BYTES or PAYLOAD_[op] == P_BYTEARRAY)
             ):
                 _copy(out, buf, mark, i)
-                out.append(NEXT_BUFFER_OP)
+                _put_byte(out, NEXT_BUFFER_OP)
                 buffers.append(read_payload(here + nxt, n, PAYLOAD_[op]))
                 here += nxt + <Py_ssize_t>n  # resume after the payload, in a new window
                 data = read_at(here, min(end - here, WINDOW))
@@ -566,9 +597,9 @@ def rewrite_span(
                 key = ident + shift
                 new = local[key] if act == A_GET and key < memo_base else n_ext + key - memo_base
                 if new < 256:
-                    out += gets[new] if act == A_GET else puts[new]
+                    _put_bytes(out, gets[new] if act == A_GET else puts[new])
                 else:
-                    out += sp._encode_get(new) if act == A_GET else sp._encode_put(new)
+                    _put_bytes(out, _encode_get(new) if act == A_GET else _encode_put(new))
         i = nxt
-    out.append(STOP_OP)
+    _put_byte(out, STOP_OP)
     return out, buffers
