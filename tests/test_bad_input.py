@@ -51,6 +51,7 @@ def test_corpus_is_deterministic_and_covers_every_family(tmp_path: Path) -> None
         "valid",
         "truncated",
         "bitflip",
+        "reencoded",
         "length",
         "frames",
         "deep",
