@@ -9,9 +9,10 @@ does it by itself).
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-setup(
-    ext_modules=cythonize(
-        [Extension("pickleshard._cscan", ["src/pickleshard/_cscan.pyx"], optional=True)],
-        compiler_directives={"language_level": 3},
-    )
+extensions = cythonize(
+    [Extension("pickleshard._cscan", ["src/pickleshard/_cscan.pyx"])],
+    compiler_directives={"language_level": 3},
 )
+for ext in extensions:
+    ext.optional = True  # set after cythonize, which does not carry it over
+setup(ext_modules=extensions)
