@@ -22,7 +22,8 @@ from pickleshard.index import fingerprint
 from pickleshard.scan import scan_bytes, scan_file
 from pickleshard.spanread import SpanReader
 from pickleshard.testing.corpus import Case, generate, opcode_offsets, valid_files
-from pickleshard.testing.corpus_run import deep_diff, run_corpus
+from pickleshard.testing.corpus_run import run_corpus
+from pickleshard.testing.corpus_worker import deep_diff
 from pickleshard.wholefile import load_records
 
 
