@@ -420,7 +420,8 @@ def _foreign() -> Iterator[tuple[str, bytes, str]]:
     yield "dot", b".", ".pkl"
     zbuf = io.BytesIO()
     with zipfile.ZipFile(zbuf, "w") as zf:
-        zf.writestr("archive/data.pkl", pickle.dumps(([1, 2], [3, 4]), 2))
+        member = zipfile.ZipInfo("archive/data.pkl", date_time=(2020, 1, 1, 0, 0, 0))
+        zf.writestr(member, pickle.dumps(([1, 2], [3, 4]), 2))
     yield "zip_torch_like", zbuf.getvalue(), ".pkl"
     yield "gzip_pickle", gzip.compress(pickle.dumps(([1, 2], [3, 4]), 4), mtime=0), ".pickle"
     nbuf = io.BytesIO()
