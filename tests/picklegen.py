@@ -23,8 +23,7 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from pickleshard.errors import UnsupportedLayoutError
-from pickleshard.layouts import decode_layout, default_field_names
+from pickleshard.testing.oracle import reference_samples
 
 LAYOUTS = (
     "columns",
@@ -215,19 +214,7 @@ def oracle(path: Path) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
         size = Path(path).stat().st_size
         while fh.tell() < size:
             objs.append(pickle.load(fh))
-    try:
-        decoded = [decode_layout(o, path) for o in objs]
-    except UnsupportedLayoutError:
-        if len(objs) == 1:
-            raise
-        first = objs[0]
-        if type(first) is tuple and first:
-            return default_field_names(len(first)), [tuple(o) for o in objs]
-        if type(first) is dict and first:
-            keys = list(first)
-            return tuple(str(k) for k in keys), [tuple(o[k] for k in keys) for o in objs]
-        return ("x",), [(o,) for o in objs]
-    return decoded[0].fields, [s for d in decoded for s in zip(*d.columns, strict=True)]
+    return reference_samples(objs, str(path))
 
 
 def assert_same(got: Any, want: Any, _ids: dict[int, int] | None = None, _path: str = "") -> None:

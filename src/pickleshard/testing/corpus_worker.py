@@ -52,6 +52,8 @@ from typing import Any
 
 import numpy as np
 
+from .oracle import reference_samples
+
 __all__ = ["CASE_SECONDS", "ORIGINAL", "deep_diff"]
 
 ORIGINAL = "original.bin"  # beside a damaged case file: the valid file it was made from
@@ -146,26 +148,6 @@ def _reference(path: str) -> tuple[list[Any] | None, str]:
         return None, type(exc).__name__
 
 
-def _reference_samples(objs: list[Any], path: str) -> tuple[tuple[str, ...], list[Any]]:
-    """Fields and samples of ``objs`` by the scanner's rules for appended pickles."""
-    from ..errors import UnsupportedLayoutError
-    from ..layouts import decode_layout, default_field_names
-
-    try:
-        decoded = [decode_layout(o, path) for o in objs]
-    except UnsupportedLayoutError:
-        if len(objs) == 1:
-            raise
-        first = objs[0]
-        if type(first) is tuple and first:
-            return default_field_names(len(first)), [tuple(o) for o in objs]
-        if type(first) is dict and first:
-            keys = list(first)
-            return tuple(str(k) for k in keys), [tuple(o[k] for k in keys) for o in objs]
-        return ("x",), [(o,) for o in objs]
-    return decoded[0].fields, [s for d in decoded for s in zip(*d.columns, strict=True)]
-
-
 class _Worker:
     def __init__(self, index_dir: str, canary: str) -> None:
         self.index_dir, self.canary = index_dir, canary
@@ -250,7 +232,7 @@ class _Worker:
         scan = scan_file(path, engine=engine)
         want: list[Any] | None = None
         if ref is not None:
-            fields, want = _reference_samples(ref, path)
+            fields, want = reference_samples(ref, path)
             if fields != scan.fields:
                 return f"fields {scan.fields} != {fields} of pickle.load"
             if len(want) != scan.num_samples:
@@ -298,7 +280,7 @@ class _Worker:
         if not self.built:
             raise _NotRun
         ds = PickleDataset(folder, index=self.index_dir, rebuild="never")
-        want = _reference_samples(ref, path)[1] if ref is not None else None
+        want = reference_samples(ref, path)[1] if ref is not None else None
         for i in range(len(ds)):
             got = ds[i]
             if want is not None:
