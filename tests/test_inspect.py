@@ -24,7 +24,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 from conftest import BAD_FILES
-from picklegen import build, datasets, dumps, oracle, write
+from picklegen import LAYOUTS, build, datasets, dumps, oracle, write
 from pickleshard.audit import audit_buffer
 from pickleshard.cli import main
 from pickleshard.errors import (
@@ -84,18 +84,7 @@ _LAYOUT_OF = {"columns_list": "columns", "appended_columns": "appended_columns"}
 
 
 @pytest.mark.parametrize("protocol", [0, 1, 2, 3, 4, 5])
-@pytest.mark.parametrize(
-    "layout",
-    [
-        "columns",
-        "columns_list",
-        "dict_columns",
-        "rows",
-        "dict_rows",
-        "appended_samples",
-        "appended_columns",
-    ],
-)
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_every_layout_and_protocol(tmp_path: Path, layout: str, protocol: int) -> None:
     n = 6
     columns = [
