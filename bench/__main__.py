@@ -1,6 +1,7 @@
 """``python -m bench``: whole-file PickleDataset against the naive and folk baselines.
 
-``python -m bench scan ...`` runs ``bench.scan`` instead (index build: scanner vs unpickling).
+``python -m bench scan ...`` runs ``bench.scan`` instead (index build: scanner vs unpickling),
+``python -m bench span ...`` runs ``bench.span`` (shuffled epochs by span vs numpy memmap).
 
 Rows: {null, naive list, folk JSON, PickleDataset + BlockShuffleSampler} x {sequential,
 shuffled} x the ``--workers`` counts, each in a fresh process through the same DataLoader loop.
@@ -27,7 +28,7 @@ from .runner import Kind, Order, RowResult, RowSpec, run_isolated
 __all__ = ["main"]
 
 HERE = Path(__file__).resolve().parent
-KINDS: tuple[Kind, ...] = ("null", "naive", "folk", "pickleshard")
+KINDS: tuple[Kind, ...] = ("null", "naive", "folk", "pickleshard", "span")
 ORDERS: tuple[Order, ...] = ("sequential", "shuffled")
 QUICK = {"files": 4, "per_file": 250, "cache_mib": 8, "folk_shuffle_cap": 64}
 
@@ -123,13 +124,14 @@ def _setup(args: argparse.Namespace, data: DataSpec) -> dict[str, str]:
         "row in a fresh Python process",
         "cache budget": f"{args.cache_bytes / MiB:,.0f} MiB in total across workers "
         "(PickleDataset and BlockShuffleSampler)",
-        "shuffled": "`RandomSampler` (what `shuffle=True` builds) for the baselines, its first "
-        f"{args.folk_shuffle_cap:,} indices for the folk row (capped); BlockShuffleSampler for "
-        "PickleDataset (sequential = `shuffle=False`)",
+        "shuffled": "`RandomSampler` (what `shuffle=True` builds) for the baselines and the "
+        f"span row, its first {args.folk_shuffle_cap:,} indices for the folk row (capped); "
+        "BlockShuffleSampler for whole-file PickleDataset (sequential = `shuffle=False`)",
         "index s": "naive: unpickling every file into the list; folk: unpickling every file to "
-        "count samples and writing the JSON, then `json.load`; PickleDataset: `build_index` "
-        "after deleting `.pickleshard/`. Each of these unpickles every file once, not counted "
-        "in file loads",
+        "count samples and writing the JSON, then `json.load`; whole-file PickleDataset: "
+        "`build_index(spans=False)` after deleting `.pickleshard/`. Each of these unpickles every "
+        "file once, not counted in file loads. Span PickleDataset: `build_index` (the opcode "
+        "scanner, no file unpickled)",
         "seconds": "from creating the DataLoader iterator (worker start included) to the last batch",
         "PSS": "summed over the row's process and all its descendants (DataLoader workers), "
         "sampled every 50 ms during the epoch; 'before epoch' is the first sample, 'growth' the "
@@ -188,10 +190,15 @@ def _write_report(raw: dict[str, Any], out: Path, name: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "--":
         argv = argv[1:]  # `pickleshard bench -- --quick` passes its separator through
-    if (sys.argv[1:] if argv is None else argv)[:1] == ["scan"]:  # `python -m bench scan ...`
+    given = sys.argv[1:] if argv is None else argv
+    if given[:1] == ["scan"]:  # `python -m bench scan ...`
         from .scan import main as scan_main
 
-        return scan_main((sys.argv[1:] if argv is None else argv)[1:])
+        return scan_main(given[1:])
+    if given[:1] == ["span"]:  # `python -m bench span ...`
+        from .span import main as span_main
+
+        return span_main(given[1:])
     args = _parser().parse_args(argv)
     if args.render is not None:
         raw = json.loads(args.render.read_text())

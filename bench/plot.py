@@ -10,7 +10,13 @@ from .runner import RowResult
 
 __all__ = ["write_plot"]
 
-COLORS = {"null": "#999999", "naive": "#4c72b0", "folk": "#dd8452", "pickleshard": "#55a868"}
+COLORS = {
+    "null": "#999999",
+    "naive": "#4c72b0",
+    "folk": "#dd8452",
+    "pickleshard": "#55a868",
+    "span": "#8172b3",
+}
 
 
 def write_plot(rows: Sequence[RowResult], path: Path, title: str) -> bool:

@@ -36,6 +36,7 @@ LABELS = {
     "naive": "naive list (load everything)",
     "folk": "folk JSON + one-file cache",
     "pickleshard": "PickleDataset whole-file + BlockShuffleSampler",
+    "span": "PickleDataset span mode + RandomSampler",
 }
 
 
@@ -167,6 +168,14 @@ def targets(rows: Sequence[RowResult], cache_bytes: int, workers: int = 2) -> li
         out.append(
             f"- shuffled PickleDataset / folk {order} rate at {workers} workers: "
             f"{_fmt_ratio(ratio)} (target ≥ {_fmt_ratio(goal)}): {verdict}"
+        )
+    span = _ref(rows, "span", "shuffled", workers)
+    if span is not None:
+        out.append(
+            f"- (not a target) shuffled span-mode PickleDataset at {workers} workers: "
+            f"{_fmt_ratio(_ratio(span, _ref(rows, 'folk', 'sequential', workers)))} folk "
+            f"sequential, {_fmt_ratio(_ratio(span, _ref(rows, 'folk', 'shuffled', workers)))} "
+            "folk shuffled"
         )
     null = _ref(rows, "null", "sequential", workers)
     folk_shuffled = _ref(rows, "folk", "shuffled", workers)

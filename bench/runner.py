@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 __all__ = ["RowResult", "RowSpec", "run_isolated", "run_row"]
 
-Kind = Literal["null", "naive", "folk", "pickleshard"]
+Kind = Literal["null", "naive", "folk", "pickleshard", "span"]
 Order = Literal["sequential", "shuffled"]
 
 
@@ -91,12 +91,25 @@ def _prepare(spec: RowSpec) -> tuple[Any, Iterable[int], float | None, int, bool
     loads = 0
     dataset: Any
     sampler: Iterable[int]
-    if spec.kind == "pickleshard":
+    if spec.kind == "span":
+        # The span index: the scanner reads opcodes only, no file is unpickled.
         shutil.rmtree(data.directory / ".pickleshard", ignore_errors=True)
         with Stopwatch() as clock:
             build_index(data.directory)
-        index_s, loads = clock.seconds, spec.files  # build_index unpickles every file once
-        dataset = PickleDataset(data.directory, cache_bytes=spec.cache_bytes, rebuild="never")
+        index_s = clock.seconds
+        dataset = PickleDataset(data.directory, mode="span", rebuild="never")
+        if not shuffled:
+            return dataset, SequentialSampler(dataset), index_s, 0, False
+        generator = torch.Generator().manual_seed(spec.seed)
+        return dataset, RandomSampler(dataset, generator=generator), index_s, 0, False
+    if spec.kind == "pickleshard":
+        shutil.rmtree(data.directory / ".pickleshard", ignore_errors=True)
+        with Stopwatch() as clock:
+            build_index(data.directory, spans=False)
+        index_s, loads = clock.seconds, spec.files  # spans=False unpickles every file once
+        dataset = PickleDataset(
+            data.directory, mode="whole", cache_bytes=spec.cache_bytes, rebuild="never"
+        )
         sampler = BlockShuffleSampler(
             dataset,
             batch_size=spec.batch_size,
