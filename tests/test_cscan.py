@@ -181,7 +181,7 @@ def _rewrites(data: bytes, scan: ScanResult, damage: int | None = None) -> list[
                     return data[offset : offset + n]
 
                 run = functools.partial(rewrite, read_at, **args)
-                pair.append(_outcome(run, lambda r: (bytes(r[0]), r[1])))
+                pair.append(_outcome(run, lambda r: (bytes(r[0]), r[1], r[2])))
             outcomes.append(tuple(pair))
     assert reads[0] == reads[1]
     return outcomes
@@ -226,7 +226,7 @@ def test_rewrite_twins_on_edge_cases(
             shift=0,
             externals=[],
         )
-        outcomes.append(_outcome(run, lambda r: (bytes(r[0]), r[1])))
+        outcomes.append(_outcome(run, lambda r: (bytes(r[0]), r[1], r[2])))
     assert outcomes[0] == outcomes[1]
     assert outcomes[0][1] is error if error else outcomes[0][0] == "returned"
 

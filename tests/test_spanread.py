@@ -110,14 +110,14 @@ def test_spans_longer_than_a_window(tmp_path: Path, protocol: int) -> None:
     }
     kwargs["externals"] = scan.externals(0, 0).tolist()
     oob = []
-    data, buffers = rewrite_span(
+    data, buffers, _ = rewrite_span(
         read_at,
         start,
         end,
         read_payload=lambda o, n, k: oob.append(n) or bytes(raw[o : o + n]),
         **kwargs,
     )
-    inband, none = rewrite_span(read_at, start, end, **kwargs)
+    inband, none, _ = rewrite_span(read_at, start, end, **kwargs)
     assert none == []
     if protocol >= 3:  # at protocol 2 bytes are text; bytearray is a REDUCE there
         assert len(inband) > len(data)
@@ -187,3 +187,56 @@ def test_a_file_changed_after_the_scan_raises_a_file_error(tmp_path: Path) -> No
         ):
             reader.read_sample(4)
         assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_literal_head_stores_each_value_by_value(protocol: int) -> None:
+    from pickleshard.safety import AllowlistFindClass
+    from pickleshard.spanread import literal_head
+
+    values: list[Any] = ["tokens", 2**100, -1, 0.5, None, True, ("a", 1), np.frombuffer]
+    values += [b"raw"] if protocol >= 3 else []
+    head = literal_head(protocol, values, None)
+    assert head is not None
+    gets = b"".join(bytes((0x68, j)) for j in range(len(values)))  # BINGET j
+    back = pickle.loads(head + b"(" + gets + b"t.")
+    assert back == tuple(values)
+    assert [type(v) for v in back] == [type(v) for v in values]
+    assert back[values.index(np.frombuffer)] is np.frombuffer
+    assert literal_head(protocol, values[:-2], AllowlistFindClass("t.pkl")) is not None
+    # Mutable or unencodable values have no literal: the reader keeps persistent ids for them.
+    assert literal_head(protocol, [[1, 2]], None) is None
+    assert literal_head(protocol, [np.zeros(2)], None) is None
+    assert literal_head(protocol, [float("nan")], None) is None  # not equal to itself
+    # A global the allowlist refuses is not written into a prologue the allowlist reads.
+    assert literal_head(protocol, [os.system], AllowlistFindClass("t.pkl")) is None
+
+
+def test_rewrite_counts_the_opcodes_that_name_a_global(tmp_path: Path) -> None:
+    from fractions import Fraction
+
+    path = tmp_path / "g.pkl"
+    path.write_bytes(pickle.dumps(([Fraction(1, 3), 5], [0, 1]), protocol=4))
+    scan = scan_file(path)
+    raw = path.read_bytes()
+    counts = []
+    for i in range(2):
+        _, _, finds = rewrite_span(
+            lambda o, n: raw[o : o + n],
+            int(scan.starts[i, 0]),
+            int(scan.ends[i, 0]),
+            protocol=4,
+            memo_base=int(scan.memo_base[i, 0]),
+            shift=0,
+            externals=scan.externals(i, 0).tolist(),
+        )
+        counts.append(finds)
+    assert counts == [1, 0]  # STACK_GLOBAL fractions.Fraction, then the int 5
+    # the allowlist still refuses what the span names, though the plain loads path is taken
+    # for spans that name none
+    reader = SpanReader(scan)
+    assert reader.read_sample(1) == (5, 1)
+    from pickleshard.errors import UnsafePickleError
+
+    with pytest.raises(UnsafePickleError, match="Fraction"):
+        reader.read_sample(0)

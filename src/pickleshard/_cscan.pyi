@@ -19,4 +19,5 @@ def rewrite_span(
     externals: Sequence[int],
     read_payload: Callable[[int, int, int], Any] | None = None,
     big: int = ...,
-) -> tuple[bytearray, list[Any]]: ...
+    head: bytes | None = None,
+) -> tuple[bytearray, list[Any], int]: ...

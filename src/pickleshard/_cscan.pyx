@@ -417,8 +417,10 @@ import pickle
 
 cdef int COPY_STEP_[256]
 cdef int PAYLOAD_[256]
+cdef bint FINDS_CLASS_[256]
 for _b in range(256):
     COPY_STEP_[_b], PAYLOAD_[_b] = oc.COPY_STEP[_b], oc.PAYLOAD[_b]
+    FINDS_CLASS_[_b] = oc.FINDS_CLASS[_b]
 
 cdef enum:
     P_BYTES = 1
@@ -485,9 +487,10 @@ def rewrite_span(
     object externals,
     object read_payload=None,
     Py_ssize_t big=64 * 1024,
+    object head=None,
 ):
     """:func:`pickleshard.spanread.rewrite_span`, compiled: same arguments, same reads, same
-    pickle and buffers, same exceptions."""
+    pickle, buffers and count, same exceptions."""
     global _head, _gets, _puts, _encode_get, _encode_put
     if _head is None:
         from .spanread import _GETS, _PUTS
@@ -498,12 +501,17 @@ def rewrite_span(
         _gets, _puts, _encode_get, _encode_put, _head = _GETS, _PUTS, eg, ep, make_head
     cdef Py_ssize_t n_ext = len(externals)
     cdef dict local = {k: j for j, k in enumerate(externals)} if n_ext else {}
-    cdef bytes head = _heads.get((protocol, n_ext)) if n_ext < 64 else None
+    if head is None:
+        head = _heads.get((protocol, n_ext)) if n_ext < 64 else None
     if head is None:
         head = _head(protocol, n_ext)
         if n_ext < 64:
             _heads[(protocol, n_ext)] = head
-    cdef bytearray out = PyByteArray_FromStringAndSize(PyBytes_AS_STRING(head), len(head))
+    cdef bytes prologue = head
+    cdef bytearray out = PyByteArray_FromStringAndSize(
+        PyBytes_AS_STRING(prologue), len(prologue)
+    )
+    cdef Py_ssize_t finds = 0
     cdef list buffers = []
     cdef list gets = _gets, puts = _puts
     cdef Py_ssize_t here = start, blen, i = 0, mark = 0, need, nxt, nl
@@ -583,6 +591,8 @@ def rewrite_span(
                 continue
             i = nxt + <Py_ssize_t>n
             continue
+        if FINDS_CLASS_[op]:
+            finds += 1
         act = ACTION_[op]
         if act == A_GET or act == A_PUT or act == A_FRAME:
             _copy(out, buf, mark, i)
@@ -602,4 +612,4 @@ def rewrite_span(
                     _put_bytes(out, _encode_get(new) if act == A_GET else _encode_put(new))
         i = nxt
     _put_byte(out, STOP_OP)
-    return out, buffers
+    return out, buffers, finds

@@ -124,12 +124,19 @@ for _op in pickletools.opcodes:
 HIGHEST_PROTOCOL: Final = pickle.HIGHEST_PROTOCOL
 PROTO_OP: Final = 0x80
 # Total size of each fixed-size opcode that only pushes a value (the scanner's fast path), and of
-# each fixed-size opcode the span rewriter copies as is (not a memo opcode, not FRAME); else 0.
+# each fixed-size opcode the span rewriter copies as is (not a memo opcode, not FRAME, not one
+# that names a global: the rewriter counts those); else 0.
 PUSH_STEP: list[int] = [
     1 + ARGLEN[b] if ACTION[b] == A_PUSH and FORM[b] == F_FIXED else 0 for b in range(256)
 ]
+# Opcodes whose loading calls the unpickler's ``find_class`` (they name a global).
+FINDS_CLASS: list[bool] = [
+    OPNAME[b] in ("GLOBAL", "STACK_GLOBAL", "INST", "EXT1", "EXT2", "EXT4") for b in range(256)
+]
 COPY_STEP: list[int] = [
-    1 + ARGLEN[b] if FORM[b] == F_FIXED and ACTION[b] not in (A_BAD, A_GET, A_PUT, A_FRAME) else 0
+    1 + ARGLEN[b]
+    if FORM[b] == F_FIXED and ACTION[b] not in (A_BAD, A_GET, A_PUT, A_FRAME) and not FINDS_CLASS[b]
+    else 0
     for b in range(256)
 ]
 if any(ACTION[b] != A_PUSH for b in range(256) if FORM[b] in (F_LEN1, F_LEN4S, F_LEN4U, F_LEN8U)):

@@ -51,7 +51,7 @@ from .memo import WINDOW, SpanFile, SpanUnpickler
 from .safety import AllowlistFindClass
 from .scan import ScanResult
 
-__all__ = ["BIG", "ReaderStats", "SpanReader", "rewrite_span"]
+__all__ = ["BIG", "ReaderStats", "SpanReader", "literal_head", "rewrite_span"]
 
 BIG = 64 * 1024
 _LENGTH_LIMIT = 1 << 62  # a payload length beyond any span (what the compiled twin's ints hold)
@@ -103,19 +103,26 @@ def rewrite_span(
     externals: Sequence[int],
     read_payload: Callable[[int, int, int], Any] | None = None,
     big: int = BIG,
-) -> tuple[bytearray, list[Any]]:
-    """Rewrite span ``[start, end)`` into a standalone pickle; return ``(pickle, buffers)``.
+    head: bytes | None = None,
+) -> tuple[bytearray, list[Any], int]:
+    """Rewrite span ``[start, end)`` into a standalone pickle; return ``(pickle, buffers,
+    finds)``, ``finds`` counting the span's opcodes that name a global (``GLOBAL``,
+    ``STACK_GLOBAL``, ``INST``, ``EXT*``: with none, loading it never calls ``find_class``).
 
-    ``externals`` are the span's external memo keys: persistent id ``j`` must resolve to the
-    value of ``externals[j]``. The span is read in windows of 64 KiB; a ``bytes``/``bytearray``
-    payload of at least ``big`` bytes that does not fit in the current window is read by
-    ``read_payload(offset, length, kind)`` (kind ``P_BYTES`` or ``P_BYTEARRAY``) and passed out of
-    band. Raises ``EOFError`` if the file ends early or an opcode runs past ``end``.
+    ``externals`` are the span's external memo keys, stored at memo ids ``0..k-1`` by the
+    prologue: by default persistent id ``j`` must resolve to the value of ``externals[j]``;
+    ``head`` replaces that prologue (one that pushes and stores the values itself). The span is
+    read in windows of 64 KiB; a ``bytes``/``bytearray`` payload of at least ``big`` bytes that
+    does not fit in the current window is read by ``read_payload(offset, length, kind)`` (kind
+    ``P_BYTES`` or ``P_BYTEARRAY``) and passed out of band. Raises ``EOFError`` if the file ends
+    early or an opcode runs past ``end``.
     """
     n_ext = len(externals)
     local = {k: j for j, k in enumerate(externals)} if n_ext else {}
-    out = bytearray(_head(protocol, n_ext))
+    out = bytearray(_head(protocol, n_ext) if head is None else head)
     buffers: list[Any] = []
+    finds = 0
+    finds_class = oc.FINDS_CLASS
     copy_step, form_of, arglen, action_of, payload_of = (
         oc.COPY_STEP,
         oc.FORM,
@@ -209,6 +216,8 @@ def rewrite_span(
                 continue
             i = nxt + n
             continue
+        if finds_class[op]:
+            finds += 1
         act = action_of[op]
         if act in (A_GET, A_PUT, A_FRAME):
             out += buf[mark:i]
@@ -231,10 +240,74 @@ def rewrite_span(
                 )
         i = nxt
     out.append(oc.STOP_OP)
-    return out, buffers
+    return out, buffers, finds
 
 
-def _compiled_rewrite() -> Callable[..., tuple[bytearray, list[Any]]]:
+_LITERAL_LEAVES = (str, int, float, bool, type(None))
+_NAMED = (type, types.FunctionType, types.BuiltinFunctionType)
+_MAX_HEADS = 4096  # literal prologues kept per reader, one per distinct tuple of externals
+
+
+def _fast_dumps(value: Any, protocol: int) -> bytes:
+    """The opcodes that push ``value``, storing nothing in the memo (no PROTO, FRAME or STOP)."""
+    f = io.BytesIO()
+    p = pickle.Pickler(f, protocol)
+    p.fast = True  # no memo: nothing is stored, so the prologue's memo ids stay 0..k-1
+    p.dump(value)
+    body = f.getvalue()[2:-1]
+    return body[9:] if body[:1] == bytes((oc.FRAME_OP,)) else body
+
+
+def _literal(value: Any, protocol: int, find_class: FindClass | None) -> bytes | None:
+    """Opcodes that push ``value`` itself (a global: the same object) or an equal value of the
+    same type, without the memo; None for values that have none (mutable ones, arrays...)."""
+    kind = type(value)
+    leaf = _LITERAL_LEAVES + ((bytes,) if protocol >= 3 else ())  # protocol 2 bytes are REDUCEs
+    if kind in leaf or (kind is tuple and len(value) < 16 and all(type(v) in leaf for v in value)):
+        return _fast_dumps(value, protocol)
+    if isinstance(value, _NAMED):
+        module, name = getattr(value, "__module__", None), getattr(value, "__qualname__", "")
+        if not isinstance(module, str) or module not in sys.modules or not name.isidentifier():
+            return None  # never import a module the file did not already need
+        try:
+            found = find_class(module, name) if find_class else getattr(sys.modules[module], name)
+        except Exception:
+            return None
+        return b"c" + f"{module}\n{name}\n".encode() if found is value else None
+    return None
+
+
+def literal_head(
+    protocol: int, values: Sequence[Any], find_class: FindClass | None
+) -> bytes | None:
+    """A prologue that stores ``values`` at memo ids ``0..k-1`` by value (no persistent ids), so
+    a rewritten span loads with plain :func:`pickle.loads`; None unless every value has a
+    literal (see :func:`_literal`). Checked by loading it back: each value comes out equal, of the
+    same type (globals: the same object)."""
+    parts = [bytes((oc.PROTO_OP, protocol))]
+    for j, v in enumerate(values):
+        body = _literal(v, protocol, find_class)
+        if body is None:
+            return None
+        parts.append(body + _encode_put(j) + bytes((oc.POP_OP,)))
+    head = b"".join(parts)
+    probe = head + b"(" + b"".join(_encode_get(j) for j in range(len(values))) + b"t."
+    try:
+        back = pickle.loads(probe) if find_class is None else _probe(probe, find_class)
+    except Exception:
+        return None
+    same = len(back) == len(values) and all(
+        type(b) is type(v) and (b is v or (not isinstance(v, _NAMED) and b == v))
+        for b, v in zip(back, values, strict=True)
+    )
+    return head if same else None
+
+
+def _probe(data: bytes, find_class: FindClass) -> Any:
+    return _HookedUnpickler(io.BytesIO(data), find_class).load()
+
+
+def _compiled_rewrite() -> Callable[..., tuple[bytearray, list[Any], int]]:
     from ._cscan import rewrite_span as compiled
 
     return compiled
@@ -322,6 +395,7 @@ class SpanReader:
         self.big = big
         self.stats = ReaderStats()
         self._shared: dict[int, Any] = {}
+        self._heads: dict[tuple[int, ...], bytes | None] = {}
         self._definers = {s: j for j, (s, _, _, _) in enumerate(scan.shared.elements)}
         self._is_row = [k == "array_row" for k in scan.kinds]
         self._rec_starts = np.ascontiguousarray(scan.records[:, 0])
@@ -342,12 +416,12 @@ class SpanReader:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_fd=-1, _pid=-1, _shared={}, stats=ReaderStats())
+        state.update(_fd=-1, _pid=-1, _shared={}, _heads={}, stats=ReaderStats())
         return state
 
     def _fileno(self) -> int:
         if self._pid != os.getpid():
-            self._shared, self._fd = {}, -1
+            self._shared, self._heads, self._fd = {}, {}, -1
             try:
                 self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
             except OSError as exc:
@@ -385,20 +459,22 @@ class SpanReader:
 
     # -- unpicklers: built here and nowhere else ------------------------------------------------
 
-    def _fast_load(self, data: bytearray, objs: list[Any], buffers: list[Any]) -> Any:
-        if objs or self.find_class is not None:
-            return self._fast_unpickler(data, objs, buffers).load()
+    def _fast_load(self, data: bytearray, objs: list[Any], buffers: list[Any], finds: int) -> Any:
+        """Load a rewritten span: the global lookup is hooked only if the span names a global
+        (``finds``); persistent ids only if the prologue uses them (``objs``)."""
+        if objs or (finds and self.find_class is not None):
+            return self._fast_unpickler(data, objs, buffers, hooked=finds > 0).load()
         return pickle.loads(data, encoding=self.encoding, errors=self.errors, buffers=buffers)
 
     def _fast_unpickler(
-        self, data: bytearray, objs: list[Any], buffers: list[Any]
+        self, data: bytearray, objs: list[Any], buffers: list[Any], hooked: bool = True
     ) -> pickle.Unpickler:
         kwargs: dict[str, Any] = {
             "encoding": self.encoding,
             "errors": self.errors,
             "buffers": buffers,
         }
-        if self.find_class is None:
+        if self.find_class is None or not hooked:
             u = pickle.Unpickler(io.BytesIO(data), **kwargs)
         else:
             u = _HookedUnpickler(io.BytesIO(data), self.find_class, **kwargs)
@@ -445,8 +521,9 @@ class SpanReader:
                     memo = {i + shift: v for i, v in u.memo.items()}
             else:
                 self.stats.fast_reads += 1
-                objs = [self._external(k, memos) for k in ext]
-                data, buffers = self._rewrite(
+                head = self._literal_head(ext, memos) if capture < 0 else None
+                objs = [] if head is not None else [self._external(k, memos) for k in ext]
+                data, buffers, finds = self._rewrite(
                     self._read_at,
                     start,
                     end,
@@ -456,9 +533,10 @@ class SpanReader:
                     externals=ext,
                     read_payload=self._payload,
                     big=self.big,
+                    head=head,
                 )
                 if capture < 0:
-                    value = self._fast_load(data, objs, buffers)
+                    value = self._fast_load(data, objs, buffers, finds)
                 else:
                     f = self._fast_unpickler(data, objs, buffers)
                     value = f.load()
@@ -471,6 +549,18 @@ class SpanReader:
         if memo is not None:
             memos[capture] = memo
         return value
+
+    def _literal_head(self, ext: list[int], memos: Memos) -> bytes | None:
+        """The literal prologue of these externals (see :func:`literal_head`), or None; cached
+        per tuple of externals (their values never change: the file is the one scanned)."""
+        key = tuple(ext)
+        head = self._heads.get(key, _MISSING)
+        if head is _MISSING:
+            objs = [self._external(k, memos) for k in ext]
+            head = literal_head(self.scan.protocol, objs, self.find_class)
+            if len(self._heads) < _MAX_HEADS:
+                self._heads[key] = head
+        return head  # type: ignore[return-value]
 
     def _external(self, key: int, memos: Memos) -> Any:
         value = self._shared.get(key, _MISSING)
