@@ -284,6 +284,7 @@ class ArraySpec:
     shape: tuple[int, ...] = ()
     problem: str | None = None
     swap: bool = False  # numpy's __setstate__ byte-swaps a non-native array to native order
+    frombuffer: bool = False  # built by numpy's _frombuffer (protocol 5), a view of its payload
 
     def __setstate__(self, state: Any) -> None:  # BUILD after numpy's _reconstruct
         if not isinstance(state, tuple) or len(state) not in (4, 5):
@@ -320,6 +321,7 @@ def _frombuffer(buf: Any, dtype: Any, shape: Any, order: str, axis_order: Any = 
     ):
         order = "permuted axes"
     spec._describe(buf, dtype, shape, "C" if order == "K" else order)
+    spec.frombuffer = True
     return spec
 
 

@@ -48,6 +48,7 @@ from . import opcodes as oc
 from .errors import CorruptPickleError, FieldLengthMismatchError, NotSpanIndexableError
 from .layouts import MAX_LIST_FIELDS, default_field_names
 from .memo import (
+    WINDOW,
     ArraySpec,
     ElementTable,
     InspectUnpickler,
@@ -59,7 +60,7 @@ from .memo import (
 )
 from .opcodes import ITEMS, KIND, START, Node, Value, Walked
 
-__all__ = ["ENGINE", "ArrayRow", "ScanResult", "scan_bytes", "scan_file"]
+__all__ = ["ENGINE", "ArrayItem", "ArrayRow", "IntItem", "ScanResult", "scan_bytes", "scan_file"]
 
 _FORMAT = 1
 # The opcode walker ``engine="auto"`` runs here: "compiled" when pickleshard._cscan is built.
@@ -87,6 +88,59 @@ class ArrayRow:
     def from_json(cls, obj: dict[str, Any]) -> ArrayRow:
         dtype = np.lib.format.descr_to_dtype(_tuples(obj["descr"]))
         return cls(dtype, tuple(obj["row_shape"]), bool(obj["swap"]))
+
+
+@dataclass(frozen=True)
+class ArrayItem:
+    """How to read the samples of a ``pickle`` field whose elements are numpy arrays straight
+    from their payloads, without unpickling: ``shape`` items of ``dtype`` (swapped from the stored
+    order when ``swap``, read-only when ``readonly``, as :func:`pickle.load` leaves them) starting
+    ``prefix`` bytes after the span's start. The samples in ``exceptions`` (sorted) are read by
+    unpickling their span instead."""
+
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+    swap: bool
+    readonly: bool
+    prefix: int
+    exceptions: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "descr": np.lib.format.dtype_to_descr(self.dtype),
+            "shape": list(self.shape),
+            "swap": self.swap,
+            "readonly": self.readonly,
+            "prefix": self.prefix,
+            "exceptions": list(self.exceptions),
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> ArrayItem:
+        dtype = np.lib.format.descr_to_dtype(_tuples(obj["descr"]))
+        return cls(
+            dtype,
+            tuple(obj["shape"]),
+            bool(obj["swap"]),
+            bool(obj["readonly"]),
+            int(obj["prefix"]),
+            tuple(int(i) for i in obj["exceptions"]),
+        )
+
+
+@dataclass(frozen=True)
+class IntItem:
+    """A ``pickle`` field whose every span is one ``BININT1``/``BININT2``/``BININT`` opcode
+    (maybe followed by a FRAME header): its values are decoded from those few bytes."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "int"}
+
+
+def _item_from_json(obj: dict[str, Any] | None) -> ArrayItem | IntItem | None:
+    if obj is None:
+        return None
+    return IntItem() if obj.get("kind") == "int" else ArrayItem.from_json(obj)
 
 
 def _tuples(descr: Any) -> Any:
@@ -123,6 +177,7 @@ class ScanResult:
     shared: SharedTable
     bytes_read: int
     engine: str = field(default="", compare=False)
+    items: tuple[ArrayItem | IntItem | None, ...] = ()
 
     @property
     def num_samples(self) -> int:
@@ -141,6 +196,7 @@ class ScanResult:
             "fields": list(self.fields),
             "kinds": list(self.kinds),
             "arrays": [a.to_json() if a is not None else None for a in self.arrays],
+            "items": [a.to_json() if a is not None else None for a in self.items],
             "shared": self.shared.to_json(),
         }
 
@@ -162,6 +218,7 @@ class ScanResult:
             fields=tuple(meta["fields"]),
             kinds=tuple(meta["kinds"]),
             arrays=tuple(ArrayRow.from_json(a) if a else None for a in meta["arrays"]),
+            items=tuple(_item_from_json(a) for a in meta.get("items", ())),
             shared=SharedTable.from_json(meta["shared"]),
             starts=arrays["starts"],
             ends=arrays["ends"],
@@ -282,6 +339,7 @@ class _Inspector:
         self.memos: dict[int, dict[int, Any] | None] = {}
         self.consts: dict[int, str] = {}
         self.bytes_read = 0
+        self.window = WINDOW  # bytes per read of a span
 
     def _read_at(self, offset: int, n: int) -> bytes:
         return bytes(self.buf[offset : offset + n])
@@ -292,7 +350,7 @@ class _Inspector:
     def load(self, start: int, end: int, bytes_min: int = 0) -> tuple[Any, dict[int, Any]]:
         shift = self._shift(start)
         first = int(np.searchsorted(self.table.defs, start)) - shift
-        span = SpanFile(self._read_at, start, end, self.w.protocol)
+        span = SpanFile(self._read_at, start, end, self.w.protocol, window=self.window)
         u = InspectUnpickler(
             span,
             bytes_min=bytes_min,
@@ -563,6 +621,16 @@ def _assemble(
     ext_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     src = np.arange(int(ext_offsets[-1]), dtype=np.int64) - np.repeat(ext_offsets[:-1], counts)
     src += np.repeat(table.ext_offsets[pick] if len(table.starts) else pick, counts)
+    ext_keys = table.ext_keys[src]
+    items = tuple(
+        _int_item(insp, starts[:, f], ends[:, f])
+        or _array_item(
+            insp, starts[:, f], ends[:, f], ext_offsets[f::nf], ext_offsets[f + 1 :: nf], ext_keys
+        )
+        if c.array is None and n >= 2 and len(w.records) == 1 and w.protocol >= 3
+        else None
+        for f, c in enumerate(cols)
+    )
     return ScanResult(
         path=w.name,
         size=w.size,
@@ -577,12 +645,156 @@ def _assemble(
             elem >= 0, table.base[np.maximum(elem, 0)] if len(table.starts) else -1, -1
         ).astype(np.int64),
         ext_offsets=ext_offsets,
-        ext_keys=table.ext_keys[src],
+        ext_keys=ext_keys,
         records=np.array(w.records, np.int64).reshape(-1, 3),
         shared=table.shared(),
         bytes_read=w.size - w.skipped + insp.bytes_read,
         engine=w.engine,
+        items=items if any(a is not None for a in items) else (),
     )
+
+
+_MAX_EXCEPTIONS = 1024  # samples of a field read by span; beyond, the field has no ArrayItem
+_MAX_TEMPLATE = 512  # bytes of a template span outside its payload
+_CHUNK = 8192  # samples compared at a time
+
+
+def _template_mask(
+    buf: Any, start: int, pay: int, pay_end: int, end: int
+) -> tuple[np.ndarray, list[int]] | None:
+    """Which bytes of the template span outside its payload must be equal in another sample:
+    all but memo PUT ids (numbering differs per sample); and the opcode boundaries after the
+    payload (offsets from its end), where a FRAME header may stand in another sample. None if
+    its opcodes do not end exactly at the payload and at ``end``."""
+    mask = np.ones((pay - start) + (end - pay_end), bool)
+    bounds = [0]
+    for lo, hi, base in ((start, pay, 0), (pay_end, end, pay - start)):
+        i = lo
+        while i < hi:
+            op = buf[i]
+            form = oc.FORM[op]
+            head = i + 1 + oc.ARGLEN[op]
+            if form == oc.F_FIXED:
+                nxt = head
+            elif form in (oc.F_LEN1, oc.F_LEN4S, oc.F_LEN4U, oc.F_LEN8U):
+                if lo == start and head == pay:
+                    nxt = pay  # the payload's own opcode: its bytes follow
+                else:
+                    nxt = head + int.from_bytes(buf[i + 1 : head], "little", signed=True)
+            else:  # text forms (protocol 0 lines) and bad bytes: no template
+                return None
+            if oc.ACTION[op] == oc.A_PUT:
+                mask[base + i + 1 - lo : base + nxt - lo] = False
+            if nxt <= i or nxt > hi:
+                return None
+            i = nxt
+            if lo == pay_end:
+                bounds.append(i - pay_end)
+    return mask, bounds
+
+
+_INT_OPS = {oc.BININT1_OP: 2, 0x4D: 3, oc.BININT_OP: 5}  # BININT1, BININT2, BININT: span size
+
+
+def _int_item(insp: _Inspector, st: np.ndarray, en: np.ndarray) -> IntItem | None:
+    """An :class:`IntItem` if every span of the field is one small-int opcode, else None."""
+    lengths = en - st
+    if int(lengths.max()) > 5 + 9:
+        return None
+    u8 = np.frombuffer(insp.buf, np.uint8)
+    try:
+        ops = u8[st]
+        ok = np.zeros(len(st), bool)
+        for op, size in _INT_OPS.items():
+            mine = ops == op
+            framed = mine & (lengths == size + 9)
+            ok |= mine & (lengths == size)
+            ok[framed] = u8[st[framed] + size] == oc.FRAME_OP
+    finally:
+        del u8
+    insp.bytes_read += len(st)
+    return IntItem() if bool(ok.all()) else None
+
+
+def _array_item(
+    insp: _Inspector,
+    st: np.ndarray,
+    en: np.ndarray,
+    ext_lo: np.ndarray,
+    ext_hi: np.ndarray,
+    ext_keys: np.ndarray,
+) -> ArrayItem | None:
+    """An :class:`ArrayItem` for a field whose spans are numpy arrays, or None.
+
+    A *template* span (the first after sample 0 of the most common length) is inspected; a later
+    sample is read straight from its payload when its span has the template's bytes outside the
+    payload (memo PUT ids aside; optionally followed by one FRAME header) and the same externals:
+    then its opcodes build the same kind of array from its own payload. Each GET names the same
+    memo id as the template's; one that is internal to the template is external to a later
+    sample, which then has other externals, so equal externals prove equal meaning. Earlier
+    samples and any that differ are exceptions, read by span.
+    """
+    n = len(st)
+    lengths = en - st
+    common = np.bincount(np.unique(lengths[1:], return_inverse=True)[1]).argmax()
+    t = 1 + int(np.argmax(lengths[1:] == np.unique(lengths[1:])[common]))
+    s0, length = int(st[t]), int(lengths[t])
+    insp.window = 1024  # small reads: never a payload it skips over
+    try:
+        spec = insp.value(s0, s0 + length)
+    finally:
+        insp.window = WINDOW
+    if (
+        not isinstance(spec, ArraySpec)
+        or spec.problem is not None
+        or spec.payload is None
+        or spec.dtype is None
+        or spec.payload.kind not in ("bytes", "bytearray")
+    ):
+        return None
+    pay, plen = spec.payload.offset, spec.payload.length
+    pre, post = pay - s0, length - (pay - s0) - plen
+    if pre <= 0 or post < 0 or pre + post > _MAX_TEMPLATE:
+        return None
+    walked = _template_mask(insp.buf, s0, pay, pay + plen, s0 + length)
+    if walked is None:
+        return None
+    mask, bounds = walked
+    rel = np.concatenate([np.arange(pre), pre + plen + np.arange(post)]).astype(np.int64)
+    # the same bytes with a 9-byte FRAME header at suffix boundary b: where each is found
+    framed_rels = [(pre + plen + b, np.where(rel < pre + plen + b, rel, rel + 9)) for b in bounds]
+    t_ext = ext_keys[ext_lo[t] : ext_hi[t]]
+    cand = np.nonzero(((lengths == length) | (lengths == length + 9)) & (np.arange(n) > t))[0]
+    cand = cand[(ext_hi[cand] - ext_lo[cand]) == len(t_ext)]
+    if len(t_ext):
+        got = ext_keys[ext_lo[cand][:, None] + np.arange(len(t_ext))]
+        cand = cand[(got == t_ext).all(axis=1)]
+    u8 = np.frombuffer(insp.buf, np.uint8)
+    try:
+        template = u8[s0 + rel]
+        keep = []
+        for lo in range(0, len(cand), _CHUNK):
+            c = cand[lo : lo + _CHUNK]
+            plain, framed = c[lengths[c] == length], c[lengths[c] != length]
+            keep.append(plain[((u8[st[plain][:, None] + rel] == template) | ~mask).all(axis=1)])
+            for at, where in framed_rels:
+                ok = u8[st[framed] + at] == oc.FRAME_OP
+                ok &= ((u8[st[framed][:, None] + where] == template) | ~mask).all(axis=1)
+                keep.append(framed[ok])
+                framed = framed[~ok]
+        insp.bytes_read += len(cand) * (pre + post + 1)
+    finally:
+        del u8
+    direct = np.zeros(n, bool)
+    direct[t] = True
+    for c in keep:
+        direct[c] = True
+    exceptions = np.nonzero(~direct)[0]
+    if len(exceptions) > _MAX_EXCEPTIONS:
+        return None
+    dtype = spec.dtype.newbyteorder("=") if spec.swap else spec.dtype
+    readonly = spec.frombuffer and spec.payload.kind == "bytes"
+    return ArrayItem(dtype, spec.shape, spec.swap, readonly, pre, tuple(exceptions.tolist()))
 
 
 def _scan(buf: Any, size: int, name: str, encoding: str, engine: str) -> ScanResult:

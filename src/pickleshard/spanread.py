@@ -49,11 +49,13 @@ from .errors import (
 )
 from .memo import WINDOW, SpanFile, SpanUnpickler
 from .safety import AllowlistFindClass
-from .scan import ScanResult
+from .scan import ArrayItem, IntItem, ScanResult
 
 __all__ = ["BIG", "ReaderStats", "SpanReader", "literal_head", "rewrite_span"]
 
 BIG = 64 * 1024
+_INT_SIZE = {b"K": 2, b"M": 3, b"J": 5}  # BININT1, BININT2, BININT: opcode + argument
+_INT_REGION = 1 << 20  # an int field's values are decoded at once from at most this many bytes
 _LENGTH_LIMIT = 1 << 62  # a payload length beyond any span (what the compiled twin's ints hold)
 FindClass = Callable[[str, str], Any]
 _HEADS: dict[tuple[int, int], bytes] = {}
@@ -320,6 +322,8 @@ class ReaderStats:
     fast_reads: int = 0
     general_reads: int = 0
     array_rows: int = 0
+    array_items: int = 0  # samples of per-sample array fields read straight from their payload
+    int_items: int = 0  # small ints decoded without an unpickler
     replays: int = 0
     shared_hits: int = 0
     shared_misses: int = 0
@@ -398,6 +402,14 @@ class SpanReader:
         self._heads: dict[tuple[int, ...], bytes | None] = {}
         self._definers = {s: j for j, (s, _, _, _) in enumerate(scan.shared.elements)}
         self._is_row = [k == "array_row" for k in scan.kinds]
+        # per field: (ArrayItem, its exceptions) when its samples are read from their payloads
+        items = scan.items or (None,) * len(scan.kinds)
+        self._items = [
+            (it, frozenset(it.exceptions)) if isinstance(it, ArrayItem) else None for it in items
+        ]
+        self._is_int = [isinstance(it, IntItem) for it in items]
+        self._ints: dict[int, np.ndarray | None] = {}  # per int field: every value, or None
+        self._direct = any(it is not None for it in items)
         self._rec_starts = np.ascontiguousarray(scan.records[:, 0])
         self._one_shift = int(scan.records[0, 2]) if len(scan.records) == 1 else None
         self._fd = -1
@@ -416,12 +428,12 @@ class SpanReader:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_fd=-1, _pid=-1, _shared={}, _heads={}, stats=ReaderStats())
+        state.update(_fd=-1, _pid=-1, _shared={}, _heads={}, _ints={}, stats=ReaderStats())
         return state
 
     def _fileno(self) -> int:
         if self._pid != os.getpid():
-            self._shared, self._heads, self._fd = {}, {}, -1
+            self._shared, self._heads, self._ints, self._fd = {}, {}, {}, -1
             try:
                 self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
             except OSError as exc:
@@ -596,6 +608,66 @@ class SpanReader:
         self.stats.array_rows += 1
         return out if out.ndim else out[()]
 
+    def _item(self, f: int, start: int) -> Any:
+        item = self._items[f]
+        assert item is not None
+        spec = item[0]
+        out = np.empty(spec.shape, spec.dtype)
+        n = out.nbytes
+        if (
+            self._readinto_at(start + spec.prefix, memoryview(out.reshape(-1).view(np.uint8).data))
+            != n
+        ):
+            raise TruncatedPickleError(self.path, "file ends inside an array", offset=start)
+        if spec.swap:
+            out.byteswap(inplace=True)
+        if spec.readonly:
+            out.flags.writeable = False
+        self.stats.array_items += 1
+        return out
+
+    def _int(self, f: int, i: int, start: int) -> int:
+        values = self._ints.get(f, _MISSING)
+        if values is _MISSING:
+            values = self._ints[f] = self._decode_ints(f)
+        if values is not None:
+            return int(values[i])  # type: ignore[index]
+        data = self._read_at(start, 5)
+        op = data[:1]
+        size = _INT_SIZE.get(op)
+        if size is None or len(data) < size:
+            raise CorruptPickleError(
+                self.path, "expected a small int here (file changed since the scan?)", offset=start
+            )
+        self.stats.int_items += 1
+        return int.from_bytes(data[1:size], "little", signed=op == b"J")
+
+    def _decode_ints(self, f: int) -> np.ndarray | None:
+        """Every value of int field ``f``, decoded from one read of the bytes that hold them;
+        None when those bytes are spread over too much of the file (then read one by one)."""
+        st, en = self.scan.starts[:, f], self.scan.ends[:, f]
+        lo, hi = int(st.min()), int(en.max())
+        if hi - lo > min(_INT_REGION, 16 * int((en - st).sum())):
+            return None
+        region = self._read_at(lo, hi - lo) + bytes(4)
+        if len(region) != hi - lo + 4:
+            raise TruncatedPickleError(self.path, "file ends inside an int field", offset=lo)
+        u8 = np.frombuffer(region, np.uint8)
+        at = st - lo
+        ops = u8[at]
+        b = [u8[at + k].astype(np.int64) for k in (1, 2, 3, 4)]
+        small = np.where(ops == 0x4B, b[0], b[0] | (b[1] << 8))
+        full = (b[0] | (b[1] << 8) | (b[2] << 16) | (b[3] << 24)).astype(np.uint32).view(np.int32)
+        if not np.isin(ops, (0x4B, 0x4D, 0x4A)).all():
+            raise CorruptPickleError(
+                self.path,
+                "expected small ints in a field (file changed since the scan?)",
+                offset=lo,
+            )
+        self.stats.int_items += len(st)
+        values: np.ndarray = np.where(ops == 0x4A, full.astype(np.int64), small)
+        return values
+
     def read_sample(self, i: int) -> tuple[Any, ...]:
         """Sample ``i`` as a tuple with one value per field, equal to the whole-file reading.
 
@@ -622,6 +694,10 @@ class SpanReader:
             s = starts[f]
             if self._is_row[f]:
                 out[f] = self._row(f, s, ends[f])
+            elif self._direct and (item := self._items[f]) is not None and i not in item[1]:
+                out[f] = self._item(f, s)
+            elif self._direct and self._is_int[f]:
+                out[f] = self._int(f, i, s)
             else:
                 ext = scan.ext_keys[offs[f] : offs[f + 1]].tolist() if offs[f + 1] > offs[f] else []
                 out[f] = self._span(s, ends[f], bases[f], ext, memos, self._definers.get(s, -1))
