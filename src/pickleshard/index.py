@@ -76,7 +76,7 @@ FORMAT_VERSION = 2
 SAMPLES_DTYPE = np.dtype([("file", "<u4"), ("item", "<u4")])
 
 Rebuild = Literal["missing", "auto", "never"]
-SkippedFile = dict[str, Any]  # {"path", "error", "message", "size", "mtime_ns"}
+SkippedFile = dict[str, Any]  # {"path", "error", "message", "size", "mtime_ns", "ctime_ns", "ino"}
 
 
 class SkippedFilesWarning(UserWarning):
@@ -206,6 +206,16 @@ class DatasetIndex:
     def stale_files(self, source: ResolvedSource) -> tuple[list[str], list[str], list[str]]:
         """Return ``(changed, removed, added)`` relative paths between the index and ``source``.
 
+        A file has changed when its size, ``st_mtime_ns``, ``st_ctime_ns`` or ``st_ino``
+        differs from the files table, or its :func:`fingerprint` does. The ctime catches a
+        rewrite that restores size and mtime (``os.utime`` sets the ctime too) and changes only
+        bytes the fingerprint does not sample. Rows of an index written before ctime and inode
+        were stored are checked without them. There is no cheaper full-content re-check: a
+        copy of the dataset (``cp -a``, ``rsync -a``, a restored backup) has new inodes and
+        ctimes, so every copied file reads as changed and the index must be rebuilt
+        (``rebuild="auto"`` or ``pickleshard index``); so does a file whose mode or owner
+        changed. Moving or renaming the dataset's directory keeps both: its index stays fresh.
+
         Skipped files count as indexed: one that changes or goes away makes the index stale.
         """
         indexed = {f.path: f for f in self.files}
@@ -224,14 +234,14 @@ class DatasetIndex:
                     removed.append(rel)
                 continue
             if rel in skipped:
-                if (st.st_size, st.st_mtime_ns) != (skipped[rel]["size"], skipped[rel]["mtime_ns"]):
+                s = skipped[rel]
+                if not _same_stat(st, s["size"], s["mtime_ns"], s.get("ctime_ns"), s.get("ino")):
                     changed.append(rel)
                 continue
-            entry = indexed[rel]
+            e = indexed[rel]
             if (
-                st.st_size != entry.size
-                or st.st_mtime_ns != entry.mtime_ns
-                or fingerprint(path) != entry.fingerprint
+                not _same_stat(st, e.size, e.mtime_ns, e.ctime_ns, e.ino)
+                or fingerprint(path) != e.fingerprint
             ):
                 changed.append(rel)
         return changed, removed, added
@@ -241,6 +251,19 @@ class DatasetIndex:
         changed, removed, added = self.stale_files(source)
         if changed or removed or added:
             raise StaleIndexError(self.path, changed=changed, removed=removed, added=added)
+
+
+def _same_stat(
+    st: os.stat_result, size: int, mtime_ns: int, ctime_ns: int | None, ino: int | None
+) -> bool:
+    """Whether ``st`` matches what was recorded; a None ctime or inode (from an index written
+    before they were stored) is not compared."""
+    return (
+        st.st_size == size
+        and st.st_mtime_ns == mtime_ns
+        and (ctime_ns is None or st.st_ctime_ns == ctime_ns)
+        and (ino is None or st.st_ino == ino)
+    )
 
 
 def _read_header(where: Path) -> dict[str, Any]:
@@ -324,15 +347,17 @@ def _describe_all(
 def _skip_record(source: ResolvedSource, rel: str, exc: FileProblem) -> SkippedFile:
     try:
         st = source.absolute(rel).stat()
-        size, mtime_ns = st.st_size, st.st_mtime_ns
+        size, mtime_ns, ctime_ns, ino = st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
     except OSError:
-        size, mtime_ns = None, None
+        size, mtime_ns, ctime_ns, ino = None, None, None, None
     return {
         "path": rel,
         "error": type(exc).__name__,
         "message": str(exc),
         "size": size,
         "mtime_ns": mtime_ns,
+        "ctime_ns": ctime_ns,
+        "ino": ino,
     }
 
 
@@ -542,8 +567,9 @@ def open_index(
 
     ``rebuild="missing"`` (default) builds an index that does not exist yet, or that an older
     pickleshard wrote in an older format, and raises :class:`StaleIndexError` on a stale one;
-    ``"auto"`` also rebuilds a stale one; ``"never"`` only opens. ``skip_bad`` is passed to
-    :func:`build_index` when it builds.
+    ``"auto"`` also rebuilds a stale one; ``"never"`` only opens. What counts as changed is
+    :meth:`DatasetIndex.stale_files`' rule (a copied dataset's files all do; a moved one's do
+    not). ``skip_bad`` is passed to :func:`build_index` when it builds.
     """
     if rebuild not in ("missing", "auto", "never"):
         raise ValueError(f"rebuild must be 'missing', 'auto' or 'never', got {rebuild!r}")

@@ -66,7 +66,9 @@ class FileEntry:
     :meth:`ScanResult.meta`, and its rows of the span arrays start at ``span_row``,
     ``ext_row`` and ``record_row``) or ``"whole"`` when the file is unpickled whole (``reason``
     says why). ``decoded_nbytes`` is the file's decoded size: measured for whole files,
-    estimated from the span sizes for span files.
+    estimated from the span sizes for span files. ``ctime_ns`` and ``ino`` are the file's
+    ``st_ctime_ns`` and ``st_ino`` when indexed; None in rows written before they were stored
+    (the staleness check then rests on size, mtime and fingerprint alone).
     """
 
     path: str
@@ -83,6 +85,8 @@ class FileEntry:
     span_row: int = -1
     ext_row: int = -1
     record_row: int = -1
+    ctime_ns: int | None = None
+    ino: int | None = None
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> FileEntry:
@@ -150,6 +154,8 @@ def describe_file(
         "path": rel,
         "size": st.st_size,
         "mtime_ns": st.st_mtime_ns,
+        "ctime_ns": st.st_ctime_ns,
+        "ino": st.st_ino,
         "fingerprint": fingerprint(path),
     }
     if staging is None:

@@ -1,0 +1,170 @@
+"""Staleness from ``st_ctime_ns`` and ``st_ino``: what size, mtime and the sampled fingerprint miss.
+
+A same-size rewrite whose mtime is put back with ``os.utime`` still moves the ctime, so the
+index sees it even when every changed byte lies outside the fingerprint's 8 sampled blocks. A
+copied dataset (new inodes) reads as changed; a moved one stays fresh; an index written before
+ctime and inode were stored still opens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from pickleshard import errors
+from pickleshard.dataset import PickleDataset
+from pickleshard.index import build_index, fingerprint, open_index
+from pickleshard.synth import write_synthetic
+
+_BLOCK, _BLOCKS = 4096, 8  # the fingerprint's sampling (indexfiles.fingerprint)
+
+
+def _big_file(folder: Path) -> Path:
+    """A ~200 KB (x, y) file: 100 runs of 2000 equal bytes, far more than 8 x 4 KiB blocks."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "big.pkl"
+    xs = [bytes([i % 251]) * 2000 for i in range(100)]
+    path.write_bytes(pickle.dumps((xs, list(range(100))), 4))
+    return path
+
+
+def _unsampled_payload_offset(path: Path) -> int:
+    """An offset inside sample payload bytes that no fingerprint block covers."""
+    data = path.read_bytes()
+    step = (len(data) - _BLOCK) // (_BLOCKS - 1)
+    blocks = [(k * step, k * step + _BLOCK) for k in range(_BLOCKS)]
+    for i in range(100):
+        start = data.index(bytes([i % 251]) * 2000)
+        for off in range(start, start + 2000):
+            if not any(lo <= off < hi for lo, hi in blocks):
+                return off
+    raise AssertionError("every payload byte is sampled")
+
+
+def _rewrite_keeping_size_and_mtime(path: Path, offset: int) -> None:
+    """Flip a byte in place (same inode), then put the old atime and mtime back exactly."""
+    st = path.stat()
+    time.sleep(0.02)  # past the file system's timestamp tick, so the ctime surely moves
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (
+        st.st_size,
+        st.st_mtime_ns,
+        st.st_ino,
+    )
+    assert after.st_ctime_ns != st.st_ctime_ns
+
+
+def test_files_table_records_ctime_and_inode(tmp_path: Path) -> None:
+    paths = write_synthetic(tmp_path / "data", files=2, per_file=3, shape=(2,))
+    index = build_index(tmp_path / "data", jobs=1)
+    header = json.loads((index.path / "index.json").read_text())
+    for entry, row, path in zip(index.files, header["files"], paths, strict=True):
+        st = path.stat()
+        assert (entry.ctime_ns, entry.ino) == (st.st_ctime_ns, st.st_ino)
+        assert (row["ctime_ns"], row["ino"]) == (st.st_ctime_ns, st.st_ino)
+
+
+def test_rewrite_outside_the_sampled_blocks_is_stale_by_its_ctime(tmp_path: Path) -> None:
+    path = _big_file(tmp_path / "data")
+    build_index(tmp_path / "data", jobs=1)
+    before = fingerprint(path)
+    _rewrite_keeping_size_and_mtime(path, _unsampled_payload_offset(path))
+    assert fingerprint(path) == before  # the old check alone would call this file fresh
+    with pytest.raises(errors.StaleIndexError) as info:
+        open_index(tmp_path / "data")
+    assert info.value.changed == ("big.pkl",)
+    assert (info.value.removed, info.value.added) == ((), ())
+    assert "big.pkl" in str(info.value)
+    with pytest.raises(errors.StaleIndexError, match=r"big\.pkl"):
+        PickleDataset(tmp_path / "data")
+
+
+def test_rebuild_auto_rebuilds_after_an_unsampled_rewrite(tmp_path: Path) -> None:
+    path = _big_file(tmp_path / "data")
+    build_index(tmp_path / "data", jobs=1)
+    _rewrite_keeping_size_and_mtime(path, _unsampled_payload_offset(path))
+    index, _ = open_index(tmp_path / "data", rebuild="auto")
+    assert index.files[0].ctime_ns == path.stat().st_ctime_ns
+    xs, _ = pickle.loads(path.read_bytes())
+    ds = PickleDataset(tmp_path / "data", rebuild="never")
+    assert [ds[i][0] for i in range(len(ds))] == xs  # the new bytes, from a fresh index
+
+
+def test_chmod_alone_reads_as_changed(tmp_path: Path) -> None:
+    """Only the ctime moves (content, size, mtime, inode all kept): the check is conservative."""
+    paths = write_synthetic(tmp_path / "data", files=2, per_file=3, shape=(2,))
+    build_index(tmp_path / "data", jobs=1)
+    time.sleep(0.02)
+    paths[0].chmod(0o600)
+    with pytest.raises(errors.StaleIndexError) as info:
+        open_index(tmp_path / "data")
+    assert info.value.changed == ("part-00000.pkl",)
+
+
+def test_a_copied_dataset_reads_as_changed_and_rebuilds(tmp_path: Path) -> None:
+    """``cp -a`` keeps size, mtime and content but not inodes: nothing cheaper than a rebuild
+    proves the copy equal, so every file is named and ``rebuild="auto"`` rebuilds."""
+    paths = write_synthetic(tmp_path / "data", files=2, per_file=3, shape=(2,))
+    build_index(tmp_path / "data", jobs=1)
+    shutil.copytree(tmp_path / "data", tmp_path / "copy")  # copy2: mtimes kept, index too
+    for p in paths:
+        assert (tmp_path / "copy" / p.name).stat().st_mtime_ns == p.stat().st_mtime_ns
+    with pytest.raises(errors.StaleIndexError) as info:
+        open_index(tmp_path / "copy")
+    assert info.value.changed == ("part-00000.pkl", "part-00001.pkl")
+    index, _ = open_index(tmp_path / "copy", rebuild="auto")
+    assert index.path == tmp_path / "copy" / ".pickleshard"
+    assert len(index) == 6
+    open_index(tmp_path / "copy", rebuild="never")  # fresh now
+
+
+def test_a_moved_dataset_stays_fresh(tmp_path: Path) -> None:
+    write_synthetic(tmp_path / "data", files=2, per_file=3, shape=(2,))
+    built = build_index(tmp_path / "data", jobs=1)
+    os.rename(tmp_path / "data", tmp_path / "moved")
+    index, _ = open_index(tmp_path / "moved", rebuild="never")
+    assert index.header["arrays"] == built.header["arrays"]
+    assert len(index) == 6
+
+
+def test_an_index_without_ctime_and_inode_falls_back_to_the_old_check(tmp_path: Path) -> None:
+    paths = write_synthetic(tmp_path / "data", files=2, per_file=3, shape=(2,))
+    index = build_index(tmp_path / "data", jobs=1)
+    header_path = index.path / "index.json"
+    header = json.loads(header_path.read_text())
+    for row in header["files"]:
+        del row["ctime_ns"], row["ino"]
+    header_path.write_text(json.dumps(header))
+    time.sleep(0.02)
+    paths[0].chmod(0o600)  # a ctime change it cannot see without a stored ctime
+    opened, _ = open_index(tmp_path / "data", rebuild="never")
+    assert [(f.ctime_ns, f.ino) for f in opened.files] == [(None, None), (None, None)]
+    os.utime(paths[1], ns=(0, 1))  # but mtime is still checked
+    with pytest.raises(errors.StaleIndexError) as info:
+        open_index(tmp_path / "data")
+    assert info.value.changed == ("part-00001.pkl",)
+
+
+def test_a_skipped_file_rewritten_with_its_old_mtime_is_stale(tmp_path: Path) -> None:
+    folder = tmp_path / "data"
+    write_synthetic(folder, files=1, per_file=3, shape=(2,))
+    bad = folder / "notes.pkl"
+    bad.write_bytes(b"plain text, not a pickle\n")
+    index = build_index(folder, jobs=1, skip_bad=True)
+    (skipped,) = index.skipped
+    assert skipped["path"] == "notes.pkl"
+    assert (skipped["ctime_ns"], skipped["ino"]) == (bad.stat().st_ctime_ns, bad.stat().st_ino)
+    _rewrite_keeping_size_and_mtime(bad, 0)
+    with pytest.raises(errors.StaleIndexError) as info:
+        open_index(folder)
+    assert info.value.changed == ("notes.pkl",)
