@@ -6,7 +6,9 @@ arrays into a staging folder as ``.npy``; a file the scanner refuses
 (:class:`~pickleshard.errors.NotSpanIndexableError`: protocol 0/1, a layout it cannot prove...) is
 unpickled whole to count its samples instead, and its row says why (``mode="whole"``,
 ``reason``). The scanner's other errors are checked against a whole-file load, so a bad file
-raises the same :class:`~pickleshard.errors.PickleshardError` either way.
+raises the same :class:`~pickleshard.errors.PickleshardError` either way. Either way a memo id
+larger than the file is refused (:func:`pickleshard.wholefile.check_memo_ids`), so that no
+file an index holds makes a later whole-file load allocate a huge memo.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from typing import Any, Literal
 import numpy as np
 
 from .errors import NotSpanIndexableError, UnreadableFileError
+from .opcodes import open_buffer
 from .safety import DEFAULT_POLICY, UnpicklePolicy
 from .scan import ScanResult, scan_file
-from .wholefile import estimate_nbytes, load_layout
+from .wholefile import check_memo_ids, estimate_nbytes, load_layout
 
 __all__ = ["SPAN_ARRAYS", "Described", "FileEntry", "describe_file", "fingerprint"]
 
@@ -118,8 +121,29 @@ def _estimate(scan: ScanResult) -> int:
     return total
 
 
+def _check_span_memo(scan: ScanResult) -> None:
+    """Refuse a span-indexed file with a memo id above its size, as a whole-file load would.
+
+    The scanner numbers each pickle's memo ids from its first one, consecutively, and records
+    ``shift`` = memo key - memo id. The first key of a pickle is at most its start offset and
+    it defines at most ``end - start`` entries, so its ids stay below ``end - shift``: only a
+    pickle where that bound passes the file size is walked again, by :func:`check_memo_ids`,
+    which names the opcode. A file written by ``pickle.dump`` is never walked again.
+    """
+    suspect = [int(start) for start, end, shift in scan.records if end - shift - 1 > scan.size]
+    if not suspect:
+        return
+    buf, size = open_buffer(scan.path)
+    try:
+        for start in suspect:
+            check_memo_ids(buf, start, size, scan.path)
+    finally:
+        if not isinstance(buf, bytes):
+            buf.close()
+
+
 def _whole(path: str, base: dict[str, Any], policy: UnpicklePolicy, reason: str) -> Described:
-    decoded = load_layout(path, policy)
+    decoded = load_layout(path, policy, check_memo=True)
     entry = FileEntry(
         **base,
         num_samples=decoded.num_samples,
@@ -167,6 +191,7 @@ def describe_file(
     except Exception as exc:  # the whole-file load below decides whether the file is bad
         # A file the whole-file load reads is not bad: the scanner was stricter than pickle.
         return _whole(path, base, policy, f"the scanner failed: {type(exc).__name__}: {exc}")
+    _check_span_memo(scan)
     for name, array in scan.arrays_dict().items():
         np.save(staged_name(staging, pos, name), np.ascontiguousarray(array))
     entry = FileEntry(
