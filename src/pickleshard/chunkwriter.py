@@ -41,10 +41,13 @@ _CLOSE_TUPLE = {0: pickle.EMPTY_TUPLE, 1: pickle.TUPLE1, 2: pickle.TUPLE2, 3: pi
 
 
 class RowPayload:
-    """Stands for the raw bytes of an array's rows; :class:`ChunkPickler` streams them."""
+    """Stands for the raw bytes of an array's rows; :class:`ChunkPickler` streams them, as a
+    ``bytearray`` at protocol 5 unless ``as_bytes`` (``numpy``'s ``__setstate__`` wants bytes)."""
 
-    def __init__(self, nbytes: int, fill: Callable[[Callable[[Any], Any]], None]) -> None:
-        self.nbytes, self.fill = nbytes, fill
+    def __init__(
+        self, nbytes: int, fill: Callable[[Callable[[Any], Any]], None], as_bytes: bool = False
+    ) -> None:
+        self.nbytes, self.fill, self.as_bytes = nbytes, fill, as_bytes
 
 
 class ChunkPickler(pickle._Pickler):
@@ -80,6 +83,19 @@ class ChunkPickler(pickle._Pickler):
     def op(self, code: bytes) -> None:
         self.write(code)
 
+    def _save_picklebuffer(self, obj: pickle.PickleBuffer) -> None:
+        """pickle._Pickler's, memoizing the buffer object as the C pickler does, not the
+        temporary bytes it copies the data into: ``b''`` and 1-byte copies are shared singletons,
+        so a later equal ``bytes`` of the sample became a GET of this ``bytearray``."""
+        copies: list[Any] = []
+        self.memoize = copies.append  # type: ignore[method-assign,assignment]
+        try:
+            pickle._Pickler.save_picklebuffer(self, obj)  # type: ignore[attr-defined]
+        finally:
+            del self.memoize
+        if copies:
+            self.memoize(obj)
+
     def item(self, obj: Any) -> None:
         if _flat(obj):
             self._splice(obj)
@@ -107,7 +123,7 @@ class ChunkPickler(pickle._Pickler):
 
     def _save_payload(self, obj: RowPayload) -> None:
         n = obj.nbytes
-        if self.proto >= 5:
+        if self.proto >= 5 and not obj.as_bytes:
             head = pickle.BYTEARRAY8 + _Q(n)
         elif n < 256:
             head = pickle.SHORT_BINBYTES + bytes((n,))
@@ -129,6 +145,7 @@ class ChunkPickler(pickle._Pickler):
 
     dispatch: ClassVar[dict[type, Callable[..., Any]]] = {
         **pickle._Pickler.dispatch,
+        pickle.PickleBuffer: _save_picklebuffer,
         RowPayload: _save_payload,
     }
 
@@ -282,9 +299,11 @@ def _write_field(
         func, args, *state = reduced
         if p.proto >= 5 and len(args) == 4:
             p.save_reduce(func, (payload, args[1], (b - a, *row_shape), args[3]))
-        else:
+        else:  # numpy's _reconstruct + __setstate__ (protocols < 5, and dtypes it pickles so
+            # at 5, such as datetime64): the state's data must be bytes
             version, _, dt, fortran, _ = state[0]
-            p.save_reduce(func, args, state=(version, (b - a, *row_shape), dt, fortran, payload))
+            data = RowPayload(payload.nbytes, payload.fill, as_bytes=True)
+            p.save_reduce(func, args, state=(version, (b - a, *row_shape), dt, fortran, data))
         p.memo.clear()
     elif container == "list":
         p.op(pickle.EMPTY_LIST)
