@@ -156,20 +156,29 @@ def test_index_built_without_spans_reads_whole(tmp_path: Path) -> None:
         PickleDataset(tmp_path / "data", mode="span")
 
 
-def test_getitems_reads_each_file_in_offset_order(tmp_path: Path) -> None:
+def test_getitems_reads_each_file_in_offset_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pickleshard.spanread import SpanReader
+
     files = write_synthetic(tmp_path / "data", files=3, per_file=6, shape=(2,), kind="objects")
     ds = PickleDataset(tmp_path / "data", mode="span")
-    reads: list[tuple[int, int]] = []
-    real = ds.span_files.read
+    reads: list[tuple[str, int]] = []
+    real = SpanReader._spans_into
 
-    def traced(pos: int, item: int, sample: int) -> tuple[Any, ...]:
-        reads.append((pos, item))
-        return real(pos, item, sample)
+    def traced(self: SpanReader, out: Any, i: int, starts: list[int], fields: list[int]) -> None:
+        reads.append((Path(self.path).name, min(starts[f] for f in fields)))
+        real(self, out, i, starts, fields)
 
-    ds.span_files.read = traced  # type: ignore[method-assign]
+    monkeypatch.setattr(SpanReader, "_spans_into", traced)
     indices = [13, 2, 7, 0, 13, 17, 1, 6]  # files 2, 0, 1, 0, 2, 2, 0, 1
     batch = ds.__getitems__(indices)
-    assert reads == [(2, 1), (2, 1), (2, 5), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+    visited = [name for k, (name, _) in enumerate(reads) if k == 0 or reads[k - 1][0] != name]
+    assert sorted(visited) == sorted(set(visited)) == [p.name for p in files]  # each file once
+    for name in visited:
+        offsets = [start for n, start in reads if n == name]
+        assert offsets == sorted(offsets)  # in offset order
+    assert len(reads) == len(indices)
     want = _expected(files)
     for got, i in zip(batch, indices, strict=True):
         assert_same(got, want[i])

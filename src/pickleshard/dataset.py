@@ -6,6 +6,8 @@ It needs no import of torch: ``torch.utils.data.DataLoader`` accepts any object 
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import os
 import sys
 import warnings
@@ -125,6 +127,10 @@ class PickleDataset(_DatasetBase[Any]):
             ("whole",) * len(self._paths) if mode == "whole" else self.index.modes
         )
         self._span_file = np.array([m == "span" for m in self.file_modes], dtype=bool)
+        self._is_span = self._span_file.tolist()  # per file, for the per-sample path
+        self._n = self.index.num_samples
+        # first global index of each file (samples are numbered file after file)
+        self._firsts = [0, *itertools.accumulate(f.num_samples for f in self.index.files)][:-1]
         self._cache: WholeFileCache | None = None
         self._spans = SpanFiles(self.index, self._paths, self.policy)
         if self.index.skipped:
@@ -180,30 +186,51 @@ class PickleDataset(_DatasetBase[Any]):
         return self._spans
 
     def __getitem__(self, i: int) -> Any:
-        j = self._check(i)
-        pos, item = self.index.locate(j)
-        if self._span_file[pos]:
+        j = i if type(i) is int and 0 <= i < self._n else self._check(i)
+        pos = bisect.bisect_right(self._firsts, j) - 1
+        item = j - self._firsts[pos]
+        if self._is_span[pos]:
             return self._finish(self._spans.read(pos, item, j))
         columns = self._file(pos).columns
         return self._finish(tuple(col[item] for col in columns))
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        """Fetch a batch: each file visited once (in order of first appearance), its samples
-        read in offset order; returned in request order."""
-        wanted = np.fromiter((self._check(i) for i in indices), dtype=np.int64)
-        files, items = self.index.locate_many(wanted)
+        """Fetch a batch, returned in request order. Each file is visited once: span-read files
+        a batch at a time in offset order (:meth:`SpanReader.read_samples`), whole files in
+        order of first appearance, their samples in item order."""
+        wanted = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if not len(wanted):
+            return []
+        n = self._n
+        wanted = np.where(wanted < 0, wanted + n, wanted)
+        if int(wanted.min()) < 0 or int(wanted.max()) >= n:
+            for i in indices:
+                self._check(i)  # raises, naming the first index out of range
+        firsts = np.asarray(self._firsts, dtype=np.int64)
+        files = np.searchsorted(firsts, wanted, "right") - 1
+        items = wanted - firsts[files]
         out: list[Any] = [None] * len(wanted)
-        # Files in order of first appearance (the order BlockShuffleSampler plans whole-file
-        # loads for), samples of a file in item order, which is their offset order.
         uniq, first, inverse = np.unique(files, return_index=True, return_inverse=True)
-        rank = np.argsort(np.argsort(first))[inverse] if len(uniq) else files
-        order = np.lexsort((items, rank))
+        whole = False
+        for u, pos in enumerate(uniq.tolist()):
+            if not self._is_span[pos]:
+                whole = True
+                continue
+            ks = np.nonzero(inverse == u)[0]
+            reader, _ = self._spans.reader(pos)
+            got = reader.read_samples(items[ks].tolist(), labels=wanted[ks].tolist())
+            for k, sample in zip(ks.tolist(), got, strict=True):
+                out[k] = self._finish(sample)
+        if not whole:
+            return out
+        # Whole files in order of first appearance (the order BlockShuffleSampler plans loads
+        # for), samples of a file in item order.
+        rank = np.argsort(np.argsort(first))[inverse]
         columns: Any = None
         current = -1
-        for k in order.tolist():
+        for k in np.lexsort((items, rank)).tolist():
             pos, item = int(files[k]), int(items[k])
-            if self._span_file[pos]:
-                out[k] = self._finish(self._spans.read(pos, item, int(wanted[k])))
+            if self._is_span[pos]:
                 continue
             if pos != current:
                 columns, current = self._file(pos).columns, pos

@@ -62,6 +62,7 @@ class SpanFiles:
         )
         self._pid = os.getpid()
         self.opened = 0  # readers built in this process (a counter for tests and benchmarks)
+        self._last = -1  # the file read last
 
     def _reset_after_fork(self) -> None:
         if self._pid != os.getpid():
@@ -91,7 +92,13 @@ class SpanFiles:
     def read(self, pos: int, item: int, sample: int) -> tuple[Any, ...]:
         """Sample ``item`` of file ``pos``; a refused global names ``sample`` (the dataset's
         index of it) and the file."""
-        reader, find_class = self.reader(pos)
+        got = self._readers.get(pos) if self._pid == os.getpid() else None
+        if got is None:
+            got = self.reader(pos)
+        elif pos != self._last:
+            self._readers.move_to_end(pos)  # least recently used first out
+        self._last = pos
+        reader, find_class = got
         if find_class is not None:
             find_class.sample = sample
         return reader.read_sample(item)

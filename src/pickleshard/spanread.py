@@ -35,7 +35,7 @@ import struct
 import sys
 import types
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -55,6 +55,7 @@ __all__ = ["BIG", "ReaderStats", "SpanReader", "literal_head", "rewrite_span"]
 
 BIG = 64 * 1024
 _INT_SIZE = {b"K": 2, b"M": 3, b"J": 5}  # BININT1, BININT2, BININT: opcode + argument
+_SPAN, _ROW, _ITEM, _INT = range(4)  # how a field is read: see SpanReader.read_sample
 _INT_REGION = 1 << 20  # an int field's values are decoded at once from at most this many bytes
 _LENGTH_LIMIT = 1 << 62  # a payload length beyond any span (what the compiled twin's ints hold)
 FindClass = Callable[[str, str], Any]
@@ -408,8 +409,12 @@ class SpanReader:
             (it, frozenset(it.exceptions)) if isinstance(it, ArrayItem) else None for it in items
         ]
         self._is_int = [isinstance(it, IntItem) for it in items]
+        self._how = [
+            _ROW if row else _ITEM if it is not None else _INT if is_int else _SPAN
+            for row, it, is_int in zip(self._is_row, self._items, self._is_int, strict=True)
+        ]
         self._ints: dict[int, np.ndarray | None] = {}  # per int field: every value, or None
-        self._direct = any(it is not None for it in items)
+        self._checked: set[int] = set()  # ArrayItem fields checked against a real unpickling
         self._rec_starts = np.ascontiguousarray(scan.records[:, 0])
         self._one_shift = int(scan.records[0, 2]) if len(scan.records) == 1 else None
         self._fd = -1
@@ -608,17 +613,49 @@ class SpanReader:
         self.stats.array_rows += 1
         return out if out.ndim else out[()]
 
-    def _item(self, f: int, start: int) -> Any:
-        item = self._items[f]
-        assert item is not None
-        spec = item[0]
+    def _check_item(self, f: int) -> bool:
+        """Whether field ``f`` may be read from payloads in this process: the first time, one
+        of its direct samples is also unpickled from its span (under this reader's policy) and
+        must give the same array; if not (a damaged file the scan could not tell), every sample
+        of the field is read by span from then on, so errors surface as they would there."""
+        if f in self._checked:
+            return self._how[f] == _ITEM
+        self._checked.add(f)
+        spec, exceptions = self._items[f]  # type: ignore[misc]
+        t = next(i for i in range(self.scan.num_samples) if i not in exceptions)
+        scan, nf = self.scan, len(self._how)
+        start, end = int(scan.starts[t, f]), int(scan.ends[t, f])
+        ext = scan.ext_keys[scan.ext_offsets[t * nf + f] : scan.ext_offsets[t * nf + f + 1]]
+        stats = replace(self.stats)
+        try:
+            want = self._span(start, end, int(scan.memo_base[t, f]), ext.tolist(), {}, -1)
+            got = self._item(spec, start)
+            same = (
+                type(want) is np.ndarray
+                and want.dtype == got.dtype
+                and want.dtype.byteorder == got.dtype.byteorder
+                and want.shape == got.shape
+                and want.flags.writeable == got.flags.writeable
+                and want.tobytes() == got.tobytes()
+            )
+        except PickleshardError:
+            same = False
+        self.stats = stats  # the check is not a read of the caller's
+        if not same:
+            self._how[f], self._items[f] = _SPAN, None
+        return same
+
+    def _item(self, spec: ArrayItem, start: int) -> Any:
         out = np.empty(spec.shape, spec.dtype)
-        n = out.nbytes
-        if (
-            self._readinto_at(start + spec.prefix, memoryview(out.reshape(-1).view(np.uint8).data))
-            != n
-        ):
-            raise TruncatedPickleError(self.path, "file ends inside an array", offset=start)
+        offset = start + spec.prefix
+        fd = self._fd if self._pid == os.getpid() else self._fileno()
+        got = os.preadv(fd, [out], offset) if out.nbytes else 0  # type: ignore[list-item]
+        if got != out.nbytes:  # a short read: the rest, or the file ended
+            view = memoryview(out.reshape(-1).view(np.uint8).data)
+            got += self._readinto_at(offset + got, view[got:])
+            if got != out.nbytes:
+                raise TruncatedPickleError(self.path, "file ends inside an array", offset=start)
+        self.stats.bytes_read += out.nbytes
         if spec.swap:
             out.byteswap(inplace=True)
         if spec.readonly:
@@ -626,12 +663,16 @@ class SpanReader:
         self.stats.array_items += 1
         return out
 
-    def _int(self, f: int, i: int, start: int) -> int:
+    def _int_values(self, f: int) -> np.ndarray | None:
         values = self._ints.get(f, _MISSING)
         if values is _MISSING:
             values = self._ints[f] = self._decode_ints(f)
+        return values  # type: ignore[return-value]
+
+    def _int(self, f: int, i: int, start: int) -> int:
+        values = self._int_values(f)
         if values is not None:
-            return int(values[i])  # type: ignore[index]
+            return int(values[i])
         data = self._read_at(start, 5)
         op = data[:1]
         size = _INT_SIZE.get(op)
@@ -671,7 +712,8 @@ class SpanReader:
     def read_sample(self, i: int) -> tuple[Any, ...]:
         """Sample ``i`` as a tuple with one value per field, equal to the whole-file reading.
 
-        Fields are read in file order; one that a later field refers to is reused by it.
+        Fields read by span are read in file order; one that a later field refers to is reused
+        by it (and is never read straight from its payload, which would lose that identity).
         """
         scan = self.scan
         n = scan.num_samples
@@ -681,39 +723,120 @@ class SpanReader:
             i += n
         if self._own_allowlist is not None:
             self._own_allowlist.sample = i  # a refusal names the sample
-        starts, ends, bases = (
-            scan.starts[i].tolist(),
-            scan.ends[i].tolist(),
-            scan.memo_base[i].tolist(),
-        )
-        nf = len(starts)
-        offs = scan.ext_offsets[i * nf : i * nf + nf + 1].tolist()
-        memos: Memos = {}
-        out: list[Any] = [None] * nf
-        for f in sorted(range(nf), key=starts.__getitem__) if nf > 1 else range(nf):
+        starts = scan.starts[i].tolist()
+        out: list[Any] = [None] * len(starts)
+        spans: list[int] = []
+        for f, how in enumerate(self._how):
             s = starts[f]
-            if self._is_row[f]:
-                out[f] = self._row(f, s, ends[f])
-            elif self._direct and (item := self._items[f]) is not None and i not in item[1]:
-                out[f] = self._item(f, s)
-            elif self._direct and self._is_int[f]:
+            if how == _ITEM and self._check_item(f):
+                item = self._items[f]
+                if i not in item[1] and s not in self._definers:  # type: ignore[index]
+                    out[f] = self._item(item[0], s)  # type: ignore[index]
+                    continue
+            elif how == _INT:
                 out[f] = self._int(f, i, s)
-            else:
-                ext = scan.ext_keys[offs[f] : offs[f + 1]].tolist() if offs[f + 1] > offs[f] else []
-                out[f] = self._span(s, ends[f], bases[f], ext, memos, self._definers.get(s, -1))
+                continue
+            elif how == _ROW:
+                out[f] = self._row(f, s, int(scan.ends[i, f]))
+                continue
+            spans.append(f)
+        if spans:
+            self._spans_into(out, i, starts, spans)
         return tuple(out)
 
-    def read_samples(self, indices: Sequence[int]) -> list[tuple[Any, ...]]:
-        """Samples at ``indices`` (in that order), read in file-offset order."""
+    def _spans_into(self, out: list[Any], i: int, starts: list[int], fields: list[int]) -> None:
+        """Read ``fields`` of sample ``i`` by span into ``out``, in file order."""
+        scan, nf = self.scan, len(starts)
+        ends, bases = scan.ends[i].tolist(), scan.memo_base[i].tolist()
+        offs = scan.ext_offsets[i * nf : i * nf + nf + 1].tolist()
+        memos: Memos = {}
+        if len(fields) > 1:
+            fields.sort(key=starts.__getitem__)
+        for f in fields:
+            s = starts[f]
+            ext = scan.ext_keys[offs[f] : offs[f + 1]].tolist() if offs[f + 1] > offs[f] else []
+            out[f] = self._span(s, ends[f], bases[f], ext, memos, self._definers.get(s, -1))
+
+    def read_samples(
+        self, indices: Sequence[int], labels: Sequence[int] | None = None
+    ) -> list[tuple[Any, ...]]:
+        """Samples at ``indices`` (in that order), equal to :meth:`read_sample` of each.
+
+        Reads go in file-offset order. Fields read from payloads are read a batch at a time: the
+        arrays of one field land in one ``(len(indices), ...)`` array (each sample gets a view of
+        its row), small ints come from the decoded column; samples that need it are read by
+        :meth:`read_sample`. A refused global names the sample's label (its index in a dataset:
+        ``labels[k]`` for ``indices[k]``), else its index in the file.
+        """
+        n = self.scan.num_samples
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if not len(idx):
+            return []
+        if int(idx.min()) < -n or int(idx.max()) >= n:
+            bad = next(int(i) for i in idx.tolist() if not -n <= i < n)
+            raise IndexError(f"sample {bad} out of range for {self.path} ({n} samples)")
+        idx = np.where(idx < 0, idx + n, idx)
+        hook = self.find_class if isinstance(self.find_class, AllowlistFindClass) else None
+        starts = self.scan.starts[idx]
+        order = np.argsort(starts.min(axis=1) if starts.shape[1] else idx, kind="stable").tolist()
+        whole = np.zeros(len(idx), bool)  # read by read_sample
+        cols: list[Any] = [None] * len(self._how)
+        spans = []
+        for f, how in enumerate(self._how):
+            if how == _ITEM and self._check_item(f):
+                cols[f] = self._items_batch(f, idx, starts[:, f], order, whole)
+            elif how == _INT and (values := self._int_values(f)) is not None:
+                cols[f] = values[idx].tolist()
+            elif how == _ROW:
+                ends = self.scan.ends[idx, f].tolist()
+                got = [None] * len(idx)
+                for k in order:
+                    got[k] = self._row(f, int(starts[k, f]), ends[k])
+                cols[f] = got
+            else:
+                spans.append(f)
         out: list[tuple[Any, ...]] = [()] * len(idx)
-        if len(idx):
-            n = self.scan.num_samples
-            wrapped = np.where(idx < 0, idx + n, idx).clip(0, max(n - 1, 0))
-            firsts = self.scan.starts[wrapped].min(axis=1) if self.scan.starts.shape[1] else wrapped
-            for k in np.argsort(firsts, kind="stable").tolist():
-                out[k] = self.read_sample(int(idx[k]))
+        for k in order:
+            i = int(idx[k])
+            if hook is not None:
+                hook.sample = labels[k] if labels is not None else i
+            if whole[k]:
+                out[k] = self.read_sample(i)
+                continue
+            row = [c[k] if c is not None else None for c in cols]
+            if spans:
+                self._spans_into(row, i, starts[k].tolist(), list(spans))
+            out[k] = tuple(row)
         return out
+
+    def _items_batch(
+        self, f: int, idx: np.ndarray, starts: np.ndarray, order: list[int], whole: np.ndarray
+    ) -> np.ndarray:
+        """Field ``f`` (an :class:`ArrayItem`) of samples ``idx`` as one array; samples it cannot
+        read from their payloads are marked in ``whole``."""
+        spec, exceptions = self._items[f]  # type: ignore[misc]
+        rows = np.empty((len(idx), *spec.shape), spec.dtype)
+        fd = self._fileno()
+        definers = self._definers
+        for k in order:
+            s = int(starts[k])
+            if int(idx[k]) in exceptions or s in definers:
+                whole[k] = True
+                continue
+            row = rows[k]
+            got = os.preadv(fd, [row], s + spec.prefix) if row.nbytes else 0
+            if got != row.nbytes:  # a short read: the rest, or the file ended
+                view = memoryview(row.reshape(-1).view(np.uint8).data)
+                got += self._readinto_at(s + spec.prefix + got, view[got:])
+                if got != row.nbytes:
+                    raise TruncatedPickleError(self.path, "file ends inside an array", offset=s)
+        self.stats.array_items += len(idx)
+        self.stats.bytes_read += rows.nbytes
+        if spec.swap:
+            rows.byteswap(inplace=True)
+        if spec.readonly:
+            rows.flags.writeable = False
+        return rows
 
 
 def _damaged(path: str, start: int, exc: Exception) -> CorruptPickleError:

@@ -137,6 +137,7 @@ def _field_view(scan: ScanResult, f: int) -> ScanResult:
         fields=(scan.fields[f],),
         kinds=(scan.kinds[f],),
         arrays=(scan.arrays[f],),
+        items=(scan.items[f],) if scan.items else (),
         starts=scan.starts[:, f : f + 1],
         ends=scan.ends[:, f : f + 1],
         memo_base=scan.memo_base[:, f : f + 1],
