@@ -300,3 +300,28 @@ def test_read_only_arrays_stay_read_only(tmp_path: Path) -> None:
     with SpanReader(scan) as reader:
         for i in (1, 150, 299):
             _same_array(reader.read_sample(i)[0], want[i])
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (5,), (2, 0, 3), (4, 4)], ids=str)
+@pytest.mark.parametrize("protocol", [3, 5])
+def test_array_items_of_every_shape_read_one_by_one_and_in_batches(
+    tmp_path: Path, shape: tuple[int, ...], protocol: int
+) -> None:
+    from pickleshard.scan import ArrayItem
+
+    xs = [np.full(shape, i, dtype=np.int16) for i in range(40)]
+    path = tmp_path / "s.pkl"
+    path.write_bytes(pickle.dumps((xs, [float(i) for i in range(40)]), protocol=protocol))
+    scan = scan_file(path)
+    if np.prod(shape) or protocol >= 5:  # protocol 3 pickles every empty array's b"" as one GET
+        assert isinstance(scan.items[0], ArrayItem)
+    with open(path, "rb") as fh:
+        want, want_y = pickle.load(fh)
+    order = [7, 0, 39, 12, 12, 3]
+    with SpanReader(scan) as reader:
+        batch = reader.read_samples(order)
+        for (x, y), i in zip(batch, order, strict=True):
+            _same_array(x, want[i])
+            assert y == want_y[i]
+        for i in order:
+            _same_array(reader.read_sample(i)[0], want[i])

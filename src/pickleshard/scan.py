@@ -144,9 +144,16 @@ def _item_from_json(obj: dict[str, Any] | None) -> ArrayItem | IntItem | None:
 
 
 def _tuples(descr: Any) -> Any:
-    if isinstance(descr, list):
-        return [tuple(_tuples(v) if isinstance(v, list) else v for v in d) for d in descr]
-    return descr
+    """A dtype descr (``np.lib.format.dtype_to_descr``) back from JSON: its field entries and
+    their names and shapes are tuples again (JSON made them lists)."""
+    if not isinstance(descr, list):
+        return descr
+    out = []
+    for entry in descr:
+        name = tuple(entry[0]) if isinstance(entry[0], list) else entry[0]
+        rest = [_tuples(entry[1])] + ([tuple(entry[2])] if len(entry) > 2 else [])
+        out.append((name, *rest))
+    return out
 
 
 @dataclass(frozen=True)

@@ -404,7 +404,8 @@ class SpanReader:
         self._definers = {s: j for j, (s, _, _, _) in enumerate(scan.shared.elements)}
         self._is_row = [k == "array_row" for k in scan.kinds]
         # per field: (ArrayItem, its exceptions) when its samples are read from their payloads
-        items = scan.items or (None,) * len(scan.kinds)
+        # general=True reads every pickle field by span (the reference for the other paths)
+        items = (None,) * len(scan.kinds) if general or not scan.items else scan.items
         self._items = [
             (it, frozenset(it.exceptions)) if isinstance(it, ArrayItem) else None for it in items
         ]
@@ -811,32 +812,35 @@ class SpanReader:
 
     def _items_batch(
         self, f: int, idx: np.ndarray, starts: np.ndarray, order: list[int], whole: np.ndarray
-    ) -> np.ndarray:
-        """Field ``f`` (an :class:`ArrayItem`) of samples ``idx`` as one array; samples it cannot
-        read from their payloads are marked in ``whole``."""
+    ) -> list[np.ndarray]:
+        """Field ``f`` (an :class:`ArrayItem`) of samples ``idx``: views of the rows of one new
+        array; samples it cannot read from their payloads are marked in ``whole``."""
         spec, exceptions = self._items[f]  # type: ignore[misc]
         rows = np.empty((len(idx), *spec.shape), spec.dtype)
+        views = [rows[k, ...] for k in range(len(idx))]  # arrays even when 0-d
         fd = self._fileno()
         definers = self._definers
+        read = 0
         for k in order:
             s = int(starts[k])
             if int(idx[k]) in exceptions or s in definers:
                 whole[k] = True
                 continue
-            row = rows[k]
-            got = os.preadv(fd, [row], s + spec.prefix) if row.nbytes else 0
+            row = views[k]
+            got = os.preadv(fd, [row], s + spec.prefix) if row.nbytes else 0  # type: ignore[list-item]
             if got != row.nbytes:  # a short read: the rest, or the file ended
                 view = memoryview(row.reshape(-1).view(np.uint8).data)
                 got += self._readinto_at(s + spec.prefix + got, view[got:])
                 if got != row.nbytes:
                     raise TruncatedPickleError(self.path, "file ends inside an array", offset=s)
-        self.stats.array_items += len(idx)
-        self.stats.bytes_read += rows.nbytes
+            read += 1
+        self.stats.array_items += read
+        self.stats.bytes_read += read * (rows.nbytes // max(len(idx), 1))
         if spec.swap:
             rows.byteswap(inplace=True)
         if spec.readonly:
             rows.flags.writeable = False
-        return rows
+        return views
 
 
 def _damaged(path: str, start: int, exc: Exception) -> CorruptPickleError:
