@@ -393,6 +393,7 @@ class SpanReader:
         if isinstance(find_class, str):  # restricted unless the caller says otherwise
             find_class = self._own_allowlist = AllowlistFindClass(scan.path)
         self.encoding, self.errors, self.find_class = encoding, errors, find_class
+        self._plain = (encoding, errors) == ("ASCII", "strict")  # pickle.loads' own defaults
         self.general = general
         self.engine = oc.resolve_engine(engine)
         self._rewrite = _compiled_rewrite() if self.engine == "compiled" else rewrite_span
@@ -482,6 +483,8 @@ class SpanReader:
         (``finds``); persistent ids only if the prologue uses them (``objs``)."""
         if objs or (finds and self.find_class is not None):
             return self._fast_unpickler(data, objs, buffers, hooked=finds > 0).load()
+        if self._plain and not buffers:
+            return pickle.loads(data)
         return pickle.loads(data, encoding=self.encoding, errors=self.errors, buffers=buffers)
 
     def _fast_unpickler(
@@ -729,7 +732,7 @@ class SpanReader:
         spans: list[int] = []
         for f, how in enumerate(self._how):
             s = starts[f]
-            if how == _ITEM and self._check_item(f):
+            if how == _ITEM and (f in self._checked or self._check_item(f)):
                 item = self._items[f]
                 if i not in item[1] and s not in self._definers:  # type: ignore[index]
                     out[f] = self._item(item[0], s)  # type: ignore[index]
