@@ -403,7 +403,7 @@ def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w, object rel
         pos = nxt
 
 
-# -- the span rewrite: the compiled twin of pickleshard.spanread.rewrite_span ----------------------
+# -- the span rewrite: the compiled twin of pickleshard.spanrewrite.rewrite_span ----------------------
 
 from cpython.bytearray cimport (
     PyByteArray_AS_STRING,
@@ -489,14 +489,14 @@ def rewrite_span(
     Py_ssize_t big=64 * 1024,
     object head=None,
 ):
-    """:func:`pickleshard.spanread.rewrite_span`, compiled: same arguments, same reads, same
+    """:func:`pickleshard.spanrewrite.rewrite_span`, compiled: same arguments, same reads, same
     pickle, buffers and count, same exceptions."""
     global _head, _gets, _puts, _encode_get, _encode_put
     if _head is None:
-        from .spanread import _GETS, _PUTS
-        from .spanread import _encode_get as eg
-        from .spanread import _encode_put as ep
-        from .spanread import _head as make_head
+        from .spanrewrite import _GETS, _PUTS
+        from .spanrewrite import _encode_get as eg
+        from .spanrewrite import _encode_put as ep
+        from .spanrewrite import _head as make_head
 
         _gets, _puts, _encode_get, _encode_put, _head = _GETS, _PUTS, eg, ep, make_head
     cdef Py_ssize_t n_ext = len(externals)

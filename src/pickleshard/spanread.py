@@ -1,15 +1,22 @@
 """Read samples straight out of an unmodified pickle file, span by span.
 
 :class:`SpanReader` reads sample ``i`` of a :class:`~pickleshard.scan.ScanResult` with
-``os.pread``: an ``array_row`` field is read into a fresh array; a ``pickle`` field is unpickled
-from its span alone, in one of two ways that give the same value:
+``os.pread``: an ``array_row`` field is read into a fresh array; so is a sample of a field whose
+samples are numpy arrays of one dtype and shape (:class:`~pickleshard.scan.ArrayItem`: read
+from the array's payload, the field checked once per process against a real unpickling of one
+sample); a field of small ints (:class:`~pickleshard.scan.IntItem`) is decoded from its bytes; any
+other ``pickle`` field is unpickled from its span alone, in one of two ways that give the same
+value:
 
-- *fast* (the default): the span is rewritten into a standalone pickle, ``PROTO p`` + a
-  prologue that stores each external value (fed as a persistent id) at local memo ids ``0..k-1``
-  + the span with FRAME headers dropped, PUT/GET renumbered to ``k + (key - memo_base)`` and
-  external GETs pointed at the prologue's ids + ``STOP``, and read by the C unpickler.
-  ``bytes``/``bytearray`` payloads of ``big`` bytes or more that were not already read are
-  passed out of band (``NEXT_BUFFER``), read by ``pread`` straight into their own buffer.
+- *fast* (the default): the span is rewritten into a standalone pickle
+  (:func:`pickleshard.spanrewrite.rewrite_span`): ``PROTO p`` + a prologue that stores each
+  external value at local memo ids ``0..k-1`` (by value when every one has a literal, see
+  :func:`~pickleshard.spanrewrite.literal_head`, else fed as persistent ids) + the span with
+  FRAME headers dropped, PUT/GET renumbered to ``k + (key - memo_base)`` and external GETs
+  pointed at the prologue's ids + ``STOP``, and read by the C unpickler, with the allowlist hook
+  only if the span names a global. ``bytes``/``bytearray`` payloads of ``big`` bytes or more
+  that were not already read are passed out of band (``NEXT_BUFFER``), read by ``pread``
+  straight into their own buffer.
 - *general*: :class:`pickleshard.memo.SpanUnpickler` reads the span as is (pure Python, slow,
   obviously right); the oracle for the fast path.
 
@@ -31,7 +38,6 @@ from __future__ import annotations
 import io
 import os
 import pickle
-import struct
 import sys
 import types
 from collections.abc import Callable, Sequence
@@ -47,273 +53,24 @@ from .errors import (
     TruncatedPickleError,
     UnreadableFileError,
 )
-from .memo import WINDOW, SpanFile, SpanUnpickler
+from .memo import SpanFile, SpanUnpickler
 from .safety import AllowlistFindClass
 from .scan import ArrayItem, IntItem, ScanResult
+from .spanrewrite import (
+    BIG,
+    FindClass,
+    HookedUnpickler,
+    _compiled_rewrite,
+    literal_head,
+    rewrite_span,
+)
 
 __all__ = ["BIG", "ReaderStats", "SpanReader", "literal_head", "rewrite_span"]
 
-BIG = 64 * 1024
 _INT_SIZE = {b"K": 2, b"M": 3, b"J": 5}  # BININT1, BININT2, BININT: opcode + argument
 _SPAN, _ROW, _ITEM, _INT = range(4)  # how a field is read: see SpanReader.read_sample
-_INT_REGION = 1 << 20  # an int field's values are decoded at once from at most this many bytes
-_LENGTH_LIMIT = 1 << 62  # a payload length beyond any span (what the compiled twin's ints hold)
-FindClass = Callable[[str, str], Any]
-_HEADS: dict[tuple[int, int], bytes] = {}
-_P4 = struct.Struct("<I").pack
-
-
-def _encode_put(local_id: int) -> bytes:
-    """``BINPUT`` / ``LONG_BINPUT`` storing the top of the stack at memo id ``local_id``."""
-    return bytes((oc.BINPUT_OP, local_id)) if local_id < 256 else b"r" + _P4(local_id)
-
-
-def _encode_get(local_id: int) -> bytes:
-    """``BINGET`` / ``LONG_BINGET`` pushing memo id ``local_id``."""
-    return bytes((oc.BINGET_OP, local_id)) if local_id < 256 else b"j" + _P4(local_id)
-
-
-_GETS = [_encode_get(j) for j in range(256)]
-_PUTS = [_encode_put(j) for j in range(256)]
-
-
-def _head(protocol: int, n_ext: int) -> bytes:
-    """``PROTO p``, then persistent ids 0..n_ext-1 stored at memo ids 0..n_ext-1."""
-    got = _HEADS.get((protocol, n_ext))
-    if got is None:
-        parts = [bytes((oc.PROTO_OP, protocol))]
-        for j in range(n_ext):
-            pid = (
-                bytes((oc.BININT1_OP, j))
-                if j < 256
-                else bytes((oc.BININT_OP,)) + j.to_bytes(4, "little")
-            )
-            parts.append(pid + bytes((oc.BINPERSID_OP,)) + _encode_put(j) + bytes((oc.POP_OP,)))
-        got = b"".join(parts)
-        if n_ext < 64:
-            _HEADS[(protocol, n_ext)] = got
-    return got
-
-
-def rewrite_span(
-    read_at: Callable[[int, int], bytes],
-    start: int,
-    end: int,
-    *,
-    protocol: int,
-    memo_base: int,
-    shift: int,
-    externals: Sequence[int],
-    read_payload: Callable[[int, int, int], Any] | None = None,
-    big: int = BIG,
-    head: bytes | None = None,
-) -> tuple[bytearray, list[Any], int]:
-    """Rewrite span ``[start, end)`` into a standalone pickle; return ``(pickle, buffers,
-    finds)``, ``finds`` counting the span's opcodes that name a global (``GLOBAL``,
-    ``STACK_GLOBAL``, ``INST``, ``EXT*``: with none, loading it never calls ``find_class``).
-
-    ``externals`` are the span's external memo keys, stored at memo ids ``0..k-1`` by the
-    prologue: by default persistent id ``j`` must resolve to the value of ``externals[j]``;
-    ``head`` replaces that prologue (one that pushes and stores the values itself). The span is
-    read in windows of 64 KiB; a ``bytes``/``bytearray`` payload of at least ``big`` bytes that
-    does not fit in the current window is read by ``read_payload(offset, length, kind)`` (kind
-    ``P_BYTES`` or ``P_BYTEARRAY``) and passed out of band. Raises ``EOFError`` if the file ends
-    early or an opcode runs past ``end``.
-    """
-    n_ext = len(externals)
-    local = {k: j for j, k in enumerate(externals)} if n_ext else {}
-    out = bytearray(_head(protocol, n_ext) if head is None else head)
-    buffers: list[Any] = []
-    finds = 0
-    finds_class = oc.FINDS_CLASS
-    copy_step, form_of, arglen, action_of, payload_of = (
-        oc.COPY_STEP,
-        oc.FORM,
-        oc.ARGLEN,
-        oc.ACTION,
-        oc.PAYLOAD,
-    )
-    F_LINE, F_LINE2, F_LEN1, F_LEN4S, F_LEN4U, F_LEN8U = (
-        oc.F_LINE,
-        oc.F_LINE2,
-        oc.F_LEN1,
-        oc.F_LEN4S,
-        oc.F_LEN4U,
-        oc.F_LEN8U,
-    )
-    A_GET, A_PUT, A_FRAME, P_BYTES, P_BYTEARRAY = (
-        oc.A_GET,
-        oc.A_PUT,
-        oc.A_FRAME,
-        oc.P_BYTES,
-        oc.P_BYTEARRAY,
-    )
-    gets, puts, unpack4 = _GETS, _PUTS, oc.U4
-    here = start  # file offset of buf[0]
-    buf = read_at(here, min(end - here, WINDOW))
-    blen = len(buf)
-    i = mark = 0
-    while True:
-        if i >= blen:  # window done; a plain opcode or payload may run on into the next one
-            out += buf[mark:blen]
-            here += blen
-            if here >= end:
-                if here > end or i > blen:
-                    raise EOFError(f"an opcode runs past the span end {end}")
-                break
-            i -= blen
-            buf = read_at(here, min(end - here, max(WINDOW, i + 16)))
-            blen, mark = len(buf), 0
-            if not blen:
-                raise EOFError(f"file ends at byte {here}, inside a span ending at {end}")
-            continue
-        op = buf[i]
-        step = copy_step[op]
-        if step:
-            i += step
-            continue
-        form = form_of[op]
-        need = 1 + arglen[op]
-        if form in (F_LINE, F_LINE2):
-            nl = buf.find(b"\n", i + 1)
-            if nl >= 0 and form == F_LINE2:
-                nl = buf.find(b"\n", nl + 1)
-            need = nl + 1 - i if nl >= 0 else blen - i + WINDOW
-        if i + need > blen:  # the opcode's head is cut by the window: read again from it
-            if here + blen >= end:
-                raise EOFError(f"opcode at byte {here + i} runs past the span end {end}")
-            out += buf[mark:i]
-            here += i
-            buf = read_at(here, min(end - here, max(WINDOW, 2 * need)))
-            blen, i, mark = len(buf), 0, 0
-            if blen < min(end - here, need):  # else the same short read again, forever
-                raise EOFError(f"file ends at byte {here + blen}, inside a span ending at {end}")
-            continue
-        nxt = i + need
-        if F_LEN1 <= form <= F_LEN8U:
-            n = (
-                buf[i + 1]
-                if form == F_LEN1
-                else (oc.I4 if form == F_LEN4S else unpack4 if form == F_LEN4U else oc.U8)(
-                    buf, i + 1
-                )[0]
-            )
-            if n < 0:  # BINSTRING's signed length: stepping back by it would loop forever
-                raise pickle.UnpicklingError(
-                    f"{oc.OPNAME[op]} at byte {here + i} declares a negative length {n}"
-                )
-            if n > _LENGTH_LIMIT:
-                raise EOFError(f"an opcode runs past the span end {end}")
-            if (
-                nxt + n > blen
-                and n >= big
-                and read_payload is not None
-                and payload_of[op] in (P_BYTES, P_BYTEARRAY)
-            ):
-                out += buf[mark:i]
-                out.append(oc.NEXT_BUFFER_OP)
-                buffers.append(read_payload(here + nxt, n, payload_of[op]))
-                here += nxt + n  # resume after the payload, in a new window
-                buf = read_at(here, min(end - here, WINDOW))
-                blen, i, mark = len(buf), 0, 0
-                continue
-            i = nxt + n
-            continue
-        if finds_class[op]:
-            finds += 1
-        act = action_of[op]
-        if act in (A_GET, A_PUT, A_FRAME):
-            out += buf[mark:i]
-            mark = nxt
-            if act != A_FRAME:
-                ident = (
-                    buf[i + 1]
-                    if need == 2
-                    else unpack4(buf, i + 1)[0]
-                    if need == 5
-                    else int(buf[i + 1 : nxt - 1])
-                )
-                key = ident + shift
-                new = local[key] if act == A_GET and key < memo_base else n_ext + key - memo_base
-                table = gets if act == A_GET else puts
-                out += (
-                    table[new]
-                    if new < 256
-                    else (_encode_get(new) if act == A_GET else _encode_put(new))
-                )
-        i = nxt
-    out.append(oc.STOP_OP)
-    return out, buffers, finds
-
-
-_LITERAL_LEAVES = (str, int, float, bool, type(None))
-_NAMED = (type, types.FunctionType, types.BuiltinFunctionType)
 _MAX_HEADS = 4096  # literal prologues kept per reader, one per distinct tuple of externals
-
-
-def _fast_dumps(value: Any, protocol: int) -> bytes:
-    """The opcodes that push ``value``, storing nothing in the memo (no PROTO, FRAME or STOP)."""
-    f = io.BytesIO()
-    p = pickle.Pickler(f, protocol)
-    p.fast = True  # no memo: nothing is stored, so the prologue's memo ids stay 0..k-1
-    p.dump(value)
-    body = f.getvalue()[2:-1]
-    return body[9:] if body[:1] == bytes((oc.FRAME_OP,)) else body
-
-
-def _literal(value: Any, protocol: int, find_class: FindClass | None) -> bytes | None:
-    """Opcodes that push ``value`` itself (a global: the same object) or an equal value of the
-    same type, without the memo; None for values that have none (mutable ones, arrays...)."""
-    kind = type(value)
-    leaf = _LITERAL_LEAVES + ((bytes,) if protocol >= 3 else ())  # protocol 2 bytes are REDUCEs
-    if kind in leaf or (kind is tuple and len(value) < 16 and all(type(v) in leaf for v in value)):
-        return _fast_dumps(value, protocol)
-    if isinstance(value, _NAMED):
-        module, name = getattr(value, "__module__", None), getattr(value, "__qualname__", "")
-        if not isinstance(module, str) or module not in sys.modules or not name.isidentifier():
-            return None  # never import a module the file did not already need
-        try:
-            found = find_class(module, name) if find_class else getattr(sys.modules[module], name)
-        except Exception:
-            return None
-        return b"c" + f"{module}\n{name}\n".encode() if found is value else None
-    return None
-
-
-def literal_head(
-    protocol: int, values: Sequence[Any], find_class: FindClass | None
-) -> bytes | None:
-    """A prologue that stores ``values`` at memo ids ``0..k-1`` by value (no persistent ids), so
-    a rewritten span loads with plain :func:`pickle.loads`; None unless every value has a
-    literal (see :func:`_literal`). Checked by loading it back: each value comes out equal, of the
-    same type (globals: the same object)."""
-    parts = [bytes((oc.PROTO_OP, protocol))]
-    for j, v in enumerate(values):
-        body = _literal(v, protocol, find_class)
-        if body is None:
-            return None
-        parts.append(body + _encode_put(j) + bytes((oc.POP_OP,)))
-    head = b"".join(parts)
-    probe = head + b"(" + b"".join(_encode_get(j) for j in range(len(values))) + b"t."
-    try:
-        back = pickle.loads(probe) if find_class is None else _probe(probe, find_class)
-    except Exception:
-        return None
-    same = len(back) == len(values) and all(
-        type(b) is type(v) and (b is v or (not isinstance(v, _NAMED) and b == v))
-        for b, v in zip(back, values, strict=True)
-    )
-    return head if same else None
-
-
-def _probe(data: bytes, find_class: FindClass) -> Any:
-    return _HookedUnpickler(io.BytesIO(data), find_class).load()
-
-
-def _compiled_rewrite() -> Callable[..., tuple[bytearray, list[Any], int]]:
-    from ._cscan import rewrite_span as compiled
-
-    return compiled
+_INT_REGION = 1 << 20  # an int field's values are decoded at once from at most this many bytes
 
 
 @dataclass
@@ -342,17 +99,6 @@ def _immutable(v: Any, depth: int = 0) -> bool:
     if type(v) in (tuple, frozenset):
         return depth < 8 and all(_immutable(x, depth + 1) for x in v)
     return False
-
-
-class _HookedUnpickler(pickle.Unpickler):
-    """The C unpickler with a caller's ``find_class``."""
-
-    def __init__(self, file: Any, find_class: FindClass, **kwargs: Any) -> None:
-        super().__init__(file, **kwargs)
-        self._find_class_hook = find_class
-
-    def find_class(self, module: str, name: str) -> Any:
-        return self._find_class_hook(module, name)
 
 
 _MISSING = object()
@@ -498,7 +244,7 @@ class SpanReader:
         if self.find_class is None or not hooked:
             u = pickle.Unpickler(io.BytesIO(data), **kwargs)
         else:
-            u = _HookedUnpickler(io.BytesIO(data), self.find_class, **kwargs)
+            u = HookedUnpickler(io.BytesIO(data), self.find_class, **kwargs)
         if objs:
             u.persistent_load = objs.__getitem__  # type: ignore[method-assign]
         return u
