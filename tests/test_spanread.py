@@ -325,3 +325,63 @@ def test_array_items_of_every_shape_read_one_by_one_and_in_batches(
             assert y == want_y[i]
         for i in order:
             _same_array(reader.read_sample(i)[0], want[i])
+
+
+def test_batch_reads_keep_read_only_arrays_read_only(tmp_path: Path) -> None:
+    xs = [np.arange(i, i + 8, dtype=np.float64) for i in range(20)]
+    for x in xs:
+        x.flags.writeable = False
+    path = tmp_path / "ro.pkl"
+    path.write_bytes(pickle.dumps((xs, list(range(20))), protocol=5))
+    with open(path, "rb") as fh:
+        want, _ = pickle.load(fh)
+    with SpanReader(scan_file(path)) as reader:
+        for (x, _), i in zip(reader.read_samples([3, 19, 1]), [3, 19, 1], strict=True):
+            _same_array(x, want[i])
+
+
+def test_a_value_two_fields_share_stays_one_object(tmp_path: Path) -> None:
+    s, t = "hello world" * 3, (1, 2, "x")
+    path = tmp_path / "shared.pkl"
+    path.write_bytes(pickle.dumps([(s, t, 0)] + [(s, s, i) for i in range(1, 6)], protocol=4))
+    with open(path, "rb") as fh:
+        want = pickle.load(fh)
+    assert want[1][0] is want[1][1]
+    with SpanReader(scan_file(path)) as reader:
+        for got in (reader.read_sample(1), reader.read_samples([1, 2])[0]):
+            assert got[0] == s
+            assert got[0] is got[1]
+
+
+def test_big_shared_values_are_not_copied_into_prologues(tmp_path: Path) -> None:
+    big = b"\x01" * (1 << 20)
+    path = tmp_path / "big.pkl"
+    path.write_bytes(
+        pickle.dumps([((big, "a"), 0)] + [((big, str(i)), i) for i in range(1, 50)], 4)
+    )
+    with SpanReader(scan_file(path)) as reader:
+        for i in range(1, 50):
+            assert reader.read_sample(i)[0][0] == big
+        assert sum(len(h) for h in reader._heads.values() if h) < 64 * 1024
+
+
+def test_cached_extension_codes_still_meet_the_allowlist(tmp_path: Path) -> None:
+    import copyreg
+    from fractions import Fraction
+
+    from pickleshard.errors import UnsafePickleError
+
+    copyreg.add_extension("fractions", "Fraction", 240)
+    try:
+        path = tmp_path / "ext.pkl"
+        path.write_bytes(pickle.dumps([(Fraction(i + 1, 3), i) for i in range(10)], protocol=3))
+        pickle.loads(pickle.dumps(Fraction(1, 2), protocol=2))  # primes copyreg's cache
+        with SpanReader(scan_file(path)) as reader, pytest.raises(UnsafePickleError):
+            reader.read_sample(1)
+        from pickleshard.wholefile import load_file
+
+        pickle.loads(pickle.dumps(Fraction(1, 2), protocol=2))
+        with pytest.raises(UnsafePickleError):
+            load_file(path)
+    finally:
+        copyreg.remove_extension("fractions", "Fraction", 240)

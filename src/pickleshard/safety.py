@@ -17,6 +17,7 @@ everything, ``allow_globals=["module.name", ...]`` adds named globals.
 from __future__ import annotations
 
 import _compat_pickle
+import copyreg
 import io
 import os
 import pickle
@@ -280,6 +281,7 @@ class UnpicklePolicy:
         """The one place pickleshard constructs an unpickler: restricted unless ``trusted``."""
         if self.trusted:
             return pickle.Unpickler(file, encoding=self.encoding, buffers=buffers)
+        copyreg.clear_extension_cache()  # else a cached EXT code never reaches find_class
         return RestrictedUnpickler(
             file,
             path=os.fspath(path),

@@ -35,6 +35,7 @@ global lookup in both.
 
 from __future__ import annotations
 
+import copyreg
 import io
 import os
 import pickle
@@ -241,6 +242,8 @@ class SpanReader:
             "errors": self.errors,
             "buffers": buffers,
         }
+        if self.find_class is not None and hooked:
+            copyreg.clear_extension_cache()  # else a cached EXT code never reaches find_class
         if self.find_class is None or not hooked:
             u = pickle.Unpickler(io.BytesIO(data), **kwargs)
         else:
@@ -255,6 +258,8 @@ class SpanReader:
         span = SpanFile(
             self._read_at, start, end, self.scan.protocol, readinto_at=self._readinto_at
         )
+        if self.find_class is not None:
+            copyreg.clear_extension_cache()  # else a cached EXT code never reaches find_class
         return SpanUnpickler(
             span,
             first_id=first_id,
@@ -272,7 +277,15 @@ class SpanReader:
         return int(self.scan.records[int(np.searchsorted(self._rec_starts, start, "right")) - 1, 2])
 
     def _span(
-        self, start: int, end: int, base: int, ext: list[int], memos: Memos, capture: int
+        self,
+        start: int,
+        end: int,
+        base: int,
+        ext: list[int],
+        memos: Memos,
+        capture: int,
+        *,
+        literal: bool = True,
     ) -> Any:
         """Unpickle one span; if ``capture >= 0`` keep its memo as that of shared element ``capture``."""
         shift = self._shift(start)
@@ -288,7 +301,7 @@ class SpanReader:
                     memo = {i + shift: v for i, v in u.memo.items()}
             else:
                 self.stats.fast_reads += 1
-                head = self._literal_head(ext, memos) if capture < 0 else None
+                head = self._literal_head(ext, memos) if capture < 0 and literal else None
                 objs = [] if head is not None else [self._external(k, memos) for k in ext]
                 data, buffers, finds = self._rewrite(
                     self._read_at,
@@ -370,7 +383,6 @@ class SpanReader:
         of the field is read by span from then on, so errors surface as they would there."""
         if f in self._checked:
             return self._how[f] == _ITEM
-        self._checked.add(f)
         spec, exceptions = self._items[f]  # type: ignore[misc]
         t = next(i for i in range(self.scan.num_samples) if i not in exceptions)
         scan, nf = self.scan, len(self._how)
@@ -390,9 +402,13 @@ class SpanReader:
             )
         except PickleshardError:
             same = False
-        self.stats = stats  # the check is not a read of the caller's
-        if not same:
-            self._how[f], self._items[f] = _SPAN, None
+        finally:
+            self.stats = stats  # the check is not a read of the caller's
+            if f not in self._checked:  # whatever the outcome, interrupted checks included
+                self._checked.add(f)
+                self._how[f], self._items[f] = _SPAN, None  # until proven the same
+        if same:
+            self._how[f], self._items[f] = _ITEM, (spec, exceptions)
         return same
 
     def _item(self, spec: ArrayItem, start: int) -> Any:
@@ -426,7 +442,8 @@ class SpanReader:
         data = self._read_at(start, 5)
         op = data[:1]
         size = _INT_SIZE.get(op)
-        if size is None or len(data) < size:
+        length = int(self.scan.ends[i, f]) - start
+        if size is None or len(data) < size or length not in (size, size + 9):
             raise CorruptPickleError(
                 self.path, "expected a small int here (file changed since the scan?)", offset=start
             )
@@ -449,7 +466,9 @@ class SpanReader:
         b = [u8[at + k].astype(np.int64) for k in (1, 2, 3, 4)]
         small = np.where(ops == 0x4B, b[0], b[0] | (b[1] << 8))
         full = (b[0] | (b[1] << 8) | (b[2] << 16) | (b[3] << 24)).astype(np.uint32).view(np.int32)
-        if not np.isin(ops, (0x4B, 0x4D, 0x4A)).all():
+        size = np.select([ops == 0x4B, ops == 0x4D, ops == 0x4A], [2, 3, 5], 0)
+        length = en - st  # one opcode, maybe a FRAME header after it (as the scan found)
+        if not (((length == size) | (length == size + 9)) & (size > 0)).all():
             raise CorruptPickleError(
                 self.path,
                 "expected small ints in a field (file changed since the scan?)",
@@ -502,10 +521,18 @@ class SpanReader:
         memos: Memos = {}
         if len(fields) > 1:
             fields.sort(key=starts.__getitem__)
-        for f in fields:
+        exts = [
+            scan.ext_keys[offs[f] : offs[f + 1]].tolist() if offs[f + 1] > offs[f] else []
+            for f in fields
+        ]
+        # A value two fields refer to must come out as one object: no literal copies for them.
+        shared = len(exts) > 1 and sum(map(len, exts)) > len(set().union(*exts))
+        for f, ext in zip(fields, exts, strict=True):
             s = starts[f]
-            ext = scan.ext_keys[offs[f] : offs[f + 1]].tolist() if offs[f + 1] > offs[f] else []
-            out[f] = self._span(s, ends[f], bases[f], ext, memos, self._definers.get(s, -1))
+            literal = not shared or all(sum(k in other for other in exts) == 1 for k in ext)
+            out[f] = self._span(
+                s, ends[f], bases[f], ext, memos, self._definers.get(s, -1), literal=literal
+            )
 
     def read_samples(
         self, indices: Sequence[int], labels: Sequence[int] | None = None
@@ -566,7 +593,6 @@ class SpanReader:
         array; samples it cannot read from their payloads are marked in ``whole``."""
         spec, exceptions = self._items[f]  # type: ignore[misc]
         rows = np.empty((len(idx), *spec.shape), spec.dtype)
-        views = [rows[k, ...] for k in range(len(idx))]  # arrays even when 0-d
         fd = self._fileno()
         definers = self._definers
         read = 0
@@ -575,7 +601,7 @@ class SpanReader:
             if int(idx[k]) in exceptions or s in definers:
                 whole[k] = True
                 continue
-            row = views[k]
+            row = rows[k, ...]  # an array even when 0-d
             got = os.preadv(fd, [row], s + spec.prefix) if row.nbytes else 0  # type: ignore[list-item]
             if got != row.nbytes:  # a short read: the rest, or the file ended
                 view = memoryview(row.reshape(-1).view(np.uint8).data)
@@ -588,8 +614,8 @@ class SpanReader:
         if spec.swap:
             rows.byteswap(inplace=True)
         if spec.readonly:
-            rows.flags.writeable = False
-        return views
+            rows.flags.writeable = False  # before the views are taken: each keeps its own flag
+        return [rows[k, ...] for k in range(len(idx))]
 
 
 def _damaged(path: str, start: int, exc: Exception) -> CorruptPickleError:

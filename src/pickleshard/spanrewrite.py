@@ -27,6 +27,8 @@ BIG = 64 * 1024
 _LENGTH_LIMIT = 1 << 62  # a payload length beyond any span (what the compiled twin's ints hold)
 FindClass = Callable[[str, str], Any]
 _HEADS: dict[tuple[int, int], bytes] = {}
+_MAX_LITERAL = 256  # bytes of one value's opcodes in a literal prologue; larger ones are shared
+_MAX_HEAD = 4096  # bytes of a whole literal prologue
 _P4 = struct.Struct("<I").pack
 
 
@@ -233,16 +235,18 @@ def _literal(value: Any, protocol: int, find_class: FindClass | None) -> bytes |
     kind = type(value)
     leaf = _LITERAL_LEAVES + ((bytes,) if protocol >= 3 else ())  # protocol 2 bytes are REDUCEs
     if kind in leaf or (kind is tuple and len(value) < 16 and all(type(v) in leaf for v in value)):
-        return _fast_dumps(value, protocol)
+        body = _fast_dumps(value, protocol)
+        return body if len(body) <= _MAX_LITERAL else None  # big values: shared, not copied
     if isinstance(value, _NAMED):
         module, name = getattr(value, "__module__", None), getattr(value, "__qualname__", "")
         if not isinstance(module, str) or module not in sys.modules or not name.isidentifier():
             return None  # never import a module the file did not already need
         try:
-            found = find_class(module, name) if find_class else getattr(sys.modules[module], name)
+            found = find_class(module, name) if find_class else value
+            plain = getattr(sys.modules[module], name)  # what a plain pickle.loads finds
         except Exception:
             return None
-        return b"c" + f"{module}\n{name}\n".encode() if found is value else None
+        return b"c" + f"{module}\n{name}\n".encode() if found is value is plain else None
     return None
 
 
@@ -260,6 +264,8 @@ def literal_head(
             return None
         parts.append(body + _encode_put(j) + bytes((oc.POP_OP,)))
     head = b"".join(parts)
+    if len(head) > _MAX_HEAD:
+        return None
     probe = head + b"(" + b"".join(_encode_get(j) for j in range(len(values))) + b"t."
     try:
         back = pickle.loads(probe) if find_class is None else _probe(probe, find_class)
