@@ -385,3 +385,19 @@ def test_cached_extension_codes_still_meet_the_allowlist(tmp_path: Path) -> None
             load_file(path)
     finally:
         copyreg.remove_extension("fractions", "Fraction", 240)
+
+
+@pytest.mark.parametrize("n", [768, 6250, 150_000], ids=["6KB", "50KB", "1.2MB"])
+def test_array_items_for_samples_around_the_frame_size(tmp_path: Path, n: int) -> None:
+    from pickleshard.scan import ArrayItem
+
+    xs = [np.full(n, i, dtype=np.float64) for i in range(60)]
+    path = tmp_path / "f.pkl"
+    path.write_bytes(pickle.dumps((xs, list(range(60))), protocol=5))
+    scan = scan_file(path)
+    item = scan.items[0]
+    assert isinstance(item, ArrayItem)
+    assert len(item.exceptions) <= 2  # sample 0, and at most one with a FRAME where none other has
+    with SpanReader(scan) as reader:
+        for i in (1, 2, 30, 59):
+            _same_array(reader.read_sample(i)[0], xs[i])

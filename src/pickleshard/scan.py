@@ -743,8 +743,13 @@ def _array_item(
     """
     n = len(st)
     lengths = en - st
-    common = np.bincount(np.unique(lengths[1:], return_inverse=True)[1]).argmax()
-    t = 1 + int(np.argmax(lengths[1:] == np.unique(lengths[1:])[common]))
+    values, counts = np.unique(lengths[1:], return_counts=True)
+    common = int(values[counts.argmax()])
+    if (
+        common - 9 in values
+    ):  # the common length holds a FRAME header: the plain one is the template
+        common -= 9
+    t = 1 + int(np.argmax(lengths[1:] == common))
     s0, length = int(st[t]), int(lengths[t])
     insp.window = 1024  # small reads: never a payload it skips over
     try:
