@@ -32,6 +32,8 @@ from .wholefile import CacheStats, WholeFileCache, load_layout
 __all__ = ["DEFAULT_CACHE_BYTES", "Mode", "PickleDataset"]
 
 DEFAULT_CACHE_BYTES = 1 << 30
+# Samples of one span file in a batch from which SpanReader.read_samples beats one read each
+_BATCH_READ_MIN = 16
 
 Sample = tuple[Any, ...]
 Mode = Literal["auto", "span", "whole"]
@@ -196,8 +198,9 @@ class PickleDataset(_DatasetBase[Any]):
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """Fetch a batch, returned in request order. Each file is visited once: span-read files
-        a batch at a time in offset order (:meth:`SpanReader.read_samples`), whole files in
-        order of first appearance, their samples in item order."""
+        in offset order (many samples of one file through :meth:`SpanReader.read_samples`, a
+        few one by one), whole files in order of first appearance, their samples in item
+        order."""
         wanted = np.asarray(indices, dtype=np.int64).reshape(-1)
         if not len(wanted):
             return []
@@ -210,19 +213,29 @@ class PickleDataset(_DatasetBase[Any]):
         files = np.searchsorted(firsts, wanted, "right") - 1
         items = wanted - firsts[files]
         out: list[Any] = [None] * len(wanted)
-        uniq, first, inverse = np.unique(files, return_index=True, return_inverse=True)
+        order = np.lexsort((items, files))  # by file, then item: offset order within a file
+        ks, fs = order.tolist(), files[order].tolist()
+        its, labels = items[order].tolist(), wanted[order].tolist()
         whole = False
-        for u, pos in enumerate(uniq.tolist()):
+        a = 0
+        while a < len(ks):
+            pos, b = fs[a], a + 1
+            while b < len(ks) and fs[b] == pos:
+                b += 1
             if not self._is_span[pos]:
                 whole = True
-                continue
-            ks = np.nonzero(inverse == u)[0]
-            reader, _ = self._spans.reader(pos)
-            got = reader.read_samples(items[ks].tolist(), labels=wanted[ks].tolist())
-            for k, sample in zip(ks.tolist(), got, strict=True):
-                out[k] = self._finish(sample)
+            elif b - a >= _BATCH_READ_MIN:  # enough samples of one file to read as a batch
+                reader, _ = self._spans.reader(pos)
+                got = reader.read_samples(its[a:b], labels=labels[a:b])
+                for k, sample in zip(ks[a:b], got, strict=True):
+                    out[k] = self._finish(sample)
+            else:
+                for j in range(a, b):
+                    out[ks[j]] = self._finish(self._spans.read(pos, its[j], labels[j]))
+            a = b
         if not whole:
             return out
+        _, first, inverse = np.unique(files, return_index=True, return_inverse=True)
         # Whole files in order of first appearance (the order BlockShuffleSampler plans loads
         # for), samples of a file in item order.
         rank = np.argsort(np.argsort(first))[inverse]

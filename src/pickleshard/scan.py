@@ -36,6 +36,7 @@ value whose type the scanner cannot establish without running code.
 
 from __future__ import annotations
 
+import mmap
 import os
 from array import array
 from collections.abc import Sequence
@@ -701,6 +702,34 @@ def _template_mask(
 
 
 _INT_OPS = {oc.BININT1_OP: 2, 0x4D: 3, oc.BININT_OP: 5}  # BININT1, BININT2, BININT: span size
+_FAULT_AROUND = 64 << 10  # what the kernel maps around a page fault in a file mapping
+
+
+def _gathered(buf: Any, at: np.ndarray, rel: np.ndarray) -> np.ndarray:
+    """``buf[at[k] + rel]`` for every ``k``, a ``(len(at), len(rel))`` uint8 array.
+
+    An mmap is read 32 MiB of offsets at a time, each window's pages dropped from this process
+    after it (as the opcode walk does, see :func:`pickleshard.opcodes._releaser`): touching a
+    few bytes of every sample would otherwise map most of a file of big samples.
+    """
+    out = np.empty((len(at), len(rel)), np.uint8)
+    if not len(at):
+        return out
+    order = np.argsort(at, kind="stable")
+    cuts = np.flatnonzero(np.diff(at[order] >> oc.RELEASE_SHIFT)) + 1
+    drop = isinstance(buf, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED")
+    u8 = np.frombuffer(buf, np.uint8)
+    try:
+        for part in np.split(order, cuts):
+            out[part] = u8[at[part][:, None] + rel]
+            if drop:
+                lo = max(int(at[part[0]]) - _FAULT_AROUND, 0)
+                lo -= lo % mmap.PAGESIZE
+                hi = min(int(at[part[-1]]) + int(rel.max()) + 1 + _FAULT_AROUND, len(buf))
+                buf.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+    finally:
+        del u8
+    return out
 
 
 def _int_item(insp: _Inspector, st: np.ndarray, en: np.ndarray) -> IntItem | None:
@@ -708,17 +737,15 @@ def _int_item(insp: _Inspector, st: np.ndarray, en: np.ndarray) -> IntItem | Non
     lengths = en - st
     if int(lengths.max()) > 5 + 9:
         return None
-    u8 = np.frombuffer(insp.buf, np.uint8)
-    try:
-        ops = u8[st]
-        ok = np.zeros(len(st), bool)
-        for op, size in _INT_OPS.items():
-            mine = ops == op
-            framed = mine & (lengths == size + 9)
-            ok |= mine & (lengths == size)
-            ok[framed] = u8[st[framed] + size] == oc.FRAME_OP
-    finally:
-        del u8
+    ops = _gathered(insp.buf, st, np.zeros(1, np.int64))[:, 0]
+    ok = np.zeros(len(st), bool)
+    for op, size in _INT_OPS.items():
+        mine = ops == op
+        framed = mine & (lengths == size + 9)
+        ok |= mine & (lengths == size)
+        ok[framed] = _gathered(insp.buf, st[framed] + size, np.zeros(1, np.int64))[:, 0] == (
+            oc.FRAME_OP
+        )
     insp.bytes_read += len(st)
     return IntItem() if bool(ok.all()) else None
 
@@ -781,22 +808,19 @@ def _array_item(
     if len(t_ext):
         got = ext_keys[ext_lo[cand][:, None] + np.arange(len(t_ext))]
         cand = cand[(got == t_ext).all(axis=1)]
-    u8 = np.frombuffer(insp.buf, np.uint8)
-    try:
-        template = u8[s0 + rel]
-        keep = []
-        for lo in range(0, len(cand), _CHUNK):
-            c = cand[lo : lo + _CHUNK]
-            plain, framed = c[lengths[c] == length], c[lengths[c] != length]
-            keep.append(plain[((u8[st[plain][:, None] + rel] == template) | ~mask).all(axis=1)])
-            for at, where in framed_rels:
-                ok = u8[st[framed] + at] == oc.FRAME_OP
-                ok &= ((u8[st[framed][:, None] + where] == template) | ~mask).all(axis=1)
-                keep.append(framed[ok])
-                framed = framed[~ok]
-        insp.bytes_read += len(cand) * (pre + post + 1)
-    finally:
-        del u8
+    buf = insp.buf
+    template = _gathered(buf, np.array([s0], np.int64), rel)[0]
+    keep = []
+    for lo in range(0, len(cand), _CHUNK):
+        c = cand[lo : lo + _CHUNK]
+        plain, framed = c[lengths[c] == length], c[lengths[c] != length]
+        keep.append(plain[((_gathered(buf, st[plain], rel) == template) | ~mask).all(axis=1)])
+        for at, where in framed_rels:
+            got = _gathered(buf, st[framed], np.concatenate([[at], where]))
+            ok = (got[:, 0] == oc.FRAME_OP) & ((got[:, 1:] == template) | ~mask).all(axis=1)
+            keep.append(framed[ok])
+            framed = framed[~ok]
+    insp.bytes_read += len(cand) * (pre + post + 1)
     direct = np.zeros(n, bool)
     direct[t] = True
     for c in keep:

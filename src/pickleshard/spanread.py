@@ -573,16 +573,18 @@ class SpanReader:
             else:
                 spans.append(f)
         out: list[tuple[Any, ...]] = [()] * len(idx)
+        idx_l, whole_l = idx.tolist(), whole.tolist()
+        starts_l = starts.tolist() if spans else None
         for k in order:
-            i = int(idx[k])
+            i = idx_l[k]
             if hook is not None:
                 hook.sample = labels[k] if labels is not None else i
-            if whole[k]:
+            if whole_l[k]:
                 out[k] = self.read_sample(i)
                 continue
             row = [c[k] if c is not None else None for c in cols]
-            if spans:
-                self._spans_into(row, i, starts[k].tolist(), list(spans))
+            if starts_l is not None:
+                self._spans_into(row, i, starts_l[k], list(spans))
             out[k] = tuple(row)
         return out
 
@@ -596,9 +598,10 @@ class SpanReader:
         fd = self._fileno()
         definers = self._definers
         read = 0
+        starts_l, idx_l = starts.tolist(), idx.tolist()
         for k in order:
-            s = int(starts[k])
-            if int(idx[k]) in exceptions or s in definers:
+            s = starts_l[k]
+            if idx_l[k] in exceptions or s in definers:
                 whole[k] = True
                 continue
             row = rows[k, ...]  # an array even when 0-d
