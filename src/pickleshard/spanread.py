@@ -134,7 +134,17 @@ class SpanReader:
         big: int = BIG,
         engine: str = "auto",
     ) -> None:
-        self.scan = scan
+        # plain ndarray views of the index's memory-mapped arrays: np.memmap's Python-level
+        # __array_finalize__ runs on every slice of a memmap, several times per sample read
+        self.scan = scan = replace(
+            scan,
+            starts=np.asarray(scan.starts),
+            ends=np.asarray(scan.ends),
+            memo_base=np.asarray(scan.memo_base),
+            ext_offsets=np.asarray(scan.ext_offsets),
+            ext_keys=np.asarray(scan.ext_keys),
+            records=np.asarray(scan.records),
+        )
         self.path = scan.path
         self._own_allowlist: AllowlistFindClass | None = None
         if isinstance(find_class, str):  # restricted unless the caller says otherwise
