@@ -152,6 +152,7 @@ BININT1_OP, BININT_OP, BINPERSID_OP, SHORT_BINUNICODE_OP, BINUNICODE_OP = (
 )
 U4, I4, U8 = (struct.Struct(f).unpack_from for f in ("<I", "<i", "<Q"))
 RELEASE_SHIFT: Final = 25  # walks release mapped pages every 32 MiB (see _releaser)
+KEEP_MAPPED: Final = 64 << 20  # files up to this size keep their pages mapped during a scan
 Release = Callable[[int], None]
 
 
@@ -530,6 +531,8 @@ def _releaser(buf: Any) -> Release | None:
     fault: without this, walking a file of big payloads maps a tenth of it or more."""
     if not isinstance(buf, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
         return None
+    if len(buf) <= KEEP_MAPPED:
+        return None  # small: its pages stay mapped until the scan unmaps the file
     done = [0]
 
     def release(upto: int) -> None:

@@ -717,7 +717,9 @@ def _gathered(buf: Any, at: np.ndarray, rel: np.ndarray) -> np.ndarray:
         return out
     order = np.argsort(at, kind="stable")
     cuts = np.flatnonzero(np.diff(at[order] >> oc.RELEASE_SHIFT)) + 1
-    drop = isinstance(buf, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED")
+    drop = (
+        isinstance(buf, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED") and len(buf) > oc.KEEP_MAPPED
+    )
     u8 = np.frombuffer(buf, np.uint8)
     try:
         for part in np.split(order, cuts):
