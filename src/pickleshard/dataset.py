@@ -194,7 +194,7 @@ class PickleDataset(_DatasetBase[Any]):
         if self._is_span[pos]:
             return self._finish(self._spans.read(pos, item, j))
         columns = self._file(pos).columns
-        return self._finish(tuple(col[item] for col in columns))
+        return self._finish(tuple([col[item] for col in columns]))
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """Fetch a batch, returned in request order. Each file is visited once: span-read files
@@ -241,13 +241,17 @@ class PickleDataset(_DatasetBase[Any]):
         rank = np.argsort(np.argsort(first))[inverse]
         columns: Any = None
         current = -1
+        files_l, items_l, is_span = files.tolist(), items.tolist(), self._is_span
+        transform = self.transform
         for k in np.lexsort((items, rank)).tolist():
-            pos, item = int(files[k]), int(items[k])
-            if self._is_span[pos]:
+            pos = files_l[k]
+            if is_span[pos]:
                 continue
             if pos != current:
                 columns, current = self._file(pos).columns, pos
-            out[k] = self._finish(tuple(col[item] for col in columns))
+            item = items_l[k]
+            sample = tuple([col[item] for col in columns])
+            out[k] = sample if transform is None else transform(sample)
         return out
 
     def __getstate__(self) -> dict[str, Any]:
