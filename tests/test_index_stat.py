@@ -122,6 +122,8 @@ def test_a_copied_dataset_reads_as_changed_and_rebuilds(tmp_path: Path) -> None:
     with pytest.raises(errors.StaleIndexError) as info:
         open_index(tmp_path / "copy")
     assert info.value.changed == ("part-00000.pkl", "part-00001.pkl")
+    assert info.value.relinked == info.value.changed  # the message says why: a copy
+    assert "a copied dataset" in str(info.value)
     index, _ = open_index(tmp_path / "copy", rebuild="auto")
     assert index.path == tmp_path / "copy" / ".pickleshard"
     assert len(index) == 6

@@ -140,11 +140,15 @@ class StaleIndexError(PickleshardError):
         changed: Iterable[str] = (),
         removed: Iterable[str] = (),
         added: Iterable[str] = (),
+        relinked: Iterable[str] = (),
     ) -> None:
         self.path = os.fspath(index_path)
         self.changed = tuple(changed)
         self.removed = tuple(removed)
         self.added = tuple(added)
+        # changed files whose size, mtime and sampled bytes are the same: copies (new inode)
+        # or files whose metadata changed (new ctime)
+        self.relinked = tuple(relinked)
         parts = []
         for label, names in (
             ("changed", self.changed),
@@ -156,8 +160,15 @@ class StaleIndexError(PickleshardError):
                     f" and {len(names) - 10} more" if len(names) > 10 else ""
                 )
                 parts.append(f"{label}: {shown}")
+        note = ""
+        if self.relinked:
+            what = "all" if len(self.relinked) == len(self.changed) else str(len(self.relinked))
+            note = (
+                f" ({what} of the changed files have the same size, mtime and sampled bytes but a "
+                "new inode or ctime: a copied dataset, or a file rewritten in place)"
+            )
         super().__init__(
-            f"{self.path}: index is stale ({'; '.join(parts)}); "
+            f"{self.path}: index is stale ({'; '.join(parts)}){note}; "
             "rebuild it with `pickleshard index` or pass rebuild='auto'"
         )
 

@@ -250,7 +250,25 @@ class DatasetIndex:
         """Raise :class:`StaleIndexError` naming every file changed, removed or added."""
         changed, removed, added = self.stale_files(source)
         if changed or removed or added:
-            raise StaleIndexError(self.path, changed=changed, removed=removed, added=added)
+            indexed = {f.path: f for f in self.files}
+            relinked = [
+                rel for rel in changed if rel in indexed and _relinked(source, indexed[rel])
+            ]
+            raise StaleIndexError(
+                self.path, changed=changed, removed=removed, added=added, relinked=relinked
+            )
+
+
+def _relinked(source: ResolvedSource, entry: FileEntry) -> bool:
+    """Whether a changed file differs from its row only by inode or ctime."""
+    path = source.absolute(entry.path)
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return _same_stat(st, entry.size, entry.mtime_ns, None, None) and (
+        fingerprint(path) == entry.fingerprint
+    )
 
 
 def _same_stat(
