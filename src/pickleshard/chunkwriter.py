@@ -21,7 +21,6 @@ bytes streamed by the source.
 
 from __future__ import annotations
 
-import io
 import pickle
 import struct
 from collections.abc import Callable, Iterable
@@ -106,13 +105,7 @@ class ChunkPickler(pickle._Pickler):
     def _splice(self, obj: Any) -> None:
         """``obj`` pickled by the C pickler in fast mode (no memo opcodes), its opcodes copied
         into this stream without its PROTO, FRAME headers and STOP."""
-        buf = io.BytesIO()
-        c = pickle.Pickler(buf, self.proto)
-        c.fast = True
-        c.dump(obj)
-        data = buf.getbuffer()
-        pieces = [data[2:]] if self.proto < 4 else _unframed(data)
-        pieces[-1] = pieces[-1][:-1]  # STOP
+        pieces = oc.fast_opcodes(obj, self.proto)
         self.framer.commit_frame()  # as save() does before each object
         for piece in pieces:
             if len(piece) >= _BIG and self.proto >= 4:
@@ -168,42 +161,6 @@ def _flat(obj: Any) -> bool:
     if t is np.ndarray or isinstance(obj, np.generic):
         return not obj.dtype.hasobject
     return False
-
-
-def _unframed(data: memoryview) -> list[memoryview]:
-    """The opcodes of a protocol 4+ pickle after its PROTO: FRAME contents and the opcodes
-    between frames (large payloads, a short last frame), without the FRAME headers."""
-    pieces, pos, n = [], 2, len(data)
-    while pos < n:
-        if data[pos] == oc.FRAME_OP:
-            size = int(oc.U8(data, pos + 1)[0])
-            pieces.append(data[pos + 9 : pos + 9 + size])
-            pos += 9 + size
-            continue
-        start = pos
-        while pos < n and data[pos] != oc.FRAME_OP:
-            pos = _after(data, pos)
-        pieces.append(data[start:pos])
-    return pieces
-
-
-def _after(data: memoryview, pos: int) -> int:
-    """The offset just after the opcode at ``pos``."""
-    op = data[pos]
-    form = oc.FORM[op]
-    if form == oc.F_FIXED:
-        return pos + 1 + oc.ARGLEN[op]
-    if form == oc.F_LEN1:
-        return pos + 2 + data[pos + 1]
-    if form in (oc.F_LEN4S, oc.F_LEN4U):
-        return pos + 5 + int(oc.U4(data, pos + 1)[0])
-    if form == oc.F_LEN8U:
-        return pos + 9 + int(oc.U8(data, pos + 1)[0])
-    lines = 2 if form == oc.F_LINE2 else 1
-    end = pos + 1
-    for _ in range(lines):
-        end = bytes(data[end:]).index(b"\n", 0) + end + 1
-    return end
 
 
 def _write_items(p: ChunkPickler, items: Iterable[Any]) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import io
 import mmap
 import os
 import pickle
@@ -50,7 +51,7 @@ from .errors import (
 )
 
 __all__ = ["ACTION", "ARGLEN", "ENGINES", "FORM", "NPOP", "OPNAME", "PAYLOAD", "REFUSED"]
-__all__ += ["compiled_walker", "resolve_engine", "walk_opcodes"]
+__all__ += ["compiled_walker", "fast_opcodes", "opcode_end", "resolve_engine", "walk_opcodes"]
 
 F_BAD, F_FIXED, F_LEN1, F_LEN4S, F_LEN4U, F_LEN8U, F_LINE, F_LINE2 = range(8)
 A_BAD, A_PUSH, A_POPN, A_MARKPOP, A_NOP, A_FRAME, A_PROTO, A_STOP, A_MARK = range(9)
@@ -150,6 +151,9 @@ BININT1_OP, BININT_OP, BINPERSID_OP, SHORT_BINUNICODE_OP, BINUNICODE_OP = (
     0x8C,
     0x58,
 )
+BININT2_OP = 0x4D
+# Size of a span that is one small-int opcode and its argument (BININT1, BININT2, BININT)
+INT_SPAN: Final = {BININT1_OP: 2, BININT2_OP: 3, BININT_OP: 5}
 U4, I4, U8 = (struct.Struct(f).unpack_from for f in ("<I", "<i", "<Q"))
 RELEASE_SHIFT: Final = 25  # walks release mapped pages every 32 MiB (see _releaser)
 KEEP_MAPPED: Final = 64 << 20  # files up to this size keep their pages mapped during a scan
@@ -607,3 +611,54 @@ def open_buffer(path: str | os.PathLike[str]) -> tuple[Any, int]:
             return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ), size
     except OSError as exc:
         raise UnreadableFileError(where, f"cannot read: {exc.strerror or exc}") from None
+
+
+def opcode_end(data: Any, pos: int) -> int:
+    """The offset just after the opcode at ``pos`` of ``data`` (bytes, memoryview or mmap),
+    its argument and payload included."""
+    op = data[pos]
+    form = FORM[op]
+    if form == F_FIXED:
+        return pos + 1 + int(ARGLEN[op])
+    if form == F_LEN1:
+        return pos + 2 + int(data[pos + 1])
+    if form in (F_LEN4S, F_LEN4U):
+        return pos + 5 + int(U4(data, pos + 1)[0])
+    if form == F_LEN8U:
+        return pos + 9 + int(U8(data, pos + 1)[0])
+    lines = 2 if form == F_LINE2 else 1
+    end = pos + 1
+    for _ in range(lines):
+        end = bytes(data[end:]).index(b"\n", 0) + end + 1
+    return end
+
+
+def fast_opcodes(obj: Any, protocol: int) -> list[memoryview]:
+    """``obj`` pickled by the C pickler in fast mode (no memo opcodes), as the pieces of its
+    opcodes without ``PROTO``, ``FRAME`` headers and ``STOP``: what another pickle stream can
+    splice in as one value."""
+    buf = io.BytesIO()
+    c = pickle.Pickler(buf, protocol)
+    c.fast = True
+    c.dump(obj)
+    data = buf.getbuffer()
+    pieces = [data[2:]] if protocol < 4 else _unframed(data)
+    pieces[-1] = pieces[-1][:-1]  # STOP
+    return pieces
+
+
+def _unframed(data: memoryview) -> list[memoryview]:
+    """The opcodes of a protocol 4+ pickle after its PROTO: FRAME contents and the opcodes
+    between frames (large payloads, a short last frame), without the FRAME headers."""
+    pieces, pos, n = [], 2, len(data)
+    while pos < n:
+        if data[pos] == FRAME_OP:
+            size = int(U8(data, pos + 1)[0])
+            pieces.append(data[pos + 9 : pos + 9 + size])
+            pos += 9 + size
+            continue
+        start = pos
+        while pos < n and data[pos] != FRAME_OP:
+            pos = opcode_end(data, pos)
+        pieces.append(data[start:pos])
+    return pieces

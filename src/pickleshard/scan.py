@@ -667,6 +667,9 @@ _MAX_TEMPLATE = 512  # bytes of a template span outside its payload
 _CHUNK = 8192  # samples compared at a time
 
 
+_BINARY_FORMS = (oc.F_FIXED, oc.F_LEN1, oc.F_LEN4S, oc.F_LEN4U, oc.F_LEN8U)
+
+
 def _template_mask(
     buf: Any, start: int, pay: int, pay_end: int, end: int
 ) -> tuple[np.ndarray, list[int]] | None:
@@ -680,17 +683,11 @@ def _template_mask(
         i = lo
         while i < hi:
             op = buf[i]
-            form = oc.FORM[op]
-            head = i + 1 + oc.ARGLEN[op]
-            if form == oc.F_FIXED:
-                nxt = head
-            elif form in (oc.F_LEN1, oc.F_LEN4S, oc.F_LEN4U, oc.F_LEN8U):
-                if lo == start and head == pay:
-                    nxt = pay  # the payload's own opcode: its bytes follow
-                else:
-                    nxt = head + int.from_bytes(buf[i + 1 : head], "little", signed=True)
-            else:  # text forms (protocol 0 lines) and bad bytes: no template
+            if oc.FORM[op] not in _BINARY_FORMS:  # text forms (protocol 0 lines), bad bytes
                 return None
+            head = i + 1 + oc.ARGLEN[op]
+            # the payload's own opcode ends at its header: its bytes follow
+            nxt = pay if lo == start and head == pay else oc.opcode_end(buf, i)
             if oc.ACTION[op] == oc.A_PUT:
                 mask[base + i + 1 - lo : base + nxt - lo] = False
             if nxt <= i or nxt > hi:
@@ -701,7 +698,6 @@ def _template_mask(
     return mask, bounds
 
 
-_INT_OPS = {oc.BININT1_OP: 2, 0x4D: 3, oc.BININT_OP: 5}  # BININT1, BININT2, BININT: span size
 _FAULT_AROUND = 64 << 10  # what the kernel maps around a page fault in a file mapping
 
 
@@ -741,7 +737,7 @@ def _int_item(insp: _Inspector, st: np.ndarray, en: np.ndarray) -> IntItem | Non
         return None
     ops = _gathered(insp.buf, st, np.zeros(1, np.int64))[:, 0]
     ok = np.zeros(len(st), bool)
-    for op, size in _INT_OPS.items():
+    for op, size in oc.INT_SPAN.items():
         mine = ops == op
         framed = mine & (lengths == size + 9)
         ok |= mine & (lengths == size)

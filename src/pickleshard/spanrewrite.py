@@ -221,12 +221,8 @@ _NAMED = (type, types.FunctionType, types.BuiltinFunctionType)
 
 def _fast_dumps(value: Any, protocol: int) -> bytes:
     """The opcodes that push ``value``, storing nothing in the memo (no PROTO, FRAME or STOP)."""
-    f = io.BytesIO()
-    p = pickle.Pickler(f, protocol)
-    p.fast = True  # no memo: nothing is stored, so the prologue's memo ids stay 0..k-1
-    p.dump(value)
-    body = f.getvalue()[2:-1]
-    return body[9:] if body[:1] == bytes((oc.FRAME_OP,)) else body
+    # fast mode: nothing is stored in the memo, so the prologue's memo ids stay 0..k-1
+    return b"".join(oc.fast_opcodes(value, protocol))
 
 
 def _literal(value: Any, protocol: int, find_class: FindClass | None) -> bytes | None:
