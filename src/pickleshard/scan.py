@@ -36,7 +36,6 @@ value whose type the scanner cannot establish without running code.
 
 from __future__ import annotations
 
-import mmap
 import os
 from array import array
 from collections.abc import Sequence
@@ -698,9 +697,6 @@ def _template_mask(
     return mask, bounds
 
 
-_FAULT_AROUND = 64 << 10  # what the kernel maps around a page fault in a file mapping
-
-
 def _gathered(buf: Any, at: np.ndarray, rel: np.ndarray) -> np.ndarray:
     """``buf[at[k] + rel]`` for every ``k``, a ``(len(at), len(rel))`` uint8 array.
 
@@ -713,18 +709,13 @@ def _gathered(buf: Any, at: np.ndarray, rel: np.ndarray) -> np.ndarray:
         return out
     order = np.argsort(at, kind="stable")
     cuts = np.flatnonzero(np.diff(at[order] >> oc.RELEASE_SHIFT)) + 1
-    drop = (
-        isinstance(buf, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED") and len(buf) > oc.KEEP_MAPPED
-    )
+    release = oc._releaser(buf)  # None for bytes and for mappings small enough to keep
     u8 = np.frombuffer(buf, np.uint8)
     try:
-        for part in np.split(order, cuts):
+        for part in np.split(order, cuts):  # in offset order, so releases only move forward
             out[part] = u8[at[part][:, None] + rel]
-            if drop:
-                lo = max(int(at[part[0]]) - _FAULT_AROUND, 0)
-                lo -= lo % mmap.PAGESIZE
-                hi = min(int(at[part[-1]]) + int(rel.max()) + 1 + _FAULT_AROUND, len(buf))
-                buf.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+            if release is not None:
+                release(int(at[part[-1]]) + int(rel.max()) + 1)
     finally:
         del u8
     return out

@@ -68,7 +68,6 @@ from .spanrewrite import (
 
 __all__ = ["BIG", "ReaderStats", "SpanReader", "literal_head", "rewrite_span"]
 
-_INT_SIZE = {b"K": 2, b"M": 3, b"J": 5}  # BININT1, BININT2, BININT: opcode + argument
 _SPAN, _ROW, _ITEM, _INT = range(4)  # how a field is read: see SpanReader.read_sample
 _MAX_HEADS = 4096  # literal prologues kept per reader, one per distinct tuple of externals
 _INT_REGION = 1 << 20  # an int field's values are decoded at once from at most this many bytes
@@ -395,9 +394,9 @@ class SpanReader:
             return self._how[f] == _ITEM
         spec, exceptions = self._items[f]  # type: ignore[misc]
         t = next(i for i in range(self.scan.num_samples) if i not in exceptions)
-        scan, nf = self.scan, len(self._how)
+        scan = self.scan
         start, end = int(scan.starts[t, f]), int(scan.ends[t, f])
-        ext = scan.ext_keys[scan.ext_offsets[t * nf + f] : scan.ext_offsets[t * nf + f + 1]]
+        ext = scan.externals(t, f)
         stats = replace(self.stats)
         try:
             want = self._span(start, end, int(scan.memo_base[t, f]), ext.tolist(), {}, -1)
@@ -421,16 +420,19 @@ class SpanReader:
             self._how[f], self._items[f] = _ITEM, (spec, exceptions)
         return same
 
-    def _item(self, spec: ArrayItem, start: int) -> Any:
-        out = np.empty(spec.shape, spec.dtype)
+    def _fill(self, fd: int, out: np.ndarray, spec: ArrayItem, start: int) -> None:
+        """Read the payload of the array item whose span starts at ``start`` into ``out``."""
         offset = start + spec.prefix
-        fd = self._fd if self._pid == os.getpid() else self._fileno()
         got = os.preadv(fd, [out], offset) if out.nbytes else 0  # type: ignore[list-item]
         if got != out.nbytes:  # a short read: the rest, or the file ended
             view = memoryview(out.reshape(-1).view(np.uint8).data)
             got += self._readinto_at(offset + got, view[got:])
             if got != out.nbytes:
                 raise TruncatedPickleError(self.path, "file ends inside an array", offset=start)
+
+    def _item(self, spec: ArrayItem, start: int) -> Any:
+        out = np.empty(spec.shape, spec.dtype)
+        self._fill(self._fd if self._pid == os.getpid() else self._fileno(), out, spec, start)
         self.stats.bytes_read += out.nbytes
         if spec.swap:
             out.byteswap(inplace=True)
@@ -450,15 +452,15 @@ class SpanReader:
         if values is not None:
             return int(values[i])
         data = self._read_at(start, 5)
-        op = data[:1]
-        size = _INT_SIZE.get(op)
+        op = data[0] if data else -1
+        size = oc.INT_SPAN.get(op)
         length = int(self.scan.ends[i, f]) - start
         if size is None or len(data) < size or length not in (size, size + 9):
             raise CorruptPickleError(
                 self.path, "expected a small int here (file changed since the scan?)", offset=start
             )
         self.stats.int_items += 1
-        return int.from_bytes(data[1:size], "little", signed=op == b"J")
+        return int.from_bytes(data[1:size], "little", signed=op == oc.BININT_OP)
 
     def _decode_ints(self, f: int) -> np.ndarray | None:
         """Every value of int field ``f``, decoded from one read of the bytes that hold them;
@@ -474,9 +476,10 @@ class SpanReader:
         at = st - lo
         ops = u8[at]
         b = [u8[at + k].astype(np.int64) for k in (1, 2, 3, 4)]
-        small = np.where(ops == 0x4B, b[0], b[0] | (b[1] << 8))
+        small = np.where(ops == oc.BININT1_OP, b[0], b[0] | (b[1] << 8))
         full = (b[0] | (b[1] << 8) | (b[2] << 16) | (b[3] << 24)).astype(np.uint32).view(np.int32)
-        size = np.select([ops == 0x4B, ops == 0x4D, ops == 0x4A], [2, 3, 5], 0)
+        span = oc.INT_SPAN
+        size = np.select([ops == op for op in span], list(span.values()), 0)
         length = en - st  # one opcode, maybe a FRAME header after it (as the scan found)
         if not (((length == size) | (length == size + 9)) & (size > 0)).all():
             raise CorruptPickleError(
@@ -485,7 +488,7 @@ class SpanReader:
                 offset=lo,
             )
         self.stats.int_items += len(st)
-        values: np.ndarray = np.where(ops == 0x4A, full.astype(np.int64), small)
+        values: np.ndarray = np.where(ops == oc.BININT_OP, full.astype(np.int64), small)
         return values
 
     def read_sample(self, i: int) -> tuple[Any, ...]:
@@ -614,13 +617,7 @@ class SpanReader:
             if idx_l[k] in exceptions or s in definers:
                 whole[k] = True
                 continue
-            row = rows[k, ...]  # an array even when 0-d
-            got = os.preadv(fd, [row], s + spec.prefix) if row.nbytes else 0  # type: ignore[list-item]
-            if got != row.nbytes:  # a short read: the rest, or the file ended
-                view = memoryview(row.reshape(-1).view(np.uint8).data)
-                got += self._readinto_at(s + spec.prefix + got, view[got:])
-                if got != row.nbytes:
-                    raise TruncatedPickleError(self.path, "file ends inside an array", offset=s)
+            self._fill(fd, rows[k, ...], spec, s)  # rows[k, ...]: an array even when 0-d
             read += 1
         self.stats.array_items += read
         self.stats.bytes_read += read * (rows.nbytes // max(len(idx), 1))
