@@ -128,8 +128,7 @@ class PickleDataset(_DatasetBase[Any]):
         self.file_modes: tuple[str, ...] = (
             ("whole",) * len(self._paths) if mode == "whole" else self.index.modes
         )
-        self._span_file = np.array([m == "span" for m in self.file_modes], dtype=bool)
-        self._is_span = self._span_file.tolist()  # per file, for the per-sample path
+        self._is_span = [m == "span" for m in self.file_modes]
         self._n = self.index.num_samples
         # first global index of each file (samples are numbered file after file)
         self._firsts = [0, *itertools.accumulate(f.num_samples for f in self.index.files)][:-1]
@@ -264,5 +263,5 @@ class PickleDataset(_DatasetBase[Any]):
         return (
             f"PickleDataset({os.fspath(self.source.root)!r}, files={len(self._paths)}, "
             f"samples={len(self)}, fields={self.fields}, mode={self.mode!r}, "
-            f"span_files={int(self._span_file.sum())})"
+            f"span_files={sum(self._is_span)})"
         )

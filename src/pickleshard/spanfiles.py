@@ -74,7 +74,9 @@ class SpanFiles:
         self._reset_after_fork()
         got = self._readers.get(pos)
         if got is not None:
-            self._readers.move_to_end(pos)
+            if pos != self._last:  # least recently used first out; a repeat needs no move
+                self._readers.move_to_end(pos)
+                self._last = pos
             return got
         path = self.paths[pos]
         _check_size(path, self.index.files[pos].size)
@@ -86,19 +88,14 @@ class SpanFiles:
             _, (old, _) = self._readers.popitem(last=False)
             old.close()
         self._readers[pos] = (reader, find_class)
+        self._last = pos
         self.opened += 1
         return reader, find_class
 
     def read(self, pos: int, item: int, sample: int) -> tuple[Any, ...]:
         """Sample ``item`` of file ``pos``; a refused global names ``sample`` (the dataset's
         index of it) and the file."""
-        got = self._readers.get(pos) if self._pid == os.getpid() else None
-        if got is None:
-            got = self.reader(pos)
-        elif pos != self._last:
-            self._readers.move_to_end(pos)  # least recently used first out
-        self._last = pos
-        reader, find_class = got
+        reader, find_class = self.reader(pos)
         if find_class is not None:
             find_class.sample = sample
         return reader.read_sample(item)
