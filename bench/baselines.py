@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-__all__ = ["FolkJsonDataset", "NaiveListDataset", "NullDataset", "write_folk_index"]
+__all__ = ["FolkJsonDataset", "NaiveListDataset", "NullDataset", "RawMemmap", "write_folk_index"]
 
 Sample = tuple[Any, Any]
 
@@ -99,3 +99,18 @@ class FolkJsonDataset(Dataset[Sample]):
             self.file_loads += 1
         xs, ys = self.data
         return xs[entry["inner_idx"]], ys[entry["inner_idx"]]
+
+
+class RawMemmap(Dataset[tuple[Any, int]]):
+    """Converted data read with plain numpy: ``np.load(mmap_mode="r")`` of ``x.npy`` and
+    ``y.npy`` in ``root``; one sample per ``__getitem__``."""
+
+    def __init__(self, root: Path) -> None:
+        self.x = np.load(root / "x.npy", mmap_mode="r")
+        self.y = np.load(root / "y.npy", mmap_mode="r")
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        return np.array(self.x[i]), int(self.y[i])

@@ -49,8 +49,9 @@ from pickleshard.conversion import convert
 from pickleshard.formats import open_dataset
 from pickleshard.verification import verify
 
+from .baselines import RawMemmap
 from .data import DataSpec, ensure_data
-from .report import busy_note, describe_machine
+from .report import describe_machine, report_head, save_results
 
 __all__ = ["main"]
 
@@ -128,20 +129,6 @@ def naive_webdataset(paths: Sequence[Path], out: Path) -> None:
 
 
 # ---- plain readers ----------------------------------------------------------------------------
-
-
-class RawMemmap(Dataset[tuple[Any, int]]):
-    """``np.load(mmap_mode="r")`` of each field; one sample per ``__getitem__``."""
-
-    def __init__(self, root: Path) -> None:
-        self.x = np.load(root / "x.npy", mmap_mode="r")
-        self.y = np.load(root / "y.npy", mmap_mode="r")
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-    def __getitem__(self, i: int) -> tuple[Any, int]:
-        return np.array(self.x[i]), int(self.y[i])
 
 
 class RawMemmapBatched(RawMemmap):
@@ -390,18 +377,12 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     source = sum(p.stat().st_size for p in spec.paths)
     name = "issue6-convert-quick" if args.quick else "issue6-convert"
-    lines = [f"# Conversion and converted-format readers ({spec.name})", "", "## Machine", ""]
-    lines += [f"- {k}: {v}" for k, v in machine.items()]
-    note = busy_note(machine)
-    lines += ["", note] if note else []
+    lines = report_head(f"Conversion and converted-format readers ({spec.name})", machine)
     lines += ["", "## Setup", "", f"- {spec.num_samples} samples in {files} files, {source / 1e6:,.0f} MB of pickles; index built before conversion rows; outputs in the page cache when read"]  # fmt: skip
     lines += ["- output sizes (MB): " + ", ".join(f"{k} {v / 1e6:,.0f}" for k, v in sizes.items())]
     lines += ["", "## Results", "", *_tables(rows), ""]
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{name}.md").write_text("\n".join(lines))
     raw = {"machine": machine, "sizes": sizes, "rows": [asdict(r) for r in rows]}
-    (args.out / f"{name}.json").write_text(json.dumps(raw, indent=1) + "\n")
-    print("\n".join(lines))
+    save_results(args.out, name, lines, raw)
     return 0
 
 

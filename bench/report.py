@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import platform
 import re
@@ -25,7 +26,9 @@ __all__ = [
     "describe_machine",
     "load_results",
     "markdown_report",
+    "report_head",
     "results_json",
+    "save_results",
     "table",
 ]
 
@@ -221,6 +224,22 @@ def busy_note(machine: dict[str, str]) -> str | None:
         "(and ratios between rows measured minutes apart) are noisy; re-run on a quiet machine "
         "before drawing conclusions from a small difference."
     )
+
+
+def report_head(title: str, machine: dict[str, str]) -> list[str]:
+    """The first lines of a results file: its title, the Machine section and, when the machine
+    was busy, the warning (:func:`busy_note`)."""
+    lines = [f"# {title}", "", "## Machine", "", *[f"- {k}: {v}" for k, v in machine.items()]]
+    note = busy_note(machine)
+    return [*lines, "", note] if note else lines
+
+
+def save_results(out: Path, name: str, lines: list[str], raw: dict[str, Any]) -> None:
+    """Write ``name.md`` (``lines``) and ``name.json`` (``raw``) to ``out``; print the report."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.md").write_text("\n".join(lines))
+    (out / f"{name}.json").write_text(json.dumps(raw, indent=1) + "\n")
+    print("\n".join(lines))
 
 
 def markdown_report(

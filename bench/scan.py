@@ -34,7 +34,7 @@ from pickleshard import opcodes as oc
 from pickleshard.scan import ENGINE, scan_file
 from pickleshard.synth import Kind, write_synthetic
 
-from .report import busy_note, describe_machine
+from .report import describe_machine, report_head, save_results
 
 __all__ = ["main"]
 
@@ -233,18 +233,12 @@ def main(argv: list[str] | None = None) -> int:
     big_gb = 0.05 if args.quick else args.big_gb
     mem = [_peak_memory(args.data, big_gb, e) for e in ("compiled", "python")]
     name = "issue3-scan-quick" if args.quick else "issue3-scan"
-    lines = ["# Index build: the opcode scanner vs unpickling", "", "## Machine", ""]
-    lines += [f"- {k}: {v}" for k, v in machine.items()]
-    note = busy_note(machine)
-    lines += ["", note] if note else []
+    lines = report_head("Index build: the opcode scanner vs unpickling", machine)
     lines += ["", "## Setup", "", *_SETUP.strip().splitlines()]
     lines += ["", "## Scan time", "", *_table(rows), "", "## Scanner peak memory", ""]
     lines += [*_memory_lines(mem), ""]
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{name}.md").write_text("\n".join(lines))
     raw = {"machine": machine, "rows": [asdict(r) for r in rows], "memory": mem}
-    (args.out / f"{name}.json").write_text(json.dumps(raw, indent=1) + "\n")
-    print("\n".join(lines))
+    save_results(args.out, name, lines, raw)
     return 0
 
 

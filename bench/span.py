@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pickle
 import shlex
 import subprocess
@@ -48,7 +49,8 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler
 from pickleshard import PickleDataset, build_index
 from pickleshard.scan import ENGINE
 
-from .report import busy_note, describe_machine
+from .baselines import RawMemmap
+from .report import describe_machine, report_head, save_results
 from .scan import DataSet
 
 __all__ = ["main"]
@@ -96,18 +98,8 @@ def _memmap_dir(ds: DataSet, root: Path) -> Path:
     return out
 
 
-class MemmapArrays(Dataset[Any]):
-    """``x.npy``/``y.npy`` opened with ``mmap_mode="r"``; one fancy index per batch."""
-
-    def __init__(self, folder: Path) -> None:
-        self.x = np.load(folder / "x.npy", mmap_mode="r")
-        self.y = np.load(folder / "y.npy", mmap_mode="r")
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-    def __getitem__(self, i: int) -> tuple[Any, int]:
-        return np.array(self.x[i]), int(self.y[i])
+class MemmapArrays(RawMemmap):
+    """:class:`bench.baselines.RawMemmap` plus one sorted fancy index per batch."""
 
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, int]]:
         idx = np.asarray(indices, dtype=np.int64)
@@ -352,25 +344,19 @@ def main(argv: list[str] | None = None) -> int:
         gb, n = (0.05, 2000) if args.quick else (args.big_gb, args.big_samples)
         print(f"-- one {gb} GB file, {n:,} shuffled samples, 2 workers", flush=True)
         mem = _big_memory(args.data, gb, n, 2)
-    import os
-
     machine["load average at end"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     name = "issue3-span-quick" if args.quick else "issue3-span"
-    lines = ["# Shuffled epochs by span from the original pickles vs numpy memmap", ""]
-    lines += ["## Machine", "", *[f"- {k}: {v}" for k, v in machine.items()]]
-    note = busy_note(machine)
-    lines += ["", note] if note else []
+    lines = report_head(
+        "Shuffled epochs by span from the original pickles vs numpy memmap", machine
+    )
     lines += ["", "## Setup", "", *(__doc__ or "").strip().splitlines()[2:-2]]
     lines += ["", "## Shuffled epoch, num_workers=0", "", *_speed_lines(rows)]
     if mem is not None:
         lines += ["", "## One file far larger than the budget, shuffled, by span", ""]
         lines += _memory_lines(mem)
     lines.append("")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{name}.md").write_text("\n".join(lines))
     raw = {"machine": machine, "rows": [asdict(r) for r in rows], "memory": mem}
-    (args.out / f"{name}.json").write_text(json.dumps(raw, indent=1) + "\n")
-    print("\n".join(lines))
+    save_results(args.out, name, lines, raw)
     return 0
 
 
