@@ -9,7 +9,6 @@ import os
 import pickle
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +17,13 @@ import pytest
 
 from pickleshard import build_index, open_index
 from pickleshard.errors import CorruptPickleError, PickleshardError, StaleIndexError
-from pickleshard.index import fingerprint
 from pickleshard.scan import scan_bytes, scan_file
 from pickleshard.spanread import SpanReader
 from pickleshard.testing.corpus import Case, generate, opcode_offsets, valid_files
 from pickleshard.testing.corpus_run import run_corpus
 from pickleshard.testing.corpus_worker import deep_diff
 from pickleshard.wholefile import load_records
+from rewrites import big_file, rewrite_keeping_size_and_mtime, sampled_blocks
 
 
 def test_corpus_never_crashes_hangs_or_executes(tmp_path: Path) -> None:
@@ -134,60 +133,11 @@ def test_scan_of_a_dict_key_that_is_not_utf8_names_file_and_offset() -> None:
 # -- the index fingerprint: same size, same mtime, different bytes -----------------------------
 
 
-def _big_file(folder: Path) -> Path:
-    """A ~200 KB file (more than the fingerprint's 8 x 4 KiB blocks) of one (x, y) layout."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "big.pkl"
-    xs = [bytes([i % 251]) * 2000 for i in range(100)]
-    path.write_bytes(pickle.dumps((xs, list(range(100))), 4))
-    return path
-
-
-def _rewrite_keeping_stat(path: Path, offset: int) -> None:
-    st = path.stat()
-    data = bytearray(path.read_bytes())
-    data[offset] ^= 0x01
-    path.write_bytes(bytes(data))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert path.stat().st_size == st.st_size
-    assert path.stat().st_mtime_ns == st.st_mtime_ns
-
-
-def _sampled_blocks(size: int) -> list[tuple[int, int]]:
-    step = (size - 4096) // 7
-    return [(k * step, k * step + 4096) for k in range(8)]
-
-
-def _payload_offset_outside_blocks(path: Path) -> int:
-    data = path.read_bytes()
-    blocks = _sampled_blocks(len(data))
-    for i in range(100):
-        start = data.index(bytes([i % 251]) * 2000)
-        for off in range(start, start + 2000):
-            if not any(lo <= off < hi for lo, hi in blocks):
-                return off
-    raise AssertionError("every payload byte is sampled")
-
-
 def test_rewrite_inside_a_sampled_block_makes_the_index_stale(tmp_path: Path) -> None:
-    path = _big_file(tmp_path / "data")
+    path = big_file(tmp_path / "data")
     build_index(tmp_path / "data", jobs=1)
-    _, hi = _sampled_blocks(path.stat().st_size)[3]
-    _rewrite_keeping_stat(path, hi - 10)
-    with pytest.raises(StaleIndexError, match=r"big\.pkl"):
-        open_index(tmp_path / "data")
-
-
-def test_rewrite_outside_the_sampled_blocks_is_caught_by_the_ctime(tmp_path: Path) -> None:
-    """The fast fingerprint misses a same-size, same-mtime rewrite that avoids all 8 sampled
-    blocks; the ctime stored beside it (moved by ``os.utime`` too) makes the index stale."""
-    path = _big_file(tmp_path / "data")
-    build_index(tmp_path / "data", jobs=1)
-    before = fingerprint(path)
-    off = _payload_offset_outside_blocks(path)
-    time.sleep(0.02)  # past the file system's timestamp tick, so the ctime surely moves
-    _rewrite_keeping_stat(path, off)
-    assert fingerprint(path) == before
+    _, hi = sampled_blocks(path.stat().st_size)[3]
+    rewrite_keeping_size_and_mtime(path, hi - 10)
     with pytest.raises(StaleIndexError, match=r"big\.pkl"):
         open_index(tmp_path / "data")
 

@@ -28,6 +28,7 @@ from pickleshard import __version__, errors
 from pickleshard.dataset import PickleDataset
 from pickleshard.index import DatasetIndex, build_index, fingerprint, open_index
 from pickleshard.synth import write_synthetic
+from rewrites import rewrite_keeping_size_and_mtime
 
 
 def _synth(folder: Path, **kwargs: Any) -> list[Path]:
@@ -38,17 +39,6 @@ def _synth(folder: Path, **kwargs: Any) -> list[Path]:
 
 def _names(index: DatasetIndex) -> list[str]:
     return [f.path for f in index.files]
-
-
-def _touch_same_size(path: Path, offset: int) -> None:
-    """Change one byte of ``path`` in place, keeping its size and restoring its mtime exactly."""
-    st = path.stat()
-    data = bytearray(path.read_bytes())
-    data[offset] ^= 0xFF
-    path.write_bytes(bytes(data))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    after = path.stat()
-    assert (after.st_size, after.st_mtime_ns) == (st.st_size, st.st_mtime_ns)
 
 
 # -- build and reopen ------------------------------------------------------------------------
@@ -339,7 +329,7 @@ def test_fresh_index_opens_without_rebuilding(tmp_path: Path) -> None:
 def test_same_size_rewrite_with_restored_mtime_is_caught_by_the_fingerprint(tmp_path: Path) -> None:
     paths = _synth(tmp_path / "data")
     index = build_index(tmp_path / "data", jobs=1)
-    _touch_same_size(paths[1], offset=paths[1].stat().st_size // 2)
+    rewrite_keeping_size_and_mtime(paths[1], offset=paths[1].stat().st_size // 2)
     entry = index.files[1]
     assert (paths[1].stat().st_size, paths[1].stat().st_mtime_ns) == (entry.size, entry.mtime_ns)
     with pytest.raises(errors.StaleIndexError) as info:
@@ -353,7 +343,7 @@ def test_fingerprint_of_a_large_file_samples_its_blocks(tmp_path: Path) -> None:
     paths = _synth(tmp_path / "data", files=2, per_file=40, shape=(16, 16))
     assert paths[0].stat().st_size > 8 * 4096
     build_index(tmp_path / "data", jobs=1)
-    _touch_same_size(paths[0], offset=100)
+    rewrite_keeping_size_and_mtime(paths[0], offset=100)
     with pytest.raises(errors.StaleIndexError) as info:
         open_index(tmp_path / "data")
     assert info.value.changed == ("part-00000.pkl",)

@@ -21,47 +21,7 @@ from pickleshard import errors
 from pickleshard.dataset import PickleDataset
 from pickleshard.index import build_index, fingerprint, open_index
 from pickleshard.synth import write_synthetic
-
-_BLOCK, _BLOCKS = 4096, 8  # the fingerprint's sampling (indexfiles.fingerprint)
-
-
-def _big_file(folder: Path) -> Path:
-    """A ~200 KB (x, y) file: 100 runs of 2000 equal bytes, far more than 8 x 4 KiB blocks."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "big.pkl"
-    xs = [bytes([i % 251]) * 2000 for i in range(100)]
-    path.write_bytes(pickle.dumps((xs, list(range(100))), 4))
-    return path
-
-
-def _unsampled_payload_offset(path: Path) -> int:
-    """An offset inside sample payload bytes that no fingerprint block covers."""
-    data = path.read_bytes()
-    step = (len(data) - _BLOCK) // (_BLOCKS - 1)
-    blocks = [(k * step, k * step + _BLOCK) for k in range(_BLOCKS)]
-    for i in range(100):
-        start = data.index(bytes([i % 251]) * 2000)
-        for off in range(start, start + 2000):
-            if not any(lo <= off < hi for lo, hi in blocks):
-                return off
-    raise AssertionError("every payload byte is sampled")
-
-
-def _rewrite_keeping_size_and_mtime(path: Path, offset: int) -> None:
-    """Flip a byte in place (same inode), then put the old atime and mtime back exactly."""
-    st = path.stat()
-    time.sleep(0.02)  # past the file system's timestamp tick, so the ctime surely moves
-    data = bytearray(path.read_bytes())
-    data[offset] ^= 0x01
-    path.write_bytes(bytes(data))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    after = path.stat()
-    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (
-        st.st_size,
-        st.st_mtime_ns,
-        st.st_ino,
-    )
-    assert after.st_ctime_ns != st.st_ctime_ns
+from rewrites import big_file, rewrite_keeping_size_and_mtime, unsampled_payload_offset
 
 
 def test_files_table_records_ctime_and_inode(tmp_path: Path) -> None:
@@ -75,10 +35,10 @@ def test_files_table_records_ctime_and_inode(tmp_path: Path) -> None:
 
 
 def test_rewrite_outside_the_sampled_blocks_is_stale_by_its_ctime(tmp_path: Path) -> None:
-    path = _big_file(tmp_path / "data")
+    path = big_file(tmp_path / "data")
     build_index(tmp_path / "data", jobs=1)
     before = fingerprint(path)
-    _rewrite_keeping_size_and_mtime(path, _unsampled_payload_offset(path))
+    rewrite_keeping_size_and_mtime(path, unsampled_payload_offset(path))
     assert fingerprint(path) == before  # the old check alone would call this file fresh
     with pytest.raises(errors.StaleIndexError) as info:
         open_index(tmp_path / "data")
@@ -90,9 +50,9 @@ def test_rewrite_outside_the_sampled_blocks_is_stale_by_its_ctime(tmp_path: Path
 
 
 def test_rebuild_auto_rebuilds_after_an_unsampled_rewrite(tmp_path: Path) -> None:
-    path = _big_file(tmp_path / "data")
+    path = big_file(tmp_path / "data")
     build_index(tmp_path / "data", jobs=1)
-    _rewrite_keeping_size_and_mtime(path, _unsampled_payload_offset(path))
+    rewrite_keeping_size_and_mtime(path, unsampled_payload_offset(path))
     index, _ = open_index(tmp_path / "data", rebuild="auto")
     assert index.files[0].ctime_ns == path.stat().st_ctime_ns
     xs, _ = pickle.loads(path.read_bytes())
@@ -166,7 +126,7 @@ def test_a_skipped_file_rewritten_with_its_old_mtime_is_stale(tmp_path: Path) ->
     (skipped,) = index.skipped
     assert skipped["path"] == "notes.pkl"
     assert (skipped["ctime_ns"], skipped["ino"]) == (bad.stat().st_ctime_ns, bad.stat().st_ino)
-    _rewrite_keeping_size_and_mtime(bad, 0)
+    rewrite_keeping_size_and_mtime(bad, 0)
     with pytest.raises(errors.StaleIndexError) as info:
         open_index(folder)
     assert info.value.changed == ("notes.pkl",)
