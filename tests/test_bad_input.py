@@ -170,15 +170,16 @@ def test_whole_file_memory_error_names_file_and_offset(tmp_path: Path) -> None:
 
 
 def test_a_case_that_kills_its_worker_is_named_and_the_rest_still_run(tmp_path: Path) -> None:
-    """The runner itself: a worker killed by its CPU limit (SIGXCPU) on a 100k-deep case is
+    """The runner itself: a worker killed by its CPU limit (SIGXCPU) on a 3M-deep case is
     reported as that case's failure, and a fresh worker goes on with the cases after it."""
     canary = os.fspath(tmp_path / "canary")
-    by_name = {c.name: c for c in generate(canary)}
-    names = ["deep_memoized_deep", "valid_rows_p4"]  # the first needs several CPU seconds
-    report = run_corpus([by_name[n] for n in names], tmp_path, canary, workers=1, cpu_seconds=1)
-    assert report.outcomes["deep_memoized_deep"]["worker"].startswith("died")
+    n = 3_000_000  # the corpus' memoized_deep, 30 times deeper: far more than one CPU second
+    slow = Case("deep_slow", "deep", b"\x80\x04" + b"]\x94" * n + b"a" * (n - 1) + b".")
+    valid = next(c for c in generate(canary) if c.name == "valid_rows_p4")
+    report = run_corpus([slow, valid], tmp_path, canary, workers=1, cpu_seconds=1)
+    assert report.outcomes["deep_slow"]["worker"].startswith("died")
     assert len(report.problems) == 1
-    assert report.problems[0].startswith("deep_memoized_deep: the worker died")
+    assert report.problems[0].startswith("deep_slow: the worker died")
     assert report.outcomes["valid_rows_p4"]["dataset"] == "ok"
 
 

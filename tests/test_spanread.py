@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,9 @@ def _check_file(path: Path, protocol: int = 5, **reader_kwargs: Any) -> ScanResu
     assert scan.num_samples == len(want)
     for general in (False, True):
         with SpanReader(scan, general=general, **reader_kwargs) as reader:
-            for i, sample in enumerate(want):
+            # twice: a sample's first read caches its prologue, the second may take the
+            # compiled lone-span read (SpanLoader) that needs it
+            for i, sample in [*enumerate(want), *enumerate(want)]:
                 assert_same(reader.read_sample(i), sample, _path=f"general={general} sample {i}")
             order = list(range(len(want)))[::-1]
             for got, i in zip(reader.read_samples(order), order, strict=True):
@@ -244,6 +247,96 @@ def test_rewrite_counts_the_opcodes_that_name_a_global(tmp_path: Path) -> None:
 
     with pytest.raises(UnsafePickleError, match="Fraction"):
         reader.read_sample(0)
+
+
+def _loader_calls(reader: SpanReader, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Record what the reader's compiled lone-span read answers, call by call."""
+    reader.read_sample(0)  # opens the file: the loader exists from then on
+    loader, answers = reader._loader, []
+    assert loader is not None
+
+    class Spy:
+        def load(self, *args: Any) -> Any:
+            try:
+                got = loader.load(*args)
+            except Exception as exc:
+                answers.append(exc)
+                raise
+            answers.append(got)
+            return got
+
+    monkeypatch.setattr(reader, "_loader", Spy())
+    return answers
+
+
+def test_compiled_lone_span_reads_equal_the_python_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fractions import Fraction
+
+    from pickleshard._cscan import SLOW
+
+    xs = [{"tokens": list(range(i)), "text": f"t{i % 3}", "f": Fraction(i, 7)} for i in range(9)]
+    xs[4] = {"long": "x" * 70_000}  # longer than one window: read the Python way
+    path = tmp_path / "f.pkl"
+    path.write_bytes(pickle.dumps((xs, list(range(9))), protocol=5))
+    scan = scan_file(path)
+    pure = SpanReader(scan, engine="python", find_class=None)
+    assert pure._loader is None
+    fast = SpanReader(scan, find_class=None)
+    answers = _loader_calls(fast, monkeypatch)
+    for _ in range(2):
+        for i in range(9):
+            assert_same(fast.read_sample(i), pure.read_sample(i))
+    compiled = [a for a in answers if a is not SLOW]
+    assert len(compiled) >= 8  # every sample but the long one, once its prologue is cached
+    assert SLOW in answers
+    before = replace(fast.stats)
+    fast.read_sample(2)  # a compiled read counts as one read of the span's bytes
+    assert answers[-1] is not SLOW
+    assert fast.stats.fast_reads == before.fast_reads + 1
+    assert fast.stats.bytes_read == before.bytes_read + int(scan.ends[2, 0] - scan.starts[2, 0])
+
+
+def test_compiled_lone_span_reads_meet_the_allowlist(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fractions import Fraction
+
+    from pickleshard._cscan import SLOW
+    from pickleshard.errors import UnsafePickleError
+
+    path = tmp_path / "g.pkl"
+    path.write_bytes(pickle.dumps(([1, 2, Fraction(1, 3)], [0, 1, 2]), protocol=4))
+    reader = SpanReader(scan_file(path))
+    answers = _loader_calls(reader, monkeypatch)
+    assert reader.read_sample(1) == (2, 1)
+    with pytest.raises(UnsafePickleError, match="Fraction") as info:
+        reader.read_sample(2)
+    assert info.value.sample == 2
+    assert answers[0] is not SLOW
+    assert isinstance(answers[1], UnsafePickleError)  # refused inside the compiled read
+
+
+def test_compiled_lone_span_reads_name_damaged_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "f.pkl"
+    xs = [{"a": list(range(10)), "b": "text"} for _ in range(6)]
+    path.write_bytes(pickle.dumps((xs, list(range(6))), protocol=5))
+    scan = scan_file(path)
+    reader = SpanReader(scan)
+    for i in range(6):
+        reader.read_sample(i)
+    assert reader._loader is not None
+    start, end = int(scan.starts[3, 0]), int(scan.ends[3, 0])
+    raw = bytearray(path.read_bytes())
+    raw[start : end - 1] = b"\xff" * (end - 1 - start)  # same size: unknown opcodes
+    stat = path.stat()
+    path.write_bytes(bytes(raw))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with pytest.raises(CorruptPickleError) as info:
+        reader.read_sample(3)
+    assert str(path) in str(info.value)
+    assert info.value.offset == start
 
 
 def _same_array(got: Any, want: np.ndarray) -> None:

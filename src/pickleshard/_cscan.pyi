@@ -12,7 +12,6 @@ def rewrite_span(
     read_at: Callable[[int, int], bytes],
     start: int,
     end: int,
-    *,
     protocol: int,
     memo_base: int,
     shift: int,
@@ -21,3 +20,21 @@ def rewrite_span(
     big: int = ...,
     head: bytes | None = None,
 ) -> tuple[bytearray, list[Any], int]: ...
+
+SLOW: object
+
+class SpanLoader:
+    def __init__(
+        self,
+        ends: Any,
+        bases: Any,
+        ext_offsets: Any,
+        ext_keys: Any,
+        heads: dict[tuple[int, ...], bytes | None],
+        protocol: int,
+        shift: int,
+        loads: Callable[[bytearray], Any],
+        hooked: Callable[[bytearray], Any] | None,
+        stats: Any,
+    ) -> None: ...
+    def load(self, fd: int, i: int, f: int, start: int) -> Any: ...

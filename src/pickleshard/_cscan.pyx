@@ -18,7 +18,7 @@ import array as pyarray
 from . import opcodes as oc
 from .errors import CorruptPickleError
 
-__all__ = ["rewrite_span", "walk_record"]
+__all__ = ["SLOW", "SpanLoader", "rewrite_span", "walk_record"]
 
 cdef enum:
     F_BAD, F_FIXED, F_LEN1, F_LEN4S, F_LEN4U, F_LEN8U, F_LINE, F_LINE2
@@ -480,7 +480,6 @@ def rewrite_span(
     object read_at,
     Py_ssize_t start,
     Py_ssize_t end,
-    *,
     int protocol,
     object memo_base,
     object shift,
@@ -491,6 +490,27 @@ def rewrite_span(
 ):
     """:func:`pickleshard.spanrewrite.rewrite_span`, compiled: same arguments, same reads, same
     pickle, buffers and count, same exceptions."""
+    return _rewrite(
+        read_at, read_at(start, min(end - start, WINDOW)), start, end, protocol, memo_base,
+        shift, externals, read_payload, big, head,
+    )
+
+
+cdef tuple _rewrite(
+    object read_at,
+    object data,
+    Py_ssize_t start,
+    Py_ssize_t end,
+    int protocol,
+    object memo_base,
+    object shift,
+    object externals,
+    object read_payload,
+    Py_ssize_t big,
+    object head,
+):
+    """:func:`rewrite_span` once ``data``, the first window (``read_at(start, min(end - start,
+    WINDOW))``), is read."""
     global _head, _gets, _puts, _encode_get, _encode_put
     if _head is None:
         from .spanrewrite import _GETS, _PUTS
@@ -518,8 +538,7 @@ def rewrite_span(
     cdef uint64_t n
     cdef int32_t sn
     cdef int op, step, form, act
-    cdef object data, ident, key, new
-    data = read_at(here, min(end - here, WINDOW))
+    cdef object ident, key, new
     cdef const unsigned char[:] buf = data
     blen = buf.shape[0]
     while True:
@@ -613,3 +632,75 @@ def rewrite_span(
         i = nxt
     _put_byte(out, STOP_OP)
     return out, buffers, finds
+
+
+# -- one span of a sample, read and loaded in one call: SpanReader's lone-span path -----------------
+
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.long cimport PyLong_FromLongLong
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from posix.unistd cimport pread
+
+SLOW = object()  # SpanLoader.load's answer when the caller must take its own (general) path
+
+
+cdef class SpanLoader:
+    """Field ``f`` of sample ``i``, read by span, in one call: what ``SpanReader._span`` does for
+    a span that needs no memo capture, whose externals have a cached literal prologue in
+    ``heads`` and which fits in one window. Returns :data:`SLOW` for any other span (and for a
+    short read): the caller then reads it its own way, which also fills ``heads``.
+
+    ``ends``, ``bases``, ``ext_offsets``, ``ext_keys`` are the scan's int64 span arrays; the
+    rewritten pickle is loaded by ``loads(data)``, or ``hooked(data)`` when it names a global
+    and ``hooked`` is not None. ``stats`` (a ``ReaderStats``) counts the read.
+    """
+
+    cdef const int64_t[:, :] ends
+    cdef const int64_t[:, :] bases
+    cdef const int64_t[:] eoffs
+    cdef const int64_t[:] ekeys
+    cdef Py_ssize_t nf
+    cdef int protocol
+    cdef object shift, loads, hooked, stats
+    cdef dict heads
+
+    def __init__(
+        self, ends, bases, ext_offsets, ext_keys, dict heads, int protocol, shift, loads, hooked,
+        stats,
+    ):
+        self.ends, self.bases, self.eoffs, self.ekeys = ends, bases, ext_offsets, ext_keys
+        self.nf = self.ends.shape[1]
+        self.heads, self.protocol, self.shift = heads, protocol, shift
+        self.loads, self.hooked, self.stats = loads, hooked, stats
+
+    def load(self, int fd, Py_ssize_t i, Py_ssize_t f, Py_ssize_t start):
+        cdef Py_ssize_t k = i * self.nf + f
+        cdef Py_ssize_t end = self.ends[i, f], n = end - start, a = self.eoffs[k]
+        cdef Py_ssize_t m = self.eoffs[k + 1] - a, j, got
+        if n <= 0 or n > WINDOW or m < 0:
+            return SLOW
+        cdef tuple key = PyTuple_New(m)
+        cdef object v
+        for j in range(m):
+            v = PyLong_FromLongLong(self.ekeys[a + j])
+            Py_INCREF(v)
+            PyTuple_SET_ITEM(key, j, v)
+        head = self.heads.get(key)
+        if head is None:  # not cached yet, or these externals have no literal prologue
+            return SLOW
+        data = PyBytes_FromStringAndSize(NULL, n)
+        cdef char* p = PyBytes_AS_STRING(data)
+        with nogil:
+            got = pread(fd, p, n, start)
+        if got != n:
+            return SLOW
+        out, buffers, finds = _rewrite(
+            None, data, start, end, self.protocol, self.bases[i, f], self.shift, list(key),
+            None, 0, head,
+        )
+        self.stats.bytes_read += n
+        self.stats.fast_reads += 1
+        if finds and self.hooked is not None:
+            return self.hooked(out)
+        return self.loads(out)

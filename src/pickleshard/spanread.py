@@ -36,6 +36,7 @@ global lookup in both.
 from __future__ import annotations
 
 import copyreg
+import functools
 import io
 import os
 import pickle
@@ -102,6 +103,10 @@ def _immutable(v: Any, depth: int = 0) -> bool:
 
 
 _MISSING = object()
+try:
+    from ._cscan import SLOW as _SLOW  # the compiled lone-span read declined: read it here
+except ImportError:  # no extension: no compiled reads either
+    _SLOW = object()
 Memos = dict[int, dict[int, Any]]  # per read: shared element -> {memo key: value}
 
 
@@ -177,6 +182,7 @@ class SpanReader:
         self._one_shift = int(scan.records[0, 2]) if len(scan.records) == 1 else None
         self._fd = -1
         self._pid = -1
+        self._loader: Any = None  # the compiled lone-span read (_cscan.SpanLoader), per process
 
     def close(self) -> None:
         if self._fd >= 0 and self._pid == os.getpid():
@@ -191,7 +197,9 @@ class SpanReader:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_fd=-1, _pid=-1, _shared={}, _heads={}, _ints={}, stats=ReaderStats())
+        state.update(
+            _fd=-1, _pid=-1, _shared={}, _heads={}, _ints={}, stats=ReaderStats(), _loader=None
+        )
         return state
 
     def _fileno(self) -> int:
@@ -204,7 +212,35 @@ class SpanReader:
                     self.path, f"cannot open: {exc.strerror or exc}"
                 ) from None
             self._pid = os.getpid()
+            self._loader = self._make_loader()
         return self._fd
+
+    def _make_loader(self) -> Any:
+        """The compiled lone-span read over this process's caches, or None (pure engine,
+        general reads, appended pickles, or span arrays that are not int64)."""
+        scan = self.scan
+        arrays = (scan.ends, scan.memo_base, scan.ext_offsets, scan.ext_keys)
+        if (
+            self.engine != "compiled"
+            or self.general
+            or self._one_shift is None
+            or any(a.dtype != np.int64 for a in arrays)
+        ):
+            return None
+        from ._cscan import SpanLoader
+
+        loads = (
+            pickle.loads
+            if self._plain
+            else functools.partial(pickle.loads, encoding=self.encoding, errors=self.errors)
+        )
+        hooked = None if self.find_class is None else self._hooked_load
+        return SpanLoader(
+            *arrays, self._heads, scan.protocol, self._one_shift, loads, hooked, self.stats
+        )
+
+    def _hooked_load(self, data: bytearray) -> Any:
+        return self._fast_unpickler(data, [], []).load()
 
     def _read_at(self, offset: int, n: int) -> bytes:
         data = os.pread(self._fd if self._pid == os.getpid() else self._fileno(), n, offset)
@@ -281,8 +317,6 @@ class SpanReader:
     # -- one span -------------------------------------------------------------------------------
 
     def _shift(self, start: int) -> int:
-        if self._one_shift is not None:
-            return self._one_shift
         return int(self.scan.records[int(np.searchsorted(self._rec_starts, start, "right")) - 1, 2])
 
     def _span(
@@ -297,7 +331,7 @@ class SpanReader:
         literal: bool = True,
     ) -> Any:
         """Unpickle one span; if ``capture >= 0`` keep its memo as that of shared element ``capture``."""
-        shift = self._shift(start)
+        shift = self._one_shift if self._one_shift is not None else self._shift(start)
         memo: dict[int, Any] | None = None
         try:
             if self.general:
@@ -316,21 +350,20 @@ class SpanReader:
                     self._read_at,
                     start,
                     end,
-                    protocol=self.scan.protocol,
-                    memo_base=base,
-                    shift=shift,
-                    externals=ext,
-                    read_payload=self._payload,
-                    big=self.big,
-                    head=head,
+                    self.scan.protocol,
+                    base,
+                    shift,
+                    ext,
+                    self._payload,
+                    self.big,
+                    head,
                 )
                 if capture < 0:
-                    value = self._fast_load(data, objs, buffers, finds)
-                else:
-                    f = self._fast_unpickler(data, objs, buffers)
-                    value = f.load()
-                    n_ext = len(objs)
-                    memo = {base + i - n_ext: v for i, v in f.memo.copy().items() if i >= n_ext}
+                    return self._fast_load(data, objs, buffers, finds)
+                f = self._fast_unpickler(data, objs, buffers)
+                value = f.load()
+                n_ext = len(objs)
+                memo = {base + i - n_ext: v for i, v in f.memo.copy().items() if i >= n_ext}
         except PickleshardError:
             raise
         except Exception as exc:  # bad bytes make the unpickler and numpy raise many types
@@ -412,7 +445,7 @@ class SpanReader:
         except PickleshardError:
             same = False
         finally:
-            self.stats = stats  # the check is not a read of the caller's
+            vars(self.stats).update(vars(stats))  # the check is not a read of the caller's
             if f not in self._checked:  # whatever the outcome, interrupted checks included
                 self._checked.add(f)
                 self._how[f], self._items[f] = _SPAN, None  # until proven the same
@@ -523,8 +556,34 @@ class SpanReader:
                 continue
             spans.append(f)
         if spans:
-            self._spans_into(out, i, starts, spans)
+            self._read_spans(out, i, starts, spans)
         return tuple(out)
+
+    def _read_spans(self, out: list[Any], i: int, starts: list[int], fields: list[int]) -> None:
+        """Read ``fields`` of sample ``i`` by span into ``out``."""
+        if len(fields) == 1 and starts[fields[0]] not in self._definers:
+            out[fields[0]] = self._lone_span(i, fields[0], starts[fields[0]])
+        else:
+            self._spans_into(out, i, starts, fields)
+
+    def _lone_span(self, i: int, f: int, s: int) -> Any:
+        """Field ``f`` of sample ``i``, the one field of it read by span (what
+        :meth:`_spans_into` does for one field, with none of its cross-field bookkeeping)."""
+        fd = self._fd if self._pid == os.getpid() else self._fileno()
+        if self._loader is not None:
+            try:
+                value = self._loader.load(fd, i, f, s)
+            except PickleshardError:
+                raise
+            except Exception as exc:  # bad bytes make the unpickler and numpy raise many types
+                raise _damaged(self.path, s, exc) from None
+            if value is not _SLOW:
+                return value
+        scan = self.scan
+        k = i * len(self._how) + f
+        a, b = scan.ext_offsets.item(k), scan.ext_offsets.item(k + 1)
+        ext = scan.ext_keys[a:b].tolist() if b > a else []
+        return self._span(s, scan.ends.item(i, f), scan.memo_base.item(i, f), ext, {}, -1)
 
     def _spans_into(self, out: list[Any], i: int, starts: list[int], fields: list[int]) -> None:
         """Read ``fields`` of sample ``i`` by span into ``out``, in file order."""
@@ -597,7 +656,7 @@ class SpanReader:
                 continue
             row = [c[k] if c is not None else None for c in cols]
             if starts_l is not None:
-                self._spans_into(row, i, starts_l[k], list(spans))
+                self._read_spans(row, i, starts_l[k], list(spans))
             out[k] = tuple(row)
         return out
 

@@ -68,7 +68,6 @@ def rewrite_span(
     read_at: Callable[[int, int], bytes],
     start: int,
     end: int,
-    *,
     protocol: int,
     memo_base: int,
     shift: int,
