@@ -164,13 +164,13 @@ def test_getitems_reads_each_file_in_offset_order(
     files = write_synthetic(tmp_path / "data", files=3, per_file=6, shape=(2,), kind="objects")
     ds = PickleDataset(tmp_path / "data", mode="span")
     reads: list[tuple[str, int]] = []
-    real = SpanReader._read_spans
+    real = SpanReader.read_sample
 
-    def traced(self: SpanReader, out: Any, i: int, starts: list[int], fields: list[int]) -> None:
-        reads.append((Path(self.path).name, min(starts[f] for f in fields)))
-        real(self, out, i, starts, fields)
+    def traced(self: SpanReader, i: int) -> tuple[Any, ...]:
+        reads.append((Path(self.path).name, int(self.scan.starts[i].min())))
+        return real(self, i)
 
-    monkeypatch.setattr(SpanReader, "_read_spans", traced)
+    monkeypatch.setattr(SpanReader, "read_sample", traced)
     indices = [13, 2, 7, 0, 13, 17, 1, 6]  # files 2, 0, 1, 0, 2, 2, 0, 1
     batch = ds.__getitems__(indices)
     visited = [name for k, (name, _) in enumerate(reads) if k == 0 or reads[k - 1][0] != name]

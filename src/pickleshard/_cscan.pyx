@@ -634,52 +634,82 @@ cdef tuple _rewrite(
     return out, buffers, finds
 
 
-# -- one span of a sample, read and loaded in one call: SpanReader's lone-span path -----------------
+# -- one sample read and loaded in one call: SpanReader's compiled read path ----------------------
 
+from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.long cimport PyLong_FromLongLong
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from posix.unistd cimport pread
 
-SLOW = object()  # SpanLoader.load's answer when the caller must take its own (general) path
+SLOW = object()  # SpanLoader's answer when the caller must take its own (Python) path
+
+cdef enum:  # how a field is read: spanread's _SPAN, _ROW, _ITEM, _INT
+    H_SPAN = 0
+    H_ROW = 1
+    H_ITEM = 2
+    H_INT = 3
 
 
 cdef class SpanLoader:
-    """Field ``f`` of sample ``i``, read by span, in one call: what ``SpanReader._span`` does for
-    a span that needs no memo capture, whose externals have a cached literal prologue in
-    ``heads`` and which fits in one window. Returns :data:`SLOW` for any other span (and for a
-    short read): the caller then reads it its own way, which also fills ``heads``.
+    """Spans of samples read and loaded in one call each: ``SpanReader``'s paths for what most
+    samples are, compiled, with the Python ones as their reference.
 
-    ``ends``, ``bases``, ``ext_offsets``, ``ext_keys`` are the scan's int64 span arrays; the
-    rewritten pickle is loaded by ``loads(data)``, or ``hooked(data)`` when it names a global
-    and ``hooked`` is not None. ``stats`` (a ``ReaderStats``) counts the read.
+    :meth:`load` reads field ``f`` of sample ``i`` by span, as ``SpanReader._span`` does for a
+    span that needs no memo capture, whose externals have a cached literal prologue in
+    ``heads`` and which fits in one window. After :meth:`plan`, :meth:`load_sample` reads a
+    whole sample whose fields are such a span (at most one), small ints (their decoded
+    values) and arrays read from their payloads (``ArrayItem``). Both return :data:`SLOW` for
+    anything else (and for a short read): the caller reads it its own way, which also fills
+    ``heads``.
+
+    ``ends``, ``bases``, ``ext_offsets``, ``ext_keys`` are the scan's int64 span arrays; a
+    rewritten span is loaded by ``loads(data)``, or ``hooked(data)`` when it names a global and
+    ``hooked`` is not None. ``stats`` (a ``ReaderStats``) counts the reads as the Python paths do.
     """
 
     cdef const int64_t[:, :] ends
     cdef const int64_t[:, :] bases
     cdef const int64_t[:] eoffs
     cdef const int64_t[:] ekeys
-    cdef Py_ssize_t nf
+    cdef const int64_t[:, :] starts
+    cdef const int64_t[:, :] ints
+    cdef Py_ssize_t nf, n
     cdef int protocol
-    cdef object shift, loads, hooked, stats
-    cdef dict heads
+    cdef bint planned
+    cdef object shift, loads, hooked, stats, empty
+    cdef dict heads, definers
+    cdef list hows, intcols, items
 
     def __init__(
         self, ends, bases, ext_offsets, ext_keys, dict heads, int protocol, shift, loads, hooked,
         stats,
     ):
         self.ends, self.bases, self.eoffs, self.ekeys = ends, bases, ext_offsets, ext_keys
-        self.nf = self.ends.shape[1]
+        self.nf, self.n = self.ends.shape[1], self.ends.shape[0]
         self.heads, self.protocol, self.shift = heads, protocol, shift
         self.loads, self.hooked, self.stats = loads, hooked, stats
+        self.planned = False
 
-    def load(self, int fd, Py_ssize_t i, Py_ssize_t f, Py_ssize_t start):
-        cdef Py_ssize_t k = i * self.nf + f
-        cdef Py_ssize_t end = self.ends[i, f], n = end - start, a = self.eoffs[k]
-        cdef Py_ssize_t m = self.eoffs[k + 1] - a, j, got
-        if n <= 0 or n > WINDOW or m < 0:
-            return SLOW
+    def plan(self, starts, list hows, ints, list intcols, list items, dict definers, empty):
+        """Enable :meth:`load_sample`. Per field: ``hows[f]`` (0 span, 2 array item, 3 int),
+        ``intcols[f]`` its column of ``ints`` (every int field's values, int64 ``(n, k)``),
+        ``items[f]`` ``(shape, dtype, prefix, nbytes, swap, readonly, exceptions)``;
+        ``definers`` the span starts that define shared values; ``empty`` is ``numpy.empty``."""
+        if len(hows) != self.nf or any(h not in (H_SPAN, H_ITEM, H_INT) for h in hows):
+            raise ValueError(f"no compiled plan for fields read as {hows}")
+        self.starts, self.ints = starts, ints
+        self.hows, self.intcols, self.items = hows, intcols, items
+        self.definers, self.empty = definers, empty
+        self.planned = True
+
+    cdef object _head(self, Py_ssize_t i, Py_ssize_t f):
+        """The cached prologue of the externals of field ``f`` of sample ``i`` and their keys,
+        as ``(head, keys)``; None when not cached or not literal."""
+        cdef Py_ssize_t k = i * self.nf + f, a = self.eoffs[k], m = self.eoffs[k + 1] - a, j
+        if m < 0:
+            return None
         cdef tuple key = PyTuple_New(m)
         cdef object v
         for j in range(m):
@@ -687,8 +717,10 @@ cdef class SpanLoader:
             Py_INCREF(v)
             PyTuple_SET_ITEM(key, j, v)
         head = self.heads.get(key)
-        if head is None:  # not cached yet, or these externals have no literal prologue
-            return SLOW
+        return None if head is None else (head, key)
+
+    cdef object _span(self, int fd, Py_ssize_t i, Py_ssize_t f, Py_ssize_t start, tuple hk):
+        cdef Py_ssize_t end = self.ends[i, f], n = end - start, got
         data = PyBytes_FromStringAndSize(NULL, n)
         cdef char* p = PyBytes_AS_STRING(data)
         with nogil:
@@ -696,11 +728,81 @@ cdef class SpanLoader:
         if got != n:
             return SLOW
         out, buffers, finds = _rewrite(
-            None, data, start, end, self.protocol, self.bases[i, f], self.shift, list(key),
-            None, 0, head,
+            None, data, start, end, self.protocol, self.bases[i, f], self.shift, list(hk[1]),
+            None, 0, hk[0],
         )
         self.stats.bytes_read += n
         self.stats.fast_reads += 1
         if finds and self.hooked is not None:
             return self.hooked(out)
         return self.loads(out)
+
+    cdef object _array(self, int fd, tuple spec, Py_ssize_t start):
+        """A fresh array of ``spec`` filled from its payload; SLOW on a short read."""
+        cdef Py_ssize_t nbytes = spec[3], got = 0, offset = start + <Py_ssize_t>spec[2]
+        cdef Py_buffer view
+        out = self.empty(spec[0], spec[1])
+        if nbytes:
+            PyObject_GetBuffer(out, &view, PyBUF_WRITABLE)
+            try:
+                with nogil:
+                    got = pread(fd, view.buf, nbytes, offset)
+            finally:
+                PyBuffer_Release(&view)
+            if got != nbytes:
+                return SLOW
+        self.stats.bytes_read += nbytes
+        self.stats.array_items += 1
+        if spec[4]:
+            out.byteswap(inplace=True)
+        if spec[5]:
+            out.flags.writeable = False
+        return out
+
+    def load(self, int fd, Py_ssize_t i, Py_ssize_t f, Py_ssize_t start):
+        """Field ``f`` of sample ``i``, its span starting at ``start``; or :data:`SLOW`."""
+        cdef Py_ssize_t n = self.ends[i, f] - start
+        if n <= 0 or n > WINDOW:
+            return SLOW
+        hk = self._head(i, f)
+        if hk is None:
+            return SLOW
+        return self._span(fd, i, f, start, hk)
+
+    def load_sample(self, int fd, Py_ssize_t i):
+        """Sample ``i`` as a tuple (after :meth:`plan`); or :data:`SLOW`: before any read, or
+        after a short read (the file changed: the caller's path names the error)."""
+        if not self.planned or not 0 <= i < self.n:
+            return SLOW
+        cdef Py_ssize_t f, span = -1, s, n
+        cdef int how
+        cdef object hk = None, v
+        for f in range(self.nf):  # decide first: SLOW must come before any read
+            how = self.hows[f]
+            if how == H_SPAN:
+                s = self.starts[i, f]
+                n = self.ends[i, f] - s
+                if span >= 0 or n <= 0 or n > WINDOW or s in self.definers:
+                    return SLOW
+                hk = self._head(i, f)
+                if hk is None:
+                    return SLOW
+                span = f
+            elif how == H_ITEM:
+                exceptions = (<tuple>self.items[f])[6]
+                if (exceptions and i in exceptions) or self.starts[i, f] in self.definers:
+                    return SLOW
+        out = PyTuple_New(self.nf)
+        for f in range(self.nf):
+            how = self.hows[f]
+            if how == H_INT:
+                v = PyLong_FromLongLong(self.ints[i, <Py_ssize_t>self.intcols[f]])
+            elif how == H_ITEM:
+                v = self._array(fd, <tuple>self.items[f], self.starts[i, f])
+            else:
+                v = self._span(fd, i, f, self.starts[i, f], hk)
+            if v is SLOW:
+                return SLOW
+            Py_INCREF(v)
+            PyTuple_SET_ITEM(out, f, v)
+        return out

@@ -182,7 +182,9 @@ class SpanReader:
         self._one_shift = int(scan.records[0, 2]) if len(scan.records) == 1 else None
         self._fd = -1
         self._pid = -1
-        self._loader: Any = None  # the compiled lone-span read (_cscan.SpanLoader), per process
+        self._loader: Any = None  # the compiled reads (_cscan.SpanLoader), per process
+        self._planned = False  # whether the loader was given a whole-sample plan (or refused)
+        self._plan_span = -1  # the field the plan reads by span
 
     def close(self) -> None:
         if self._fd >= 0 and self._pid == os.getpid():
@@ -198,7 +200,14 @@ class SpanReader:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.update(
-            _fd=-1, _pid=-1, _shared={}, _heads={}, _ints={}, stats=ReaderStats(), _loader=None
+            _fd=-1,
+            _pid=-1,
+            _shared={},
+            _heads={},
+            _ints={},
+            stats=ReaderStats(),
+            _loader=None,
+            _planned=False,
         )
         return state
 
@@ -212,7 +221,7 @@ class SpanReader:
                     self.path, f"cannot open: {exc.strerror or exc}"
                 ) from None
             self._pid = os.getpid()
-            self._loader = self._make_loader()
+            self._loader, self._planned = self._make_loader(), False
         return self._fd
 
     def _make_loader(self) -> Any:
@@ -237,6 +246,40 @@ class SpanReader:
         hooked = None if self.find_class is None else self._hooked_load
         return SpanLoader(
             *arrays, self._heads, scan.protocol, self._one_shift, loads, hooked, self.stats
+        )
+
+    def _plan(self) -> None:
+        """Give the loader the whole-sample plan when every field is read the way it compiles:
+        at most one by span, small ints with decoded values, arrays from their payloads
+        (after their check). Once per process, after a first read has settled the fields."""
+        self._planned = True
+        hows, cols, items, ints = [], [], [], []
+        for f, how in enumerate(self._how):
+            if how == _ITEM and f in self._checked:
+                spec, exceptions = self._items[f]  # type: ignore[misc]
+                try:  # the compiled read fills the array through the buffer protocol
+                    memoryview(np.empty((0,), spec.dtype))
+                except (TypeError, ValueError):
+                    return
+                nbytes = int(np.prod(spec.shape)) * spec.dtype.itemsize
+                fields = (spec.shape, spec.dtype, spec.prefix, nbytes, spec.swap, spec.readonly)
+                items.append((*fields, exceptions))
+            elif how == _INT and (values := self._int_values(f)) is not None:
+                cols.append(len(ints))
+                ints.append(values)
+                items.append(None)
+            elif how == _SPAN:
+                items.append(None)
+            else:
+                return
+            cols += [] if how == _INT else [-1]
+            hows.append(how)
+        if sum(h == _SPAN for h in hows) > 1:
+            return
+        self._plan_span = hows.index(_SPAN) if _SPAN in hows else -1
+        table = np.stack(ints, axis=1) if ints else np.zeros((self.scan.num_samples, 0), np.int64)
+        self._loader.plan(
+            self.scan.starts, hows, table.astype(np.int64), cols, items, self._definers, np.empty
         )
 
     def _hooked_load(self, data: bytearray) -> Any:
@@ -530,6 +573,19 @@ class SpanReader:
         Fields read by span are read in file order; one that a later field refers to is reused
         by it (and is never read straight from its payload, which would lose that identity).
         """
+        if self._loader is not None and self._pid == os.getpid():
+            if self._own_allowlist is not None:
+                self._own_allowlist.sample = i  # a refusal names the sample
+            try:
+                got = self._loader.load_sample(self._fd, i)
+            except PickleshardError:
+                raise
+            except Exception as exc:  # bad bytes make the unpickler raise many types
+                if self._plan_span < 0:  # only the span can meet bad bytes
+                    raise
+                raise _damaged(self.path, int(self.scan.starts[i, self._plan_span]), exc) from None
+            if got is not _SLOW:
+                return got  # type: ignore[no-any-return]
         scan = self.scan
         n = scan.num_samples
         if not -n <= i < n:
@@ -557,6 +613,8 @@ class SpanReader:
             spans.append(f)
         if spans:
             self._read_spans(out, i, starts, spans)
+        if not self._planned and self._loader is not None:
+            self._plan()
         return tuple(out)
 
     def _read_spans(self, out: list[Any], i: int, starts: list[int], fields: list[int]) -> None:
