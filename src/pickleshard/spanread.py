@@ -253,12 +253,15 @@ class SpanReader:
         at most one by span, small ints with decoded values, arrays from their payloads
         (after their check). Once per process, after a first read has settled the fields."""
         self._planned = True
-        hows, cols, items, ints = [], [], [], []
+        hows: list[int] = []
+        cols: list[int] = []
+        items: list[tuple[Any, ...] | None] = []
+        ints: list[np.ndarray] = []
         for f, how in enumerate(self._how):
             if how == _ITEM and f in self._checked:
                 spec, exceptions = self._items[f]  # type: ignore[misc]
                 try:  # the compiled read fills the array through the buffer protocol
-                    memoryview(np.empty((0,), spec.dtype))
+                    memoryview(np.empty((0,), spec.dtype))  # type: ignore[arg-type]
                 except (TypeError, ValueError):
                     return
                 nbytes = int(np.prod(spec.shape)) * spec.dtype.itemsize
