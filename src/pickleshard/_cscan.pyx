@@ -39,7 +39,7 @@ cdef enum:
     BOUNDS = 3
     SUB = 4
     KEY = 5
-    RELEASE_SHIFT = 25
+    RELEASE_SHIFT = 23
     MEMOIZE_OP = 0x94
     BINPUT_OP = 0x71
     LONG_BINPUT_OP = 0x72
@@ -72,7 +72,7 @@ def _check_tables():
         forms != tuple(range(8))
         or acts != tuple(range(26))
         or slots != (1, 2, 3, 0, 1, 2, 3, 4, 5)
-        or ops != (0x94, 0x71, 0x72, 0x68, 0x6A, 25)
+        or ops != (0x94, 0x71, 0x72, 0x68, 0x6A, 23)
         or pyarray.array("q").itemsize != sizeof(long long)
     ):
         raise ImportError("pickleshard._cscan was built against other opcode tables")

@@ -454,6 +454,9 @@ class MemoRefusal(Exception):
         self.reason, self.offset = reason, offset
 
 
+_CHUNK = 1 << 15  # elements whose memo references are resolved at a time
+
+
 def _unique_pairs(first: np.ndarray, second: np.ndarray, bound: int) -> np.ndarray:
     """Sorted unique rows of ``(first, second)`` (``0 <= second < bound``), shape ``(n, 2)``."""
     if not len(first):
@@ -491,15 +494,24 @@ class ElementTable:
             )
         self.starts, self.ends, self.defs = starts, ends, defs
         self.base = np.searchsorted(defs, starts, "left").astype(np.int64)
-        e = self.locate(get_offs)
-        inside = e >= 0
-        e, keys = e[inside], get_keys[inside]
-        external = defs[keys] < starts[e]
-        pairs = _unique_pairs(e[external], keys[external], len(defs))
-        self.ext_offsets = np.concatenate(
-            [[0], np.cumsum(np.bincount(pairs[:, 0], minlength=len(starts)))]
-        ).astype(np.int64)
-        self.ext_keys = pairs[:, 1].astype(np.int64)
+        counts = np.zeros(len(starts), np.int64)
+        parts = []
+        # GETs come in file order: taken _CHUNK elements at a time, each chunk's sorted unique
+        # (element, key) pairs follow the last chunk's, and temporaries stay chunk-sized
+        cuts = np.searchsorted(get_offs, starts[_CHUNK::_CHUNK]).tolist()
+        for k, (lo, hi) in enumerate(zip([0, *cuts], [*cuts, len(get_offs)], strict=True)):
+            first, last = k * _CHUNK, min((k + 1) * _CHUNK, len(starts))
+            e = self.locate(get_offs[lo:hi])
+            inside = e >= 0
+            e, keys = e[inside], get_keys[lo:hi][inside]
+            external = defs[keys] < starts[e]
+            pairs = _unique_pairs(e[external], keys[external], len(defs))
+            counts[first:last] += np.bincount(pairs[:, 0] - first, minlength=last - first)
+            parts.append(pairs[:, 1].astype(np.int64))
+            del e, inside, keys, external, pairs
+        self.ext_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.ext_keys = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        del parts, counts
         self.shared_keys = np.unique(self.ext_keys)
         self.definer = self.locate(defs[self.shared_keys])
         if (self.definer < 0).any():

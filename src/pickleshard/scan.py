@@ -565,6 +565,9 @@ def _scan_chunks(buf: Any, w: Walked, stops: list[int], encoding: str) -> ScanRe
         ]
         cols = [_Field(st, en, cols[f].array) for f, (st, en) in enumerate(joined)]
     layout = cands[0].layout if len(parts) == 1 else f"appended_{cands[0].layout}"
+    # The GETs are in the table now, and _scan no longer falls back to _scan_samples (which
+    # builds its own table from them): let them go before the biggest temporaries.
+    w.get_offs, w.get_keys = array("q"), array("q")
     return _assemble(w, table, insp, layout, names, cols)
 
 
@@ -607,6 +610,35 @@ def _scan_samples(buf: Any, w: Walked, stops: list[int], encoding: str) -> ScanR
     )
 
 
+def _externals(table: ElementTable, elem: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The CSR externals of every (sample, field) element ``elem`` of ``table`` (-1: none),
+    in row-major order; gathered ``_ROWS`` samples at a time to keep temporaries small."""
+    counts = np.zeros(elem.size, np.int64)
+    if len(table.starts):
+        flat = elem.ravel()
+        np.subtract(
+            table.ext_offsets[1:][flat], table.ext_offsets[:-1][flat], out=counts, where=flat >= 0
+        )
+    ext_offsets = np.zeros(elem.size + 1, np.int64)
+    np.cumsum(counts, out=ext_offsets[1:])
+    ext_keys = np.empty(int(ext_offsets[-1]), np.int64)
+    nf = elem.shape[1]
+    for lo in range(0, len(elem), _ROWS):
+        a, b = lo * nf, min(len(elem), lo + _ROWS) * nf
+        c = counts[a:b]
+        if not c.any():
+            continue
+        pick = np.maximum(elem.ravel()[a:b], 0)
+        base = ext_offsets[a:b]
+        src = np.arange(int(base[0]), int(ext_offsets[b]), dtype=np.int64)
+        src += np.repeat(table.ext_offsets[pick] - base, c)
+        ext_keys[ext_offsets[a] : ext_offsets[b]] = table.ext_keys[src]
+    return ext_offsets, ext_keys
+
+
+_ROWS = 1 << 15  # samples whose externals are gathered at a time
+
+
 def _assemble(
     w: Walked,
     table: ElementTable,
@@ -622,13 +654,7 @@ def _assemble(
     for f, c in enumerate(cols):
         if c.array is None:
             elem[:, f] = np.searchsorted(table.starts, c.starts)
-    flat = elem.ravel()
-    pick = np.maximum(flat, 0)
-    counts = np.where(flat >= 0, np.diff(table.ext_offsets)[pick] if len(table.starts) else 0, 0)
-    ext_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    src = np.arange(int(ext_offsets[-1]), dtype=np.int64) - np.repeat(ext_offsets[:-1], counts)
-    src += np.repeat(table.ext_offsets[pick] if len(table.starts) else pick, counts)
-    ext_keys = table.ext_keys[src]
+    ext_offsets, ext_keys = _externals(table, elem)
     items = tuple(
         _int_item(insp, starts[:, f], ends[:, f])
         or _array_item(
@@ -700,7 +726,7 @@ def _template_mask(
 def _gathered(buf: Any, at: np.ndarray, rel: np.ndarray) -> np.ndarray:
     """``buf[at[k] + rel]`` for every ``k``, a ``(len(at), len(rel))`` uint8 array.
 
-    An mmap is read 32 MiB of offsets at a time, each window's pages dropped from this process
+    An mmap is read 8 MiB of offsets at a time, each window's pages dropped from this process
     after it (as the opcode walk does, see :func:`pickleshard.opcodes._releaser`): touching a
     few bytes of every sample would otherwise map most of a file of big samples.
     """
