@@ -118,6 +118,73 @@ def test_twins_raise_the_same_errors_on_damaged_bytes(data: bytes) -> None:
     _assert_twins(data)
 
 
+@st.composite
+def repeated(draw: st.DrawFn) -> bytes:
+    """A list of values of one shape (the compiled walk replays such runs instead of stepping
+    through them): arrays, strings, bytes, fractions, frozensets, datetimes, each sample its own
+    object with its own content; some samples a value shared with another (a memo GET); long
+    enough runs that FRAME headers fall inside them; sometimes damaged."""
+    import datetime
+    from fractions import Fraction
+
+    n = draw(st.integers(2, 60))
+    kind = draw(st.sampled_from(["array", "text", "bytes", "fraction", "set", "date", "mixed"]))
+    size = draw(st.integers(1, 3000))
+    dtype = draw(st.sampled_from(["<f4", ">i2", "u1", "<c8"]))
+
+    def one(i: int, k: str) -> Any:
+        if k == "array":
+            return np.full((size,), i % 7, dtype)
+        if k == "text":
+            return chr(97 + i % 26) * size
+        if k == "bytes":
+            return bytes([i % 256]) * size
+        if k == "fraction":
+            return Fraction(i + 1, size + 1)
+        if k == "set":
+            return frozenset({i, i + size})
+        if k == "date":
+            return datetime.date(2000 + i % 20, 1 + i % 12, 1)
+        return one(i, draw(st.sampled_from(["array", "text", "set"])))
+
+    xs = [one(i, kind) for i in range(n)]
+    shared = draw(st.sampled_from([None, [1, 2], "shared" * 5, np.zeros(3)]))
+    for j in draw(st.lists(st.integers(0, n - 1), max_size=3)):
+        xs[j] = shared if shared is not None else xs[j]
+    for j in draw(st.lists(st.integers(1, n - 1), max_size=2)):
+        xs[j] = xs[j - 1]  # the same object again: a GET where a run had a value
+    data = bytearray(pickle.dumps((xs, list(range(n))), protocol=draw(st.integers(2, 5))))
+    for _ in range(draw(st.integers(0, 2))):
+        i = draw(st.integers(len(data) // 3, len(data) - 1))
+        how = draw(st.sampled_from(["cut", "flip", "frame"]))
+        if how == "cut":
+            del data[i:]
+        elif how == "flip":
+            data[i] ^= 1 << draw(st.integers(0, 7))
+        else:  # a FRAME header whose length runs past the end
+            data[i:i] = b"\x95" + (len(data) * 2).to_bytes(8, "little")
+    return bytes(data)
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=repeated())
+def test_twins_agree_on_runs_of_repeated_values(data: bytes) -> None:
+    _assert_twins(data)
+
+
+def test_the_compiled_walk_replays_runs_instead_of_stepping_through_them() -> None:
+    xs = [np.full((3, 32, 32), i, np.float32) for i in range(2000)]
+    data = pickle.dumps((xs, list(range(2000))), protocol=5)  # FRAME headers every ~5 arrays
+    _assert_twins(data)
+    before = _cscan.replayed_values()
+    oc.walk_opcodes(data, len(data), "t.pkl", engine="compiled")
+    assert _cscan.replayed_values() - before >= 1990  # all but the first few of the arrays
+    before = _cscan.replayed_values()
+    data4 = pickle.dumps((xs, list(range(2000))), protocol=3)  # BINPUT ids differ per sample
+    oc.walk_opcodes(data4, len(data4), "t.pkl", engine="compiled")
+    assert _cscan.replayed_values() == before
+
+
 @pytest.mark.parametrize(
     "data",
     [

@@ -7,11 +7,17 @@ arrays, same exceptions (built by the same helpers, so class, message and offset
 are read through a bounds-checked ``const unsigned char[:]`` view, and every length is compared
 with the bytes left before it is used, as in the reference. A text memo id (``PUT``/``GET`` of
 protocols 0-1) too large for a C integer raises ``opcodes._Unsupported``: the caller then walks
-that pickle with the reference instead.
+that pickle with the reference instead. One addition, with the same results: runs of values that
+repeat the previous value's opcodes (a list of arrays) are replayed instead of walked (see
+"template replay" below).
 """
 
 from cpython cimport array
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+from libc.string cimport memcmp, memcpy
+from libc.string cimport memcmp, memcpy
 
 import array as pyarray
 
@@ -162,6 +168,167 @@ cdef int64_t _text_id(object buf, Py_ssize_t pos, Py_ssize_t nxt, int op, object
     return mid
 
 
+# -- template replay: the one thing the compiled walk does that the reference does not ---------
+#
+# A list of N arrays (or any values the walk keeps as a bare offset) is N runs of the same
+# opcodes: in protocols 4-5 (MEMOIZE, no explicit memo ids) the runs differ only in payload
+# bytes. When the value on top of the stack started at ``s``, nothing above it or inside it is
+# open (no MARK, no node, no pending POP), and the bytes from ``pos`` on repeat ``[s, pos)``
+# outside its payloads, walking them would do exactly what walking ``[s, pos)`` did, shifted by
+# ``pos - s``: the same memo definitions and GETs (same keys), the same payload skips, one more
+# offset on the stack. The replay records those effects without stepping through the opcodes.
+# Templates are refused when they hold anything whose walk depends on more than their bytes: a
+# FRAME or PROTO, an explicit PUT, POPs, text opcodes, a GET of a key defined inside them or of
+# a container the walk tracks. The twin tests check that both walks give equal results.
+
+cdef enum:
+    TPL_MIN = 24  # shorter values are walked: a replay would not pay for its checks
+
+
+cdef Py_ssize_t _replayed = 0  # values replayed in this process (for tests and benchmarks)
+
+
+def replayed_values():
+    """How many values walks in this process have replayed instead of stepping through."""
+    return _replayed
+
+
+cdef class _Tpl:
+    cdef Py_ssize_t s, nops, paysum
+    cdef bytes head  # the template's bytes outside payloads and FRAME headers, concatenated
+    cdef array.array ops  # per opcode: _OP_* fields
+    cdef array.array at  # scratch: where each opcode stands in the bytes being compared
+
+
+cdef enum:  # the fields of one opcode in _Tpl.ops
+    OP_HLEN = 0  # its bytes, payload excluded
+    OP_PLEN = 1  # its payload's length
+    OP_HOFF = 2  # where its bytes are in head
+    OP_KIND = 3  # K_PLAIN, K_DEF or K_GET
+    OP_KEY = 4  # the key a GET reads
+    OP_FIELDS = 5
+    K_PLAIN = 0
+    K_DEF = 1
+    K_GET = 2
+    FRAME_OP = 0x95
+
+
+cdef _Tpl _template(
+    const unsigned char[:] b, Py_ssize_t s, Py_ssize_t pos, array.array defs,
+    array.array goffs, array.array gkeys, dict memo,
+):
+    """The template of value ``[s, pos)`` (just walked), or None if it cannot be replayed."""
+    cdef Py_ssize_t i = s, hdr, j, nd, ng, d0, g0, hoff = 0
+    cdef uint64_t n
+    cdef int op, form, act, kind
+    cdef long long key
+    cdef _Tpl t = _Tpl()
+    t.s, t.nops, t.paysum = s, 0, 0
+    t.ops = pyarray.array("q")
+    parts = []
+    j = len(defs)
+    while j > 0 and defs.data.as_longlongs[j - 1] >= s:
+        j -= 1
+    d0, nd = j, len(defs) - j
+    j = len(goffs)
+    while j > 0 and goffs.data.as_longlongs[j - 1] >= s:
+        j -= 1
+    g0, ng = j, len(goffs) - j
+    while i < pos:
+        op = b[i]
+        form, act = FORM_[op], ACTION_[op]
+        kind, key, n = K_PLAIN, 0, 0
+        if act == A_FRAME:  # a FRAME header: replays skip those where they find them
+            if i + 9 > pos:
+                return None
+            i += 9
+            continue
+        if act in (A_PROTO, A_STOP, A_PUT, A_POP, A_POP_MARK, A_REFUSE, A_BAD):
+            return None
+        if form == F_FIXED:
+            hdr = 1 + ARGLEN_[op]
+            if act == A_MEMOIZE:
+                if nd == 0 or defs.data.as_longlongs[len(defs) - nd] != i:
+                    return None
+                kind, nd = K_DEF, nd - 1
+            elif act == A_GET:
+                if ng == 0 or goffs.data.as_longlongs[len(goffs) - ng] != i:
+                    return None
+                key = gkeys.data.as_longlongs[len(goffs) - ng]
+                if key >= d0 or key in memo:  # refers to itself, or to a tracked container
+                    return None
+                kind, ng = K_GET, ng - 1
+        elif F_LEN1 <= form <= F_LEN8U:
+            hdr = 2 if form == F_LEN1 else 9 if form == F_LEN8U else 5
+            if i + hdr > pos:
+                return None
+            n = b[i + 1] if form == F_LEN1 else _le(b, i + 1, 4 if form != F_LEN8U else 8)
+            if (form == F_LEN4S and n >= 0x80000000) or n > <uint64_t>(pos - i - hdr):
+                return None
+            t.paysum += <Py_ssize_t>n
+        else:  # text arguments (memo ids in digits): walked, not replayed
+            return None
+        if i + hdr > pos:
+            return None
+        for v in (hdr, <Py_ssize_t>n, hoff, kind, key):
+            array_push(t.ops, v)
+        parts.append(bytes(b[i : i + hdr]))
+        hoff += hdr
+        t.nops += 1
+        i += hdr + <Py_ssize_t>n
+    if i != pos or nd or ng or t.nops == 0:
+        return None
+    t.head = b"".join(parts)
+    t.at = pyarray.array("q", [0]) * t.nops
+    return t
+
+
+cdef Py_ssize_t _replay(
+    _Tpl t, const unsigned char[:] b, Py_ssize_t pos, Py_ssize_t end, list stack,
+    array.array defs, array.array goffs, array.array gkeys, object release, uint64_t* skipped,
+) except -1:
+    """Replay ``t`` from ``pos`` for as long as the bytes repeat it (FRAME headers between its
+    opcodes allowed, as the pickler puts them anywhere); return where that stops: a value the
+    walk has to read itself starts there."""
+    global _replayed
+    cdef const char* head = t.head
+    cdef const long long* ops = t.ops.data.as_longlongs
+    cdef long long* at = t.at.data.as_longlongs
+    cdef Py_ssize_t nops = t.nops, k, p, hlen, plen
+    cdef const long long* o
+    cdef uint64_t fn
+    while True:
+        p = pos
+        for k in range(nops):  # compare first: a value that differs anywhere is not replayed
+            o = ops + k * OP_FIELDS
+            while p < end and b[p] == FRAME_OP:  # a FRAME header the pickler put here
+                if 9 > end - p:
+                    return pos
+                fn = _le(b, p + 1, 8)
+                if fn > <uint64_t>(end - p - 9):
+                    return pos  # the walk names the cut frame
+                p += 9
+            hlen, plen = o[OP_HLEN], o[OP_PLEN]
+            if hlen + plen > end - p or memcmp(&b[p], head + o[OP_HOFF], hlen) != 0:
+                return pos
+            at[k] = p
+            p += hlen + plen
+        for k in range(nops):
+            o = ops + k * OP_FIELDS
+            if o[OP_KIND] == K_DEF:
+                array_push(defs, at[k])
+            elif o[OP_KIND] == K_GET:
+                array_push(goffs, at[k])
+                array_push(gkeys, o[OP_KEY])
+            elif o[OP_PLEN] and release is not None:
+                if (at[k] + o[OP_HLEN] + o[OP_PLEN]) >> RELEASE_SHIFT != at[k] >> RELEASE_SHIFT:
+                    release(at[k])
+        skipped[0] += t.paysum
+        stack.append(at[0])
+        _replayed += 1
+        pos = p
+
+
 def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w, object release=None):
     """:func:`pickleshard.opcodes._walk_record`, compiled: walk one pickle from just after its
     PROTO to its STOP; return ``(root, end, first id)``."""
@@ -184,9 +351,31 @@ def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w, object rel
     cdef int op, step, form, act, want, kind
     cdef object top, target, items, sub
     cdef list node
+    cdef _Tpl tpl = None
+    cdef Py_ssize_t nst, s_top, tpl_failed = -1, moved
     while True:
         if pos >= end:
             raise oc._cut(w, pos, "the opcode stream (no STOP)")
+        nst = PyList_GET_SIZE(stack)
+        if nst > fence and carry < 0:  # a value just ended? then the next may repeat it
+            top = <object>PyList_GET_ITEM(stack, nst - 1)
+            if type(top) is int:
+                s_top = top
+                if (
+                    pos - s_top >= TPL_MIN
+                    and b[pos] == b[s_top]
+                    and s_top != tpl_failed
+                    and (not moffs or <Py_ssize_t>moffs[len(moffs) - 1] < s_top)
+                ):
+                    if tpl is None or tpl.s != s_top:
+                        tpl = _template(b, s_top, pos, defs, goffs, gkeys, memo)
+                        if tpl is None:
+                            tpl_failed = s_top
+                    if tpl is not None:
+                        moved = _replay(tpl, b, pos, end, stack, defs, goffs, gkeys, release, &skipped)
+                        if moved != pos:
+                            pos = moved
+                            continue
         op = b[pos]
         step = PUSH_STEP_[op]
         if step:
@@ -411,7 +600,6 @@ from cpython.bytearray cimport (
     PyByteArray_Resize,
 )
 from cpython.bytes cimport PyBytes_AS_STRING
-from libc.string cimport memcpy
 
 import pickle
 

@@ -457,13 +457,24 @@ class MemoRefusal(Exception):
 _CHUNK = 1 << 15  # elements whose memo references are resolved at a time
 
 
+def sorted_unique(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(x, return_index=True)`` of a 1-D integer array, by a stable sort: numpy 2's
+    hash-based ``np.unique`` is 10-100x slower on the long, mostly sorted offset and key arrays
+    of a scan."""
+    order = np.argsort(x, kind="stable")
+    xs = x[order]
+    keep = np.ones(len(xs), bool)
+    np.not_equal(xs[1:], xs[:-1], out=keep[1:])
+    return xs[keep], order[keep]
+
+
 def _unique_pairs(first: np.ndarray, second: np.ndarray, bound: int) -> np.ndarray:
     """Sorted unique rows of ``(first, second)`` (``0 <= second < bound``), shape ``(n, 2)``."""
     if not len(first):
         return np.zeros((0, 2), np.int64)
     bound = max(bound, 1)
     if int(first.max()) < (1 << 62) // bound:  # one int64 per pair: a 1-D unique, 10x faster
-        flat = np.unique(first.astype(np.int64) * bound + second)
+        flat = sorted_unique(first.astype(np.int64) * bound + second)[0]
         return np.stack([flat // bound, flat % bound], axis=1)
     return np.unique(np.stack([first, second], axis=1), axis=0)
 
@@ -512,7 +523,10 @@ class ElementTable:
         self.ext_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.ext_keys = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         del parts, counts
-        self.shared_keys = np.unique(self.ext_keys)
+        used = np.zeros(len(defs), bool)  # keys index defs: a mask beats sorting them all
+        used[self.ext_keys] = True
+        self.shared_keys = np.flatnonzero(used).astype(np.int64)
+        del used
         self.definer = self.locate(defs[self.shared_keys])
         if (self.definer < 0).any():
             key = int(self.shared_keys[np.flatnonzero(self.definer < 0)[0]])

@@ -57,6 +57,7 @@ from .memo import (
     Opaque,
     SharedTable,
     SpanFile,
+    sorted_unique,
 )
 from .opcodes import ITEMS, KIND, START, Node, Value, Walked
 
@@ -527,7 +528,7 @@ def _dict_rows(
 def _table(w: Walked, leaves: list[tuple[np.ndarray, np.ndarray]]) -> ElementTable:
     starts = np.concatenate([s for s, _ in leaves]) if leaves else np.zeros(0, np.int64)
     ends = np.concatenate([e for _, e in leaves]) if leaves else np.zeros(0, np.int64)
-    starts, first = np.unique(starts, return_index=True)
+    starts, first = sorted_unique(starts)
     as_np = [
         np.frombuffer(a, np.int64) if len(a) else np.zeros(0, np.int64)
         for a in (w.defs, w.get_offs, w.get_keys)
@@ -785,7 +786,10 @@ def _array_item(
     """
     n = len(st)
     lengths = en - st
-    values, counts = np.unique(lengths[1:], return_counts=True)
+    values = np.sort(lengths[1:])  # the most common span length, without np.unique
+    cut = np.flatnonzero(np.diff(values)) + 1
+    counts = np.diff(np.concatenate([[0], cut, [len(values)]]))
+    values = values[np.concatenate([[0], cut])]
     common = int(values[counts.argmax()])
     if (
         common - 9 in values
