@@ -185,6 +185,49 @@ def test_the_compiled_walk_replays_runs_instead_of_stepping_through_them() -> No
     assert _cscan.replayed_values() == before
 
 
+_BIG = 80 << 20  # bigger than what a scan keeps mapped: the gathers release pages as they go
+
+
+@pytest.fixture(scope="module")
+def big_random_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("gather") / "f.bin"
+    path.write_bytes(np.random.default_rng(0).integers(0, 256, _BIG, np.uint8).tobytes())
+    return path
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    at=st.lists(st.integers(0, _BIG - 64), max_size=200),
+    rel=st.lists(st.integers(0, 63), min_size=1, max_size=40),
+)
+def test_gather_twins_read_the_same_bytes_and_release_the_same_pages(
+    big_random_file: Path, at: list[int], rel: list[int]
+) -> None:
+    a, r = np.array(at, np.int64), np.array(rel, np.int64)
+    with open(big_random_file, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        made = oc._releaser(m)
+        assert made is not None
+        calls: list[list[int]] = [[], []]
+
+        def spy(k: int) -> Callable[[int], None]:
+            def release(upto: int) -> None:
+                calls[k].append(upto)
+                made(upto)
+
+            return release
+
+        real = oc._releaser
+        oc._releaser = lambda buf: spy(0)  # type: ignore[assignment]
+        try:
+            want = scan_module._gathered(m, a, r)
+        finally:
+            oc._releaser = real
+        got = _cscan.gather(m, a, r, spy(1))
+    assert got.dtype == want.dtype == np.uint8
+    assert np.array_equal(got, want)
+    assert calls[0] == calls[1]
+
+
 @pytest.mark.parametrize(
     "data",
     [

@@ -24,7 +24,7 @@ import array as pyarray
 from . import opcodes as oc
 from .errors import CorruptPickleError
 
-__all__ = ["SLOW", "SpanLoader", "rewrite_span", "walk_record"]
+__all__ = ["SLOW", "SpanLoader", "gather", "rewrite_span", "walk_record"]
 
 cdef enum:
     F_BAD, F_FIXED, F_LEN1, F_LEN4S, F_LEN4U, F_LEN8U, F_LINE, F_LINE2
@@ -994,3 +994,34 @@ cdef class SpanLoader:
             Py_INCREF(v)
             PyTuple_SET_ITEM(out, f, v)
         return out
+
+
+# -- the ArrayItem check's byte gather: the compiled twin of pickleshard.scan._gathered ----------
+
+import numpy as np
+
+
+def gather(object buf, const int64_t[:] at, const int64_t[:] rel, object release):
+    """:func:`pickleshard.scan._gathered`, compiled: ``buf[at[k] + rel]`` for every ``k`` as a
+    ``(len(at), len(rel))`` uint8 array, read in offset order; ``release`` (None, or the
+    ``opcodes._releaser`` of ``buf``) is called as the reference calls it, once per 8 MiB block
+    of offsets passed."""
+    cdef Py_ssize_t n = at.shape[0], r = rel.shape[0], k, j, i, prev
+    out = np.empty((n, r), np.uint8)
+    if not n:
+        return out
+    cdef unsigned char[:, ::1] o = out
+    cdef const unsigned char[:] b = buf
+    cdef const int64_t[:] od = np.argsort(np.asarray(at), kind="stable")
+    cdef int64_t top = 0
+    for j in range(r):
+        top = rel[j] if j == 0 or rel[j] > top else top
+    for k in range(n):
+        i = od[k]
+        if release is not None and k and at[i] >> RELEASE_SHIFT != at[od[k - 1]] >> RELEASE_SHIFT:
+            release(at[od[k - 1]] + top + 1)
+        for j in range(r):
+            o[i, j] = b[at[i] + rel[j]]
+    if release is not None:
+        release(at[od[n - 1]] + top + 1)
+    return out

@@ -352,6 +352,15 @@ class _Inspector:
     def _read_at(self, offset: int, n: int) -> bytes:
         return bytes(self.buf[offset : offset + n])
 
+    def gather(self, at: np.ndarray, rel: np.ndarray) -> np.ndarray:
+        """:func:`_gathered` of this file, by the walk's engine."""
+        if self.w.engine == "compiled":
+            from ._cscan import gather
+
+            at, rel = at.astype(np.int64, copy=False), rel.astype(np.int64, copy=False)
+            return gather(self.buf, at, rel, oc._releaser(self.buf))  # type: ignore[no-any-return]
+        return _gathered(self.buf, at, rel)
+
     def _shift(self, offset: int) -> int:
         return self.w.records[int(np.searchsorted(self.rec_starts, offset, "right")) - 1][2]
 
@@ -753,15 +762,13 @@ def _int_item(insp: _Inspector, st: np.ndarray, en: np.ndarray) -> IntItem | Non
     lengths = en - st
     if int(lengths.max()) > 5 + 9:
         return None
-    ops = _gathered(insp.buf, st, np.zeros(1, np.int64))[:, 0]
+    ops = insp.gather(st, np.zeros(1, np.int64))[:, 0]
     ok = np.zeros(len(st), bool)
     for op, size in oc.INT_SPAN.items():
         mine = ops == op
         framed = mine & (lengths == size + 9)
         ok |= mine & (lengths == size)
-        ok[framed] = _gathered(insp.buf, st[framed] + size, np.zeros(1, np.int64))[:, 0] == (
-            oc.FRAME_OP
-        )
+        ok[framed] = insp.gather(st[framed] + size, np.zeros(1, np.int64))[:, 0] == (oc.FRAME_OP)
     insp.bytes_read += len(st)
     return IntItem() if bool(ok.all()) else None
 
@@ -827,15 +834,14 @@ def _array_item(
     if len(t_ext):
         got = ext_keys[ext_lo[cand][:, None] + np.arange(len(t_ext))]
         cand = cand[(got == t_ext).all(axis=1)]
-    buf = insp.buf
-    template = _gathered(buf, np.array([s0], np.int64), rel)[0]
+    template = insp.gather(np.array([s0], np.int64), rel)[0]
     keep = []
     for lo in range(0, len(cand), _CHUNK):
         c = cand[lo : lo + _CHUNK]
         plain, framed = c[lengths[c] == length], c[lengths[c] != length]
-        keep.append(plain[((_gathered(buf, st[plain], rel) == template) | ~mask).all(axis=1)])
+        keep.append(plain[((insp.gather(st[plain], rel) == template) | ~mask).all(axis=1)])
         for at, where in framed_rels:
-            got = _gathered(buf, st[framed], np.concatenate([[at], where]))
+            got = insp.gather(st[framed], np.concatenate([[at], where]))
             ok = (got[:, 0] == oc.FRAME_OP) & ((got[:, 1:] == template) | ~mask).all(axis=1)
             keep.append(framed[ok])
             framed = framed[~ok]
