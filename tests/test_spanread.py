@@ -347,6 +347,108 @@ def test_compiled_lone_span_reads_name_damaged_bytes(tmp_path: Path) -> None:
     assert info.value.offset == start
 
 
+def _twin_readers(path: Path, n: int) -> tuple[ScanResult, dict[str, SpanReader]]:
+    """The pure and the compiled reader of ``path``, each having read every sample twice (the
+    compiled one then reads whole samples in one call)."""
+    scan = scan_file(path)
+    readers = {e: SpanReader(scan, engine=e) for e in ("python", "compiled")}
+    for r in readers.values():
+        for i in [*range(n), *range(n)]:
+            r.read_sample(i)
+    return scan, readers
+
+
+def _rewrite_in_place(path: Path, data: bytes) -> None:
+    stat = path.stat()
+    path.write_bytes(data)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+@pytest.mark.parametrize("order", ["xyz", "zyx"])
+@pytest.mark.parametrize("damage", ["cut span", "cut array", "overwrite span"])
+def test_compiled_reads_that_fail_count_and_raise_as_the_python_path(
+    tmp_path: Path, order: str, damage: str
+) -> None:
+    n = 12
+    cols = {
+        "x": [np.full((3, 4), i, np.float32) for i in range(n)],
+        "y": list(range(n)),
+        "z": [{"k": [i] * 3} for i in range(n)],
+    }
+    path = tmp_path / "f.pkl"
+    path.write_bytes(pickle.dumps({k: cols[k] for k in order}, protocol=5))
+    scan, readers = _twin_readers(path, n)
+    x, z = order.index("x"), order.index("z")
+    raw = bytearray(path.read_bytes())
+    if damage == "cut span":
+        raw = raw[: int(scan.starts[7, z]) + 3]
+    elif damage == "cut array":
+        raw = raw[: int(scan.starts[7, x]) + 20]
+    else:
+        s, e = int(scan.starts[7, z]), int(scan.ends[7, z])
+        raw[s : e - 1] = b"\xff" * (e - 1 - s)
+    _rewrite_in_place(path, bytes(raw))
+    outcomes = []
+    for r in readers.values():
+        before = replace(r.stats)
+        with pytest.raises(CorruptPickleError) as info:
+            r.read_sample(7)
+        after = vars(r.stats)
+        counted = {k: v - vars(before)[k] for k, v in after.items() if v != vars(before)[k]}
+        outcomes.append((type(info.value), info.value.offset, str(info.value), counted))
+    assert outcomes[0] == outcomes[1]
+
+
+def test_a_payload_past_its_span_end_is_named_alike_by_every_path(tmp_path: Path) -> None:
+    path = tmp_path / "f.pkl"
+    xs = [{"tokens": list(range(i % 5 + 3)), "text": f"t{i % 3}"} for i in range(8)]
+    path.write_bytes(pickle.dumps((xs, list(range(8))), protocol=5))
+    scan, readers = _twin_readers(path, 8)
+    raw = bytearray(path.read_bytes())
+    i = raw.index(b"K", int(scan.starts[3, 0]))  # a BININT1 inside sample 3's span
+    raw[i : i + 5] = b"B" + (100_000).to_bytes(4, "little")  # now a BINBYTES of 100 kB
+    path.write_bytes(bytes(raw) + bytes(300_000))  # the file grew after the scan
+    messages = set()
+    for r in readers.values():
+        with pytest.raises(TruncatedPickleError, match="runs past the span end") as info:
+            r.read_sample(3)
+        messages.add((info.value.offset, str(info.value)))
+    assert len(messages) == 1
+
+
+def test_sample_indices_out_of_range_raise_index_error_on_every_path(tmp_path: Path) -> None:
+    path = tmp_path / "f.pkl"
+    obj = {"x": [np.full((3, 4), i, np.float32) for i in range(6)], "y": list(range(6))}
+    path.write_bytes(pickle.dumps(obj, protocol=5))
+    _, readers = _twin_readers(path, 6)
+    for r in readers.values():
+        for bad in (6, -7, 2**63, -(2**63) - 1, 2**70):
+            with pytest.raises(IndexError, match="out of range"):
+                r.read_sample(bad)
+        assert r.read_sample(-1)[1] == 5
+
+
+def test_batch_reads_name_the_label_of_a_refused_sample_read_whole(tmp_path: Path) -> None:
+    from fractions import Fraction
+
+    from pickleshard.errors import UnsafePickleError
+
+    n = 8
+    obj = {
+        "x": [np.ones((2, 2), np.float32) * i for i in range(n)],
+        "y": list(range(n)),
+        "z": [Fraction(i, 3) for i in range(n)],
+    }
+    path = tmp_path / "f.pkl"
+    path.write_bytes(pickle.dumps(obj, protocol=4))
+    for engine in ("python", "compiled"):
+        reader = SpanReader(scan_file(path), engine=engine)
+        for i in (0, 1):  # sample 0 of an array field is read whole (the template follows it)
+            with pytest.raises(UnsafePickleError) as info:
+                reader.read_samples([i], labels=[100 + i])
+            assert info.value.sample == 100 + i
+
+
 def _same_array(got: Any, want: np.ndarray) -> None:
     assert type(got) is np.ndarray
     assert got.dtype == want.dtype

@@ -780,7 +780,7 @@ cdef tuple _rewrite(
                 n = <uint64_t>sn
             else:
                 n = _le(buf, i + 1, 4 if form == F_LEN4U else 8)
-            if n > LENGTH_LIMIT:
+            if n > LENGTH_LIMIT or <uint64_t>(here + nxt) + n > <uint64_t>end:
                 raise EOFError(f"an opcode runs past the span end {end}")
             if (
                 <uint64_t>nxt + n > <uint64_t>blen
@@ -863,7 +863,7 @@ cdef class SpanLoader:
     cdef const int64_t[:] ekeys
     cdef const int64_t[:, :] starts
     cdef const int64_t[:, :] ints
-    cdef Py_ssize_t nf, n
+    cdef Py_ssize_t nf, n, p_bytes, p_items, p_fast  # p_*: counts not yet in stats
     cdef int protocol
     cdef bint planned
     cdef object shift, loads, hooked, stats, empty
@@ -907,40 +907,58 @@ cdef class SpanLoader:
         head = self.heads.get(key)
         return None if head is None else (head, key)
 
+    cdef void _count(self) except *:
+        """Add the pending counts to ``stats`` (the Python path counts a read once it is done)."""
+        if self.p_bytes:
+            self.stats.bytes_read += self.p_bytes
+        if self.p_items:
+            self.stats.array_items += self.p_items
+        if self.p_fast:
+            self.stats.fast_reads += self.p_fast
+        self.p_bytes = self.p_items = self.p_fast = 0
+
     cdef object _span(self, int fd, Py_ssize_t i, Py_ssize_t f, Py_ssize_t start, tuple hk):
+        """Read and load one span; SLOW on a short read (nothing counted). Counts it as read
+        once the bytes are in: a load that then fails was a read, as in the Python path."""
         cdef Py_ssize_t end = self.ends[i, f], n = end - start, got
         data = PyBytes_FromStringAndSize(NULL, n)
         cdef char* p = PyBytes_AS_STRING(data)
         with nogil:
             got = pread(fd, p, n, start)
         if got != n:
+            self.p_bytes = self.p_items = self.p_fast = 0
             return SLOW
+        self.p_bytes += n
+        self.p_fast += 1
+        self._count()
         out, buffers, finds = _rewrite(
             None, data, start, end, self.protocol, self.bases[i, f], self.shift, list(hk[1]),
             None, 0, hk[0],
         )
-        self.stats.bytes_read += n
-        self.stats.fast_reads += 1
         if finds and self.hooked is not None:
             return self.hooked(out)
         return self.loads(out)
 
     cdef object _array(self, int fd, tuple spec, Py_ssize_t start):
-        """A fresh array of ``spec`` filled from its payload; SLOW on a short read."""
-        cdef Py_ssize_t nbytes = spec[3], got = 0, offset = start + <Py_ssize_t>spec[2]
+        """A fresh array of ``spec`` filled from its payload (counted as pending); SLOW when
+        the file ends first."""
+        cdef Py_ssize_t nbytes = spec[3], got = 0, k = 1, offset = start + <Py_ssize_t>spec[2]
         cdef Py_buffer view
         out = self.empty(spec[0], spec[1])
         if nbytes:
             PyObject_GetBuffer(out, &view, PyBUF_WRITABLE)
             try:
                 with nogil:
-                    got = pread(fd, view.buf, nbytes, offset)
+                    while got < nbytes and k > 0:  # one pread moves at most ~2 GiB
+                        k = pread(fd, <char*>view.buf + got, nbytes - got, offset + got)
+                        if k > 0:
+                            got += k
             finally:
                 PyBuffer_Release(&view)
             if got != nbytes:
                 return SLOW
-        self.stats.bytes_read += nbytes
-        self.stats.array_items += 1
+        self.p_bytes += nbytes
+        self.p_items += 1
         if spec[4]:
             out.byteswap(inplace=True)
         if spec[5]:
@@ -955,11 +973,13 @@ cdef class SpanLoader:
         hk = self._head(i, f)
         if hk is None:
             return SLOW
+        self.p_bytes = self.p_items = self.p_fast = 0
         return self._span(fd, i, f, start, hk)
 
     def load_sample(self, int fd, Py_ssize_t i):
-        """Sample ``i`` as a tuple (after :meth:`plan`); or :data:`SLOW`: before any read, or
-        after a short read (the file changed: the caller's path names the error)."""
+        """Sample ``i`` as a tuple (after :meth:`plan`); or :data:`SLOW` with nothing counted
+        (before any read, or after a short read: the file changed, the caller's path names
+        the error). Fields are read in the Python path's order: arrays, then the span."""
         if not self.planned or not 0 <= i < self.n:
             return SLOW
         cdef Py_ssize_t f, span = -1, s, n
@@ -980,19 +1000,29 @@ cdef class SpanLoader:
                 exceptions = (<tuple>self.items[f])[6]
                 if (exceptions and i in exceptions) or self.starts[i, f] in self.definers:
                     return SLOW
+        self.p_bytes = self.p_items = self.p_fast = 0
         out = PyTuple_New(self.nf)
         for f in range(self.nf):
             how = self.hows[f]
+            if how == H_SPAN:
+                continue
             if how == H_INT:
                 v = PyLong_FromLongLong(self.ints[i, <Py_ssize_t>self.intcols[f]])
-            elif how == H_ITEM:
-                v = self._array(fd, <tuple>self.items[f], self.starts[i, f])
             else:
-                v = self._span(fd, i, f, self.starts[i, f], hk)
+                v = self._array(fd, <tuple>self.items[f], self.starts[i, f])
+                if v is SLOW:
+                    self.p_bytes = self.p_items = self.p_fast = 0
+                    return SLOW
+            Py_INCREF(v)
+            PyTuple_SET_ITEM(out, f, v)
+        if span >= 0:
+            v = self._span(fd, i, span, self.starts[i, span], hk)  # counts the arrays first
             if v is SLOW:
                 return SLOW
             Py_INCREF(v)
-            PyTuple_SET_ITEM(out, f, v)
+            PyTuple_SET_ITEM(out, span, v)
+        else:
+            self._count()
         return out
 
 

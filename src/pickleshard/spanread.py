@@ -180,6 +180,7 @@ class SpanReader:
         self._checked: set[int] = set()  # ArrayItem fields checked against a real unpickling
         self._rec_starts = np.ascontiguousarray(scan.records[:, 0])
         self._one_shift = int(scan.records[0, 2]) if len(scan.records) == 1 else None
+        self._n = scan.num_samples
         self._fd = -1
         self._pid = -1
         self._loader: Any = None  # the compiled reads (_cscan.SpanLoader), per process
@@ -576,9 +577,19 @@ class SpanReader:
         Fields read by span are read in file order; one that a later field refers to is reused
         by it (and is never read straight from its payload, which would lose that identity).
         """
-        if self._loader is not None and self._pid == os.getpid():
-            if self._own_allowlist is not None:
-                self._own_allowlist.sample = i  # a refusal names the sample
+        return self._sample(i, None)
+
+    def _sample(self, i: int, label: int | None) -> tuple[Any, ...]:
+        """:meth:`read_sample`; a refusal by this reader's own allowlist names ``label``
+        (default: ``i``)."""
+        n = self._n
+        if not -n <= i < n:
+            raise IndexError(f"sample {i} out of range for {self.path} ({n} samples)")
+        if i < 0:
+            i += n
+        if self._own_allowlist is not None:
+            self._own_allowlist.sample = i if label is None else label
+        if self._loader is not None and self._pid == os.getpid() and type(i) is int:
             try:
                 got = self._loader.load_sample(self._fd, i)
             except PickleshardError:
@@ -590,13 +601,6 @@ class SpanReader:
             if got is not _SLOW:
                 return got  # type: ignore[no-any-return]
         scan = self.scan
-        n = scan.num_samples
-        if not -n <= i < n:
-            raise IndexError(f"sample {i} out of range for {self.path} ({n} samples)")
-        if i < 0:
-            i += n
-        if self._own_allowlist is not None:
-            self._own_allowlist.sample = i  # a refusal names the sample
         starts = scan.starts[i].tolist()
         out: list[Any] = [None] * len(starts)
         spans: list[int] = []
@@ -713,7 +717,7 @@ class SpanReader:
             if hook is not None:
                 hook.sample = labels[k] if labels is not None else i
             if whole_l[k]:
-                out[k] = self.read_sample(i)
+                out[k] = self._sample(i, labels[k] if labels is not None else None)
                 continue
             row = [c[k] if c is not None else None for c in cols]
             if starts_l is not None:

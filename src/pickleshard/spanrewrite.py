@@ -170,7 +170,7 @@ def rewrite_span(
                 raise pickle.UnpicklingError(
                     f"{oc.OPNAME[op]} at byte {here + i} declares a negative length {n}"
                 )
-            if n > _LENGTH_LIMIT:
+            if n > _LENGTH_LIMIT or here + nxt + n > end:
                 raise EOFError(f"an opcode runs past the span end {end}")
             if (
                 nxt + n > blen
