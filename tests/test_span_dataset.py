@@ -164,21 +164,55 @@ def test_getitems_reads_each_file_in_offset_order(
     files = write_synthetic(tmp_path / "data", files=3, per_file=6, shape=(2,), kind="objects")
     ds = PickleDataset(tmp_path / "data", mode="span")
     reads: list[tuple[str, int]] = []
-    real = SpanReader.read_sample
 
-    def traced(self: SpanReader, i: int) -> tuple[Any, ...]:
-        reads.append((Path(self.path).name, int(self.scan.starts[i].min())))
-        return real(self, i)
+    def start(reader: SpanReader, i: int) -> tuple[str, int]:
+        return Path(reader.path).name, int(reader.scan.starts[i].min())
 
-    monkeypatch.setattr(SpanReader, "read_sample", traced)
+    real = SpanReader._sample
+
+    def traced(self: SpanReader, i: int, label: int | None) -> tuple[Any, ...]:
+        reads.append(start(self, i))  # a sample read by the Python path
+        return real(self, i, label)
+
+    class Spy:  # samples read by one compiled call (once a reader has its plan)
+        def __init__(self, reader: SpanReader) -> None:
+            self.reader, self.loader = reader, reader._loader
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.loader, name)
+
+        def load_samples(
+            self, fd: int, items: list[int], labels: list[int], fallback: Any
+        ) -> list[Any]:
+            out: list[Any] = []
+            for i, label in zip(items, labels, strict=True):  # one at a time, to see the order
+                fell: list[int] = []
+
+                def fall(i: int, label: int, fell: list[int] = fell) -> Any:
+                    fell.append(i)  # read by the Python path (traced there)
+                    return fallback(i, label)
+
+                out += self.loader.load_samples(fd, [i], [label], fall)
+                if not fell:
+                    reads.append(start(self.reader, i))
+            return out
+
+    monkeypatch.setattr(SpanReader, "_sample", traced)
     indices = [13, 2, 7, 0, 13, 17, 1, 6]  # files 2, 0, 1, 0, 2, 2, 0, 1
-    batch = ds.__getitems__(indices)
-    visited = [name for k, (name, _) in enumerate(reads) if k == 0 or reads[k - 1][0] != name]
-    assert sorted(visited) == sorted(set(visited)) == [p.name for p in files]  # each file once
-    for name in visited:
-        offsets = [start for n, start in reads if n == name]
-        assert offsets == sorted(offsets)  # in offset order
-    assert len(reads) == len(indices)
+    for attempt in ("python path", "compiled"):
+        if attempt == "compiled":
+            for pos in range(3):
+                reader, _ = ds.span_files.reader(pos)
+                assert reader._plan_ok  # planned by the first batch
+                monkeypatch.setattr(reader, "_loader", Spy(reader))
+        reads.clear()
+        batch = ds.__getitems__(indices)
+        visited = [name for k, (name, _) in enumerate(reads) if k == 0 or reads[k - 1][0] != name]
+        assert sorted(visited) == sorted(set(visited)) == [p.name for p in files]  # each once
+        for name in visited:
+            offsets = [at for n, at in reads if n == name]
+            assert offsets == sorted(offsets), attempt  # in offset order
+        assert len(reads) == len(indices)
     want = _expected(files)
     for got, i in zip(batch, indices, strict=True):
         assert_same(got, want[i])

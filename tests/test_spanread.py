@@ -449,6 +449,23 @@ def test_batch_reads_name_the_label_of_a_refused_sample_read_whole(tmp_path: Pat
             assert info.value.sample == 100 + i
 
 
+def test_compiled_batch_reads_name_the_label_of_a_refused_sample(tmp_path: Path) -> None:
+    from fractions import Fraction
+
+    from pickleshard.errors import UnsafePickleError
+
+    path = tmp_path / "f.pkl"
+    xs = [{"k": Fraction(i, 3)} if i in (4, 6) else {"k": i} for i in range(8)]
+    path.write_bytes(pickle.dumps((xs, list(range(8))), protocol=4))
+    reader = SpanReader(scan_file(path))
+    reader.read_sample(1)
+    assert reader._plan_ok  # batches now go through one compiled call
+    assert [s[1] for s in reader.read_samples([5, 3, 7], labels=[50, 30, 70])] == [5, 3, 7]
+    with pytest.raises(UnsafePickleError) as info:
+        reader.read_samples([3, 4, 5], labels=[30, 40, 50])
+    assert info.value.sample == 40
+
+
 def _same_array(got: Any, want: np.ndarray) -> None:
     assert type(got) is np.ndarray
     assert got.dtype == want.dtype

@@ -37,7 +37,27 @@ class SpanLoader:
         hooked: Callable[[bytearray], Any] | None,
         stats: Any,
     ) -> None: ...
+    at: int
+    def plan(
+        self,
+        starts: Any,
+        hows: list[int],
+        ints: Any,
+        intcols: list[int],
+        items: list[tuple[Any, ...] | None],
+        definers: dict[int, int],
+        empty: Any,
+        labeler: Any = None,
+    ) -> None: ...
     def load(self, fd: int, i: int, f: int, start: int) -> Any: ...
+    def load_sample(self, fd: int, i: int) -> Any: ...
+    def load_samples(
+        self,
+        fd: int,
+        items: list[int],
+        labels: list[int],
+        fallback: Callable[[int, int], Any],
+    ) -> list[Any]: ...
 
 def replayed_values() -> int: ...
 def gather(buf: Any, at: Any, rel: Any, release: Callable[[int], None] | None) -> Any: ...

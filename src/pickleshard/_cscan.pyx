@@ -866,7 +866,8 @@ cdef class SpanLoader:
     cdef Py_ssize_t nf, n, p_bytes, p_items, p_fast  # p_*: counts not yet in stats
     cdef int protocol
     cdef bint planned
-    cdef object shift, loads, hooked, stats, empty
+    cdef object shift, loads, hooked, stats, empty, labeler, label
+    cdef public Py_ssize_t at  # load_samples: the position of the sample being read
     cdef dict heads, definers
     cdef list hows, intcols, items
 
@@ -879,17 +880,22 @@ cdef class SpanLoader:
         self.heads, self.protocol, self.shift = heads, protocol, shift
         self.loads, self.hooked, self.stats = loads, hooked, stats
         self.planned = False
+        self.labeler, self.label, self.at = None, None, -1
 
-    def plan(self, starts, list hows, ints, list intcols, list items, dict definers, empty):
+    def plan(
+        self, starts, list hows, ints, list intcols, list items, dict definers, empty,
+        labeler=None,
+    ):
         """Enable :meth:`load_sample`. Per field: ``hows[f]`` (0 span, 2 array item, 3 int),
         ``intcols[f]`` its column of ``ints`` (every int field's values, int64 ``(n, k)``),
         ``items[f]`` ``(shape, dtype, prefix, nbytes, swap, readonly, exceptions)``;
-        ``definers`` the span starts that define shared values; ``empty`` is ``numpy.empty``."""
+        ``definers`` the span starts that define shared values; ``empty`` is ``numpy.empty``;
+        ``labeler`` the allowlist whose ``sample`` :meth:`load_samples` sets, or None."""
         if len(hows) != self.nf or any(h not in (H_SPAN, H_ITEM, H_INT) for h in hows):
             raise ValueError(f"no compiled plan for fields read as {hows}")
         self.starts, self.ints = starts, ints
         self.hows, self.intcols, self.items = hows, intcols, items
-        self.definers, self.empty = definers, empty
+        self.definers, self.empty, self.labeler = definers, empty, labeler
         self.planned = True
 
     cdef object _head(self, Py_ssize_t i, Py_ssize_t f):
@@ -936,6 +942,8 @@ cdef class SpanLoader:
             None, 0, hk[0],
         )
         if finds and self.hooked is not None:
+            if self.label is not None and self.labeler is not None:
+                self.labeler.sample = self.label  # a refusal names the sample
             return self.hooked(out)
         return self.loads(out)
 
@@ -974,12 +982,38 @@ cdef class SpanLoader:
         if hk is None:
             return SLOW
         self.p_bytes = self.p_items = self.p_fast = 0
+        self.label = None
         return self._span(fd, i, f, start, hk)
 
     def load_sample(self, int fd, Py_ssize_t i):
         """Sample ``i`` as a tuple (after :meth:`plan`); or :data:`SLOW` with nothing counted
         (before any read, or after a short read: the file changed, the caller's path names
         the error). Fields are read in the Python path's order: arrays, then the span."""
+        self.label = None
+        return self._sample(fd, i)
+
+    def load_samples(self, int fd, list items, list labels, fallback):
+        """:meth:`load_sample` of each of ``items`` (in that order), in a list, with
+        ``fallback(item, label)`` reading the samples it cannot (the caller's path, in turn);
+        a refused global names ``labels[k]`` (through the plan's ``labeler``). On an exception
+        :attr:`at` is the position of the sample that raised it."""
+        cdef Py_ssize_t k, m = len(items)
+        if len(labels) != m:
+            raise ValueError(f"{m} samples but {len(labels)} labels")
+        out = [None] * m
+        try:
+            for k in range(m):
+                self.at, self.label = k, labels[k]
+                v = self._sample(fd, items[k])
+                if v is SLOW:
+                    self.label = None
+                    v = fallback(items[k], labels[k])
+                out[k] = v
+        finally:
+            self.label = None
+        return out
+
+    cdef object _sample(self, int fd, Py_ssize_t i):
         if not self.planned or not 0 <= i < self.n:
             return SLOW
         cdef Py_ssize_t f, span = -1, s, n

@@ -32,8 +32,6 @@ from .wholefile import CacheStats, WholeFileCache, load_layout
 __all__ = ["DEFAULT_CACHE_BYTES", "Mode", "PickleDataset"]
 
 DEFAULT_CACHE_BYTES = 1 << 30
-# Samples of one span file in a batch from which SpanReader.read_samples beats one read each
-_BATCH_READ_MIN = 16
 
 Sample = tuple[Any, ...]
 Mode = Literal["auto", "span", "whole"]
@@ -197,9 +195,8 @@ class PickleDataset(_DatasetBase[Any]):
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """Fetch a batch, returned in request order. Each file is visited once: span-read files
-        in offset order (many samples of one file through :meth:`SpanReader.read_samples`, a
-        few one by one), whole files in order of first appearance, their samples in item
-        order."""
+        through :meth:`SpanReader.read_samples` (in offset order), whole files in order of first
+        appearance, their samples in item order."""
         wanted = np.asarray(indices, dtype=np.int64).reshape(-1)
         if not len(wanted):
             return []
@@ -223,14 +220,13 @@ class PickleDataset(_DatasetBase[Any]):
                 b += 1
             if not self._is_span[pos]:
                 whole = True
-            elif b - a >= _BATCH_READ_MIN:  # enough samples of one file to read as a batch
+            else:  # one by one or as a batch, as the reader sees fit
                 reader, _ = self._spans.reader(pos)
                 got = reader.read_samples(its[a:b], labels=labels[a:b])
+                if self.transform is not None:
+                    got = [self.transform(sample) for sample in got]
                 for k, sample in zip(ks[a:b], got, strict=True):
-                    out[k] = self._finish(sample)
-            else:
-                for j in range(a, b):
-                    out[ks[j]] = self._finish(self._spans.read(pos, its[j], labels[j]))
+                    out[k] = sample
             a = b
         if not whole:
             return out

@@ -71,6 +71,7 @@ __all__ = ["BIG", "ReaderStats", "SpanReader", "literal_head", "rewrite_span"]
 
 _SPAN, _ROW, _ITEM, _INT = range(4)  # how a field is read: see SpanReader.read_sample
 _MAX_HEADS = 4096  # literal prologues kept per reader, one per distinct tuple of externals
+BATCH_READ_MIN = 16  # samples of one file that read_samples reads as a batch (fewer: one by one)
 _INT_REGION = 1 << 20  # an int field's values are decoded at once from at most this many bytes
 
 
@@ -186,6 +187,8 @@ class SpanReader:
         self._loader: Any = None  # the compiled reads (_cscan.SpanLoader), per process
         self._planned = False  # whether the loader was given a whole-sample plan (or refused)
         self._plan_span = -1  # the field the plan reads by span
+        self._plan_ok = False  # the loader has a whole-sample plan
+        self._plan_items = False  # ... that reads arrays from their payloads
 
     def close(self) -> None:
         if self._fd >= 0 and self._pid == os.getpid():
@@ -209,6 +212,7 @@ class SpanReader:
             stats=ReaderStats(),
             _loader=None,
             _planned=False,
+            _plan_ok=False,
         )
         return state
 
@@ -222,7 +226,7 @@ class SpanReader:
                     self.path, f"cannot open: {exc.strerror or exc}"
                 ) from None
             self._pid = os.getpid()
-            self._loader, self._planned = self._make_loader(), False
+            self._loader, self._planned, self._plan_ok = self._make_loader(), False, False
         return self._fd
 
     def _make_loader(self) -> Any:
@@ -282,9 +286,18 @@ class SpanReader:
             return
         self._plan_span = hows.index(_SPAN) if _SPAN in hows else -1
         table = np.stack(ints, axis=1) if ints else np.zeros((self.scan.num_samples, 0), np.int64)
+        labeler = self.find_class if isinstance(self.find_class, AllowlistFindClass) else None
         self._loader.plan(
-            self.scan.starts, hows, table.astype(np.int64), cols, items, self._definers, np.empty
+            self.scan.starts,
+            hows,
+            table.astype(np.int64),
+            cols,
+            items,
+            self._definers,
+            np.empty,
+            labeler,
         )
+        self._plan_ok, self._plan_items = True, _ITEM in hows
 
     def _hooked_load(self, data: bytearray) -> Any:
         return self._fast_unpickler(data, [], []).load()
@@ -676,20 +689,26 @@ class SpanReader:
     ) -> list[tuple[Any, ...]]:
         """Samples at ``indices`` (in that order), equal to :meth:`read_sample` of each.
 
-        Reads go in file-offset order. Fields read from payloads are read a batch at a time: the
-        arrays of one field land in one ``(len(indices), ...)`` array (each sample gets a view of
-        its row), small ints come from the decoded column; samples that need it are read by
-        :meth:`read_sample`. A refused global names the sample's label (its index in a dataset:
-        ``labels[k]`` for ``indices[k]``), else its index in the file.
+        Reads go in file-offset order. Fewer than 16 samples, or samples the compiled read takes
+        whole (no arrays among their fields), are read one by one; otherwise fields read from
+        payloads are read a batch at a time: the arrays of one field land in one
+        ``(len(indices), ...)`` array (each sample gets a view of its row), small ints come from
+        the decoded column; samples that need it are read by :meth:`read_sample`. A refused
+        global names the sample's label (its index in a dataset: ``labels[k]`` for
+        ``indices[k]``), else its index in the file.
         """
-        n = self.scan.num_samples
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if not len(idx):
+        n = self._n
+        wanted = indices.reshape(-1).tolist() if isinstance(indices, np.ndarray) else list(indices)
+        if not wanted:
             return []
-        if int(idx.min()) < -n or int(idx.max()) >= n:
-            bad = next(int(i) for i in idx.tolist() if not -n <= i < n)
+        if min(wanted) < -n or max(wanted) >= n:
+            bad = next(int(i) for i in wanted if not -n <= i < n)
             raise IndexError(f"sample {bad} out of range for {self.path} ({n} samples)")
-        idx = np.where(idx < 0, idx + n, idx)
+        if type(wanted[0]) is not int or min(wanted) < 0:
+            wanted = [int(i) + n if i < 0 else int(i) for i in wanted]
+        if len(wanted) < BATCH_READ_MIN or (self._plan_ok and not self._plan_items):
+            return self._each(wanted, labels)
+        idx = np.asarray(wanted, dtype=np.int64)
         hook = self.find_class if isinstance(self.find_class, AllowlistFindClass) else None
         starts = self.scan.starts[idx]
         order = np.argsort(starts.min(axis=1) if starts.shape[1] else idx, kind="stable").tolist()
@@ -724,6 +743,43 @@ class SpanReader:
                 self._read_spans(row, i, starts_l[k], list(spans))
             out[k] = tuple(row)
         return out
+
+    def _each(self, idx: list[int], labels: Sequence[int] | None) -> list[tuple[Any, ...]]:
+        """Samples ``idx`` (in range, in that order) read one by one in offset order: by one
+        compiled call when this process has a plan, else by :meth:`_sample` each."""
+        items = sorted(idx)
+        if items == idx:  # already in offset order (a dataset's batch is)
+            order: Sequence[int] = range(len(idx))
+            names = idx if labels is None else list(labels)
+        else:
+            order = sorted(range(len(idx)), key=idx.__getitem__)
+            items = [idx[k] for k in order]
+            names = items if labels is None else [labels[k] for k in order]
+        got: list[Any]
+        if self._plan_ok and self._pid == os.getpid():
+            try:
+                got = self._loader.load_samples(self._fd, items, names, self._labelled)
+            except PickleshardError:
+                raise
+            except Exception as exc:  # bad bytes make the unpickler raise many types
+                if self._plan_span < 0:  # only the span can meet bad bytes
+                    raise
+                start = int(self.scan.starts[items[self._loader.at], self._plan_span])
+                raise _damaged(self.path, start, exc) from None
+        else:
+            got = [self._labelled(i, name) for i, name in zip(items, names, strict=True)]
+        if isinstance(order, range):
+            return got
+        out: list[tuple[Any, ...]] = [()] * len(idx)
+        for k, value in zip(order, got, strict=True):
+            out[k] = value
+        return out
+
+    def _labelled(self, i: int, label: int) -> tuple[Any, ...]:
+        """:meth:`_sample`, a refusal by any allowlist of this reader naming ``label``."""
+        if isinstance(self.find_class, AllowlistFindClass):
+            self.find_class.sample = label
+        return self._sample(i, label)
 
     def _items_batch(
         self, f: int, idx: np.ndarray, starts: np.ndarray, order: list[int], whole: np.ndarray
