@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import mmap
 import pickle
+import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -337,6 +338,39 @@ def test_rewrite_twins_on_edge_cases(
             externals=[],
         )
         outcomes.append(_outcome(run, lambda r: (bytes(r[0]), r[1], r[2])))
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][1] is error if error else outcomes[0][0] == "returned"
+
+
+@pytest.mark.parametrize(
+    ("span", "memo_base", "shift", "error"),
+    [
+        (b"K\x01q\x00", 5, 0, pickle.UnpicklingError),  # a PUT below the span's first id
+        (b"K\x01r\x00\x00\x00\x00", 3, 1, pickle.UnpicklingError),
+        (b"K\x01r\xff\xff\xff\xff", 0, 10, struct.error),  # a local id past 32 bits
+        (b"K\x01r\x00\x01\x00\x00", 0, 0, None),  # LONG_BINPUT 256: stays long
+        (b"K\x01q\x07h\x07", 7, 0, None),  # a PUT and a GET renumbered from 0
+    ],
+)
+def test_rewrite_twins_renumber_memo_ids_alike(
+    span: bytes, memo_base: int, shift: int, error: type[Exception] | None
+) -> None:
+    outcomes = [
+        _outcome(
+            functools.partial(
+                rewrite,
+                lambda offset, n: span[offset : offset + n],
+                0,
+                len(span),
+                protocol=4,
+                memo_base=memo_base,
+                shift=shift,
+                externals=[],
+            ),
+            lambda r: (bytes(r[0]), r[1], r[2]),
+        )
+        for rewrite in (spanread.rewrite_span, _cscan.rewrite_span)
+    ]
     assert outcomes[0] == outcomes[1]
     assert outcomes[0][1] is error if error else outcomes[0][0] == "returned"
 

@@ -602,6 +602,7 @@ from cpython.bytearray cimport (
 from cpython.bytes cimport PyBytes_AS_STRING
 
 import pickle
+from struct import error as struct_error
 
 cdef int COPY_STEP_[256]
 cdef int PAYLOAD_[256]
@@ -633,6 +634,26 @@ cdef int _put_bytes(bytearray out, bytes b) except -1:
     cdef Py_ssize_t n0 = len(out), n = len(b)
     PyByteArray_Resize(out, n0 + n)
     memcpy(PyByteArray_AS_STRING(out) + n0, PyBytes_AS_STRING(b), n)
+    return 0
+
+
+cdef int _put_id(bytearray out, unsigned char short_op, int64_t ident) except -1:
+    """``BINGET``/``BINPUT`` (``short_op``) of ``ident``, or ``LONG_BINGET``/``LONG_BINPUT``
+    from 256 on: what ``spanrewrite._encode_get`` / ``_encode_put`` write."""
+    cdef Py_ssize_t n0 = len(out), j
+    cdef char* p
+    if ident < 256:
+        PyByteArray_Resize(out, n0 + 2)
+        p = PyByteArray_AS_STRING(out) + n0
+        p[0], p[1] = <char>short_op, <char>ident
+        return 0
+    if ident >= 1 << 32:
+        raise struct_error("'I' format requires 0 <= number <= 4294967295")
+    PyByteArray_Resize(out, n0 + 5)
+    p = PyByteArray_AS_STRING(out) + n0
+    p[0] = <char>(LONG_BINGET_OP if short_op == BINGET_OP else LONG_BINPUT_OP)
+    for j in range(4):
+        p[1 + j] = <char>((ident >> (8 * j)) & 0xFF)
     return 0
 
 
@@ -722,6 +743,10 @@ cdef tuple _rewrite(
     cdef Py_ssize_t finds = 0
     cdef list buffers = []
     cdef list gets = _gets, puts = _puts
+    # memo base and shift as C ints when they fit (they always do for a real file's spans)
+    cdef bint fast_ids = -ID_LIMIT < memo_base < ID_LIMIT and -ID_LIMIT < shift < ID_LIMIT
+    cdef int64_t c_base = memo_base if fast_ids else 0, c_shift = shift if fast_ids else 0
+    cdef int64_t ckey, cnew
     cdef Py_ssize_t here = start, blen, i = 0, mark = 0, need, nxt, nl
     cdef uint64_t n
     cdef int32_t sn
@@ -804,7 +829,20 @@ cdef tuple _rewrite(
         if act == A_GET or act == A_PUT or act == A_FRAME:
             _copy(out, buf, mark, i)
             mark = nxt
-            if act != A_FRAME:
+            if act != A_FRAME and (need == 2 or need == 5) and fast_ids:
+                # binary ids: C arithmetic (text ids of protocols 0-1 may be any size: below)
+                ckey = (buf[i + 1] if need == 2 else <int64_t>_le(buf, i + 1, 4)) + c_shift
+                if act == A_GET and ckey < c_base:
+                    cnew = local[ckey]
+                else:
+                    cnew = n_ext + ckey - c_base
+                if cnew < 0:  # a PUT below the span's first id: the file changed since the scan
+                    raise pickle.UnpicklingError(
+                        f"{oc.OPNAME[op]} at byte {here + i} stores memo id {ckey - c_shift} "
+                        "below the span's"
+                    )
+                _put_id(out, (BINGET_OP if act == A_GET else BINPUT_OP), cnew)
+            elif act != A_FRAME:
                 if need == 2:
                     ident = buf[i + 1]
                 elif need == 5:
@@ -813,6 +851,10 @@ cdef tuple _rewrite(
                     ident = int(data[i + 1 : nxt - 1])
                 key = ident + shift
                 new = local[key] if act == A_GET and key < memo_base else n_ext + key - memo_base
+                if new < 0:  # a PUT below the span's first id: the file changed since the scan
+                    raise pickle.UnpicklingError(
+                        f"{oc.OPNAME[op]} at byte {here + i} stores memo id {ident} below the span's"
+                    )
                 if new < 256:
                     _put_bytes(out, gets[new] if act == A_GET else puts[new])
                 else:

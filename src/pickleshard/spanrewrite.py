@@ -203,6 +203,10 @@ def rewrite_span(
                 )
                 key = ident + shift
                 new = local[key] if act == A_GET and key < memo_base else n_ext + key - memo_base
+                if new < 0:  # a PUT below the span's first id: the file changed since the scan
+                    raise pickle.UnpicklingError(
+                        f"{oc.OPNAME[op]} at byte {here + i} stores memo id {ident} below the span's"
+                    )
                 table = gets if act == A_GET else puts
                 out += (
                     table[new]
