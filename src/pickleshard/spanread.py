@@ -20,6 +20,12 @@ value:
 - *general*: :class:`pickleshard.memo.SpanUnpickler` reads the span as is (pure Python, slow,
   obviously right); the oracle for the fast path.
 
+With the compiled extension, once a process has read a sample of the file (which settles how
+each field is read), a sample whose fields are small ints, arrays read from their payloads and
+at most one span with a cached literal prologue is read in one call into
+``pickleshard._cscan.SpanLoader`` (the same reads, rewrite and load, in C), and batches of them
+in one call too; anything else takes the Python path above, which is the reference.
+
 External values come from the file's :class:`~pickleshard.memo.SharedTable`: the element that
 defines one is replayed whole, once per read (all its values then come from that one replay, so
 identity between them holds). Immutable values (str, bytes, numbers, dtypes, classes and
