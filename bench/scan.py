@@ -274,7 +274,7 @@ _SETUP = """
   `load / page touch` is therefore the most any such scanner can be faster than `pickle.load`
 - peak memory: `scan_file` of one file in a fresh process (after importing numpy and pickleshard),
   the file in the page cache; PSS sampled every 5 ms (`pickleshard.memory.PeakPSS`) counts the
-  file's pages mapped through the scan's mmap (the walk unmaps them every 8 MiB) plus private
+  file's pages mapped through the scan's mmap (the walk unmaps them every 4 MiB) plus private
   memory; peak RSS is the process's VmHWM, its growth the part the scan added
 """
 

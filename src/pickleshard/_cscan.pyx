@@ -45,7 +45,7 @@ cdef enum:
     BOUNDS = 3
     SUB = 4
     KEY = 5
-    RELEASE_SHIFT = 23
+    RELEASE_SHIFT = 22
     MEMOIZE_OP = 0x94
     BINPUT_OP = 0x71
     LONG_BINPUT_OP = 0x72
@@ -78,7 +78,7 @@ def _check_tables():
         forms != tuple(range(8))
         or acts != tuple(range(26))
         or slots != (1, 2, 3, 0, 1, 2, 3, 4, 5)
-        or ops != (0x94, 0x71, 0x72, 0x68, 0x6A, 23)
+        or ops != (0x94, 0x71, 0x72, 0x68, 0x6A, 22)
         or pyarray.array("q").itemsize != sizeof(long long)
     ):
         raise ImportError("pickleshard._cscan was built against other opcode tables")
@@ -1110,7 +1110,7 @@ import numpy as np
 def gather(object buf, const int64_t[:] at, const int64_t[:] rel, object release):
     """:func:`pickleshard.scan._gathered`, compiled: ``buf[at[k] + rel]`` for every ``k`` as a
     ``(len(at), len(rel))`` uint8 array, read in offset order; ``release`` (None, or the
-    ``opcodes._releaser`` of ``buf``) is called as the reference calls it, once per 8 MiB block
+    ``opcodes._releaser`` of ``buf``) is called as the reference calls it, once per 4 MiB block
     of offsets passed."""
     cdef Py_ssize_t n = at.shape[0], r = rel.shape[0], k, j, i, prev
     out = np.empty((n, r), np.uint8)

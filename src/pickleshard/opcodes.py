@@ -155,7 +155,7 @@ BININT2_OP = 0x4D
 # Size of a span that is one small-int opcode and its argument (BININT1, BININT2, BININT)
 INT_SPAN: Final = {BININT1_OP: 2, BININT2_OP: 3, BININT_OP: 5}
 U4, I4, U8 = (struct.Struct(f).unpack_from for f in ("<I", "<i", "<Q"))
-RELEASE_SHIFT: Final = 23  # walks release mapped pages every 8 MiB (see _releaser)
+RELEASE_SHIFT: Final = 22  # walks release mapped pages every 4 MiB (see _releaser)
 KEEP_MAPPED: Final = 64 << 20  # files up to this size keep their pages mapped during a scan
 Release = Callable[[int], None]
 
@@ -274,7 +274,7 @@ def _walk_record(
 
     The hot loop: one table lookup and one ``list.append`` for the common fixed-size pushes,
     a length read and a seek for payloads; containers, marks and the memo are the rest. When a
-    payload ends in another 8 MiB block than it starts, ``release(start)`` is called.
+    payload ends in another 4 MiB block than it starts, ``release(start)`` is called.
     """
     defs, goffs, gkeys = w.defs, w.get_offs, w.get_keys
     stack: list[Value] = []

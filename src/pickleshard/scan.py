@@ -736,7 +736,7 @@ def _template_mask(
 def _gathered(buf: Any, at: np.ndarray, rel: np.ndarray) -> np.ndarray:
     """``buf[at[k] + rel]`` for every ``k``, a ``(len(at), len(rel))`` uint8 array.
 
-    An mmap is read 8 MiB of offsets at a time, each window's pages dropped from this process
+    An mmap is read 4 MiB of offsets at a time, each window's pages dropped from this process
     after it (as the opcode walk does, see :func:`pickleshard.opcodes._releaser`): touching a
     few bytes of every sample would otherwise map most of a file of big samples.
     """
@@ -829,15 +829,16 @@ def _array_item(
     # the same bytes with a 9-byte FRAME header at suffix boundary b: where each is found
     framed_rels = [(pre + plen + b, np.where(rel < pre + plen + b, rel, rel + 9)) for b in bounds]
     t_ext = ext_keys[ext_lo[t] : ext_hi[t]]
-    cand = np.nonzero(((lengths == length) | (lengths == length + 9)) & (np.arange(n) > t))[0]
-    cand = cand[(ext_hi[cand] - ext_lo[cand]) == len(t_ext)]
-    if len(t_ext):
-        got = ext_keys[ext_lo[cand][:, None] + np.arange(len(t_ext))]
-        cand = cand[(got == t_ext).all(axis=1)]
+    cand = np.flatnonzero((lengths == length) | (lengths == length + 9))
+    cand = cand[(cand > t) & ((ext_hi[cand] - ext_lo[cand]) == len(t_ext))]
     template = insp.gather(np.array([s0], np.int64), rel)[0]
     keep = []
-    for lo in range(0, len(cand), _CHUNK):
+    checked = 0
+    for lo in range(0, len(cand), _CHUNK):  # chunks: temporaries of a few MB at most
         c = cand[lo : lo + _CHUNK]
+        if len(t_ext):
+            c = c[(ext_keys[ext_lo[c][:, None] + np.arange(len(t_ext))] == t_ext).all(axis=1)]
+        checked += len(c)
         plain, framed = c[lengths[c] == length], c[lengths[c] != length]
         keep.append(plain[((insp.gather(st[plain], rel) == template) | ~mask).all(axis=1)])
         for at, where in framed_rels:
@@ -845,7 +846,7 @@ def _array_item(
             ok = (got[:, 0] == oc.FRAME_OP) & ((got[:, 1:] == template) | ~mask).all(axis=1)
             keep.append(framed[ok])
             framed = framed[~ok]
-    insp.bytes_read += len(cand) * (pre + post + 1)
+    insp.bytes_read += checked * (pre + post + 1)
     direct = np.zeros(n, bool)
     direct[t] = True
     for c in keep:
