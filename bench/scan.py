@@ -9,8 +9,10 @@ alone (``opcodes.walk_opcodes``), the rest of a scan being layout matching and s
 Datasets (``pickleshard synth`` layout, ``pickle.dump((x_list, y_list))`` per file):
 (a) float32 ``(3, 32, 32)`` arrays, 12 KB samples; (b) float32 ``(3, 224, 224)`` arrays, 600 KB
 samples; (c) small Python-object samples (``--kind objects``: dicts of a token list, a string,
-a float). Then the scanner's peak memory on one file of ``--big-gb`` GB of 600 KB arrays,
-measured in a fresh process as PSS (:mod:`pickleshard.memory`) and as peak RSS (VmHWM).
+a float). Then the scanner's peak memory on one file of ``--big-gb`` GB of 600 KB arrays and
+one of ``--big-small-gb`` GB of 12 KB arrays (the file ``python -m bench span`` reads: the most
+samples per GB, so the most per-sample scan tables), measured in a fresh process as PSS
+(:mod:`pickleshard.memory`) and as peak RSS (VmHWM).
 
 Writes ``bench/results/issue3-scan[-quick].md`` and ``.json``. ``--quick`` is a smoke run. The
 issue's targets: scan >= 20x faster than unpickling on array data; peak memory < 100 MB.
@@ -182,9 +184,11 @@ print(json.dumps({"samples": scan.num_samples, "pss_start": peak.start_bytes,
 """
 
 
-def _peak_memory(root: Path, gb: float, engine: str) -> dict[str, Any]:
-    per_file = int(gb * 1e9 / (3 * 224 * 224 * 4)) + 1
-    path = DataSet("big", "arrays", 1, per_file, (3, 224, 224)).paths(root)[0]
+def _peak_memory(
+    root: Path, gb: float, engine: str, shape: tuple[int, ...] = (3, 224, 224)
+) -> dict[str, Any]:
+    per_file = int(gb * 1e9 / (int(np.prod(shape)) * 4)) + 1
+    path = DataSet("big", "arrays", 1, per_file, shape).paths(root)[0]
     path.read_bytes()  # the page cache holds it: the worst case for mapped pages counted in PSS
     out = subprocess.run(
         [sys.executable, "-c", _PEAK_CHILD, str(path), engine],
@@ -220,10 +224,11 @@ def _table(rows: list[Row]) -> list[str]:
 
 
 def _memory_lines(mem: list[dict[str, Any]]) -> list[str]:
-    lines = ["| engine | file | samples | PSS at start MB | peak PSS MB | PSS growth MB | peak RSS MB | peak RSS growth MB |"]  # fmt: skip
-    lines.append("|---|---|---|---|---|---|---|---|")
+    lines = ["| engine | file | samples | sample KB | PSS at start MB | peak PSS MB | PSS growth MB | peak RSS MB | peak RSS growth MB |"]  # fmt: skip
+    lines.append("|---|---|---|---|---|---|---|---|---|")
     for m in mem:
         cells = [m["engine"], f"{m['file_bytes'] / 1e9:.2f} GB", f"{m['samples']:,}"]
+        cells += [f"{m['file_bytes'] / max(m['samples'], 1) / 1e3:,.0f}"]
         cells += [f"{m['pss_start'] / MB:,.0f}", f"{m['pss_peak'] / MB:,.0f}"]
         cells += [f"{(m['pss_peak'] - m['pss_start']) / MB:,.1f}"]
         cells += [f"{m['hwm_after'] / MB:,.0f}", f"{(m['hwm_after'] - m['hwm_before']) / MB:,.1f}"]
@@ -237,7 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="a tiny smoke run")
     parser.add_argument("--repeat", type=int, default=3, help="passes per method; best kept")
-    parser.add_argument("--big-gb", type=float, default=2.1, help="size of the peak-memory file")
+    parser.add_argument("--big-gb", type=float, default=2.1, help="peak-memory file, 600 KB arrays")
+    parser.add_argument(
+        "--big-small-gb", type=float, default=3.0, help="peak-memory file, 12 KB arrays"
+    )
     parser.add_argument("--data", type=Path, default=HERE / "data", help="where datasets live")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args(argv)
@@ -251,7 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"-- {ds.label}", flush=True)
         rows.append(_measure(ds, args.data, args.repeat))
     big_gb = 0.05 if args.quick else args.big_gb
+    small_gb = 0.05 if args.quick else args.big_small_gb
     mem = [_peak_memory(args.data, big_gb, e) for e in ("compiled", "python")]
+    mem += [_peak_memory(args.data, small_gb, e, (3, 32, 32)) for e in ("compiled", "python")]
     name = "issue3-scan-quick" if args.quick else "issue3-scan"
     lines = report_head("Index build: the opcode scanner vs unpickling", machine)
     lines += ["", "## Setup", "", *_SETUP.strip().splitlines()]
