@@ -350,6 +350,10 @@ def test_rewrite_twins_on_edge_cases(
         (b"K\x01r\xff\xff\xff\xff", 0, 10, struct.error),  # a local id past 32 bits
         (b"K\x01r\x00\x01\x00\x00", 0, 0, None),  # LONG_BINPUT 256: stays long
         (b"K\x01q\x07h\x07", 7, 0, None),  # a PUT and a GET renumbered from 0
+        (b"K\x01p100\n", 100, 0, None),  # a text id as long as a 4-byte binary one
+        (b"K\x01p7\ng7\n", 7, 0, None),  # text ids as long as 1-byte binary ones
+        (b"K\x01g\n", 0, 0, ValueError),  # an empty text id
+        (b"K\x01h\xff", -(2**62 - 1), 2**62 - 1, struct.error),  # 64-bit sums would overflow
     ],
 )
 def test_rewrite_twins_renumber_memo_ids_alike(
@@ -373,6 +377,11 @@ def test_rewrite_twins_renumber_memo_ids_alike(
     ]
     assert outcomes[0] == outcomes[1]
     assert outcomes[0][1] is error if error else outcomes[0][0] == "returned"
+    if error is None:  # renumbered as pickle reads the ids: the rewritten span loads
+        assert pickle.loads(outcomes[0][1][0]) == 1
+    text_ids = {b"K\x01p100\n": b"K\x01q\x00", b"K\x01p7\ng7\n": b"K\x01q\x00h\x00"}
+    if span in text_ids:  # a text id read as text, whatever its length
+        assert outcomes[0][1][0] == b"\x80\x04" + text_ids[span] + b"."
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -466,6 +466,17 @@ def test_compiled_batch_reads_name_the_label_of_a_refused_sample(tmp_path: Path)
     assert info.value.sample == 40
 
 
+def test_read_samples_takes_any_integer_indices(tmp_path: Path) -> None:
+    path = tmp_path / "f.pkl"
+    path.write_bytes(pickle.dumps(([{"a": i} for i in range(6)], list(range(6))), protocol=5))
+    reader = SpanReader(scan_file(path))
+    reader.read_sample(0)  # planned: the compiled path from here
+    labels = [s[1] for s in reader.read_samples([1, np.int64(2), -1, 2.0])]  # type: ignore[list-item]
+    assert labels == [1, 2, 5, 2]
+    assert [s[1] for s in reader.read_samples(np.array([[4], [0]]))] == [4, 0]
+    assert [s[1] for s in reader.read_samples(3)] == [3]  # type: ignore[arg-type]
+
+
 def _same_array(got: Any, want: np.ndarray) -> None:
     assert type(got) is np.ndarray
     assert got.dtype == want.dtype

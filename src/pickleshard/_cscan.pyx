@@ -744,7 +744,10 @@ cdef tuple _rewrite(
     cdef list buffers = []
     cdef list gets = _gets, puts = _puts
     # memo base and shift as C ints when they fit (they always do for a real file's spans)
-    cdef bint fast_ids = -ID_LIMIT < memo_base < ID_LIMIT and -ID_LIMIT < shift < ID_LIMIT
+    # (within 2**61 each, so n_ext + id + shift - memo_base cannot overflow 64 bits)
+    cdef bint fast_ids = -ID_LIMIT // 2 < memo_base < ID_LIMIT // 2 and (
+        -ID_LIMIT // 2 < shift < ID_LIMIT // 2
+    )
     cdef int64_t c_base = memo_base if fast_ids else 0, c_shift = shift if fast_ids else 0
     cdef int64_t ckey, cnew
     cdef Py_ssize_t here = start, blen, i = 0, mark = 0, need, nxt, nl
@@ -829,7 +832,7 @@ cdef tuple _rewrite(
         if act == A_GET or act == A_PUT or act == A_FRAME:
             _copy(out, buf, mark, i)
             mark = nxt
-            if act != A_FRAME and (need == 2 or need == 5) and fast_ids:
+            if act != A_FRAME and form == F_FIXED and fast_ids:
                 # binary ids: C arithmetic (text ids of protocols 0-1 may be any size: below)
                 ckey = (buf[i + 1] if need == 2 else <int64_t>_le(buf, i + 1, 4)) + c_shift
                 if act == A_GET and ckey < c_base:
@@ -843,12 +846,12 @@ cdef tuple _rewrite(
                     )
                 _put_id(out, (BINGET_OP if act == A_GET else BINPUT_OP), cnew)
             elif act != A_FRAME:
-                if need == 2:
-                    ident = buf[i + 1]
-                elif need == 5:
-                    ident = _le(buf, i + 1, 4)
-                else:
+                if form == F_LINE or form == F_LINE2:  # a text id may be as long as a binary one
                     ident = int(data[i + 1 : nxt - 1])
+                elif need == 2:
+                    ident = buf[i + 1]
+                else:
+                    ident = _le(buf, i + 1, 4)
                 key = ident + shift
                 new = local[key] if act == A_GET and key < memo_base else n_ext + key - memo_base
                 if new < 0:  # a PUT below the span's first id: the file changed since the scan

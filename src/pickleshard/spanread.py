@@ -704,13 +704,20 @@ class SpanReader:
         ``indices[k]``), else its index in the file.
         """
         n = self._n
-        wanted = indices.reshape(-1).tolist() if isinstance(indices, np.ndarray) else list(indices)
+        picked: Any = indices  # a sequence of ints; also an array of them, or one int
+        wanted: list[int]
+        if isinstance(picked, np.ndarray):
+            wanted = picked.reshape(-1).tolist()
+        elif isinstance(picked, (int, np.integer)):
+            wanted = [int(picked)]
+        else:
+            wanted = list(picked)
         if not wanted:
             return []
         if min(wanted) < -n or max(wanted) >= n:
             bad = next(int(i) for i in wanted if not -n <= i < n)
             raise IndexError(f"sample {bad} out of range for {self.path} ({n} samples)")
-        if type(wanted[0]) is not int or min(wanted) < 0:
+        if min(wanted) < 0 or not all(type(i) is int for i in wanted):
             wanted = [int(i) + n if i < 0 else int(i) for i in wanted]
         if len(wanted) < BATCH_READ_MIN or (self._plan_ok and not self._plan_items):
             return self._each(wanted, labels)

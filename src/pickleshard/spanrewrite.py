@@ -194,12 +194,12 @@ def rewrite_span(
             out += buf[mark:i]
             mark = nxt
             if act != A_FRAME:
-                ident = (
-                    buf[i + 1]
+                ident = (  # by form: a text id ("p100\n") may be as long as a binary one
+                    int(buf[i + 1 : nxt - 1])
+                    if form in (F_LINE, F_LINE2)
+                    else buf[i + 1]
                     if need == 2
                     else unpack4(buf, i + 1)[0]
-                    if need == 5
-                    else int(buf[i + 1 : nxt - 1])
                 )
                 key = ident + shift
                 new = local[key] if act == A_GET and key < memo_base else n_ext + key - memo_base
