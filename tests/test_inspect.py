@@ -199,6 +199,8 @@ def test_the_whole_file_reading_has_an_opcode_budget(
 # -- the audit --------------------------------------------------------------------------------
 
 
+# files written with numpy 1.x module paths load through numpy's deprecated numpy.core shims
+@pytest.mark.filterwarnings("ignore:numpy.core:DeprecationWarning")
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(datasets())
 def test_audit_names_what_the_unpickler_looks_up(tmp_path_factory: Any, d: dict[str, Any]) -> None:
