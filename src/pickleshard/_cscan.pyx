@@ -943,9 +943,13 @@ cdef class SpanLoader:
         self.definers, self.empty, self.labeler = definers, empty, labeler
         self.planned = True
 
-    cdef object _head(self, Py_ssize_t i, Py_ssize_t f):
-        """The cached prologue of the externals of field ``f`` of sample ``i`` and their keys,
-        as ``(head, keys)``; None when not cached or not literal."""
+    cdef object _head(self, Py_ssize_t i, Py_ssize_t f, Py_ssize_t start):
+        """The cached prologue of the externals of field ``f`` of sample ``i`` (its span at
+        ``start``) and their keys, as ``(head, keys)``; None when the span is not one this
+        loader reads (empty, over one window) or its prologue is not cached or not literal."""
+        cdef Py_ssize_t n = self.ends[i, f] - start
+        if n <= 0 or n > WINDOW:
+            return None
         cdef Py_ssize_t k = i * self.nf + f, a = self.eoffs[k], m = self.eoffs[k + 1] - a, j
         if m < 0:
             return None
@@ -1020,10 +1024,7 @@ cdef class SpanLoader:
 
     def load(self, int fd, Py_ssize_t i, Py_ssize_t f, Py_ssize_t start):
         """Field ``f`` of sample ``i``, its span starting at ``start``; or :data:`SLOW`."""
-        cdef Py_ssize_t n = self.ends[i, f] - start
-        if n <= 0 or n > WINDOW:
-            return SLOW
-        hk = self._head(i, f)
+        hk = self._head(i, f, start)
         if hk is None:
             return SLOW
         self.p_bytes = self.p_items = self.p_fast = 0
@@ -1061,17 +1062,16 @@ cdef class SpanLoader:
     cdef object _sample(self, int fd, Py_ssize_t i):
         if not self.planned or not 0 <= i < self.n:
             return SLOW
-        cdef Py_ssize_t f, span = -1, s, n
+        cdef Py_ssize_t f, span = -1, s
         cdef int how
         cdef object hk = None, v
         for f in range(self.nf):  # decide first: SLOW must come before any read
             how = self.hows[f]
             if how == H_SPAN:
                 s = self.starts[i, f]
-                n = self.ends[i, f] - s
-                if span >= 0 or n <= 0 or n > WINDOW or s in self.definers:
+                if span >= 0 or s in self.definers:
                     return SLOW
-                hk = self._head(i, f)
+                hk = self._head(i, f, s)
                 if hk is None:
                     return SLOW
                 span = f

@@ -279,14 +279,13 @@ class SpanReader:
                 fields = (spec.shape, spec.dtype, spec.prefix, nbytes, spec.swap, spec.readonly)
                 items.append((*fields, exceptions))
             elif how == _INT and (values := self._int_values(f)) is not None:
-                cols.append(len(ints))
                 ints.append(values)
                 items.append(None)
             elif how == _SPAN:
                 items.append(None)
             else:
                 return
-            cols += [] if how == _INT else [-1]
+            cols.append(len(ints) - 1 if how == _INT else -1)
             hows.append(how)
         if sum(h == _SPAN for h in hows) > 1:
             return
@@ -664,9 +663,7 @@ class SpanReader:
             if value is not _SLOW:
                 return value
         scan = self.scan
-        k = i * len(self._how) + f
-        a, b = scan.ext_offsets.item(k), scan.ext_offsets.item(k + 1)
-        ext = scan.ext_keys[a:b].tolist() if b > a else []
+        ext = scan.externals(i, f).tolist()
         return self._span(s, scan.ends.item(i, f), scan.memo_base.item(i, f), ext, {}, -1)
 
     def _spans_into(self, out: list[Any], i: int, starts: list[int], fields: list[int]) -> None:
