@@ -37,14 +37,21 @@ def unsampled_payload_offset(path: Path) -> int:
     raise AssertionError("every payload byte is sampled")
 
 
+def write_keeping_times(path: Path, data: bytes) -> None:
+    """Overwrite ``path`` with ``data`` in place (same inode), then put its old atime and mtime
+    back exactly: a file changed behind an index's back."""
+    st = path.stat()
+    path.write_bytes(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
 def rewrite_keeping_size_and_mtime(path: Path, offset: int) -> None:
     """Flip a byte in place (same inode), then put the old atime and mtime back exactly."""
     st = path.stat()
     time.sleep(0.02)  # past the file system's timestamp tick, so the ctime surely moves
     data = bytearray(path.read_bytes())
     data[offset] ^= 0x01
-    path.write_bytes(bytes(data))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    write_keeping_times(path, bytes(data))
     after = path.stat()
     assert (after.st_size, after.st_mtime_ns, after.st_ino) == (
         st.st_size,

@@ -24,6 +24,7 @@ from pickleshard.dataset import PickleDataset
 from pickleshard.errors import UnsupportedLayoutError
 from pickleshard.index import DatasetIndex, SkippedFilesWarning, build_index, open_index
 from pickleshard.synth import write_synthetic
+from rewrites import write_keeping_times
 
 # pickles written with numpy 1.x module paths load through numpy's deprecated numpy.core shims
 pytestmark = pytest.mark.filterwarnings("ignore:numpy.core:DeprecationWarning")
@@ -336,11 +337,9 @@ def test_python2_pickle_reads_by_span_with_an_encoding(tmp_path: Path) -> None:
 def test_stale_span_index_is_detected(tmp_path: Path) -> None:
     paths = write_synthetic(tmp_path / "data", files=2, per_file=4, shape=(8,))
     PickleDataset(tmp_path / "data")
-    st = paths[1].stat()
     raw = bytearray(paths[1].read_bytes())
     raw[len(raw) // 2] ^= 0xFF
-    paths[1].write_bytes(bytes(raw))
-    os.utime(paths[1], ns=(st.st_atime_ns, st.st_mtime_ns))
+    write_keeping_times(paths[1], bytes(raw))
     with pytest.raises(errors.StaleIndexError, match="part-00001"):
         PickleDataset(tmp_path / "data")
     write_synthetic(tmp_path / "data", files=2, per_file=6, shape=(8,), seed=9)

@@ -21,6 +21,7 @@ from pickleshard.errors import (
 )
 from pickleshard.scan import ScanResult, scan_file
 from pickleshard.spanread import SpanReader, rewrite_span
+from rewrites import write_keeping_times
 
 # pickles written with numpy 1.x module paths load through numpy's deprecated numpy.core shims
 pytestmark = pytest.mark.filterwarnings("ignore:numpy.core:DeprecationWarning")
@@ -338,9 +339,7 @@ def test_compiled_lone_span_reads_name_damaged_bytes(tmp_path: Path) -> None:
     start, end = int(scan.starts[3, 0]), int(scan.ends[3, 0])
     raw = bytearray(path.read_bytes())
     raw[start : end - 1] = b"\xff" * (end - 1 - start)  # same size: unknown opcodes
-    stat = path.stat()
-    path.write_bytes(bytes(raw))
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    write_keeping_times(path, bytes(raw))
     with pytest.raises(CorruptPickleError) as info:
         reader.read_sample(3)
     assert str(path) in str(info.value)
@@ -356,12 +355,6 @@ def _twin_readers(path: Path, n: int) -> tuple[ScanResult, dict[str, SpanReader]
         for i in [*range(n), *range(n)]:
             r.read_sample(i)
     return scan, readers
-
-
-def _rewrite_in_place(path: Path, data: bytes) -> None:
-    stat = path.stat()
-    path.write_bytes(data)
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
 @pytest.mark.parametrize("order", ["xyz", "zyx"])
@@ -387,7 +380,7 @@ def test_compiled_reads_that_fail_count_and_raise_as_the_python_path(
     else:
         s, e = int(scan.starts[7, z]), int(scan.ends[7, z])
         raw[s : e - 1] = b"\xff" * (e - 1 - s)
-    _rewrite_in_place(path, bytes(raw))
+    write_keeping_times(path, bytes(raw))
     outcomes = []
     for r in readers.values():
         before = replace(r.stats)
