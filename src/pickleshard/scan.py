@@ -768,7 +768,7 @@ def _int_item(insp: _Inspector, st: np.ndarray, en: np.ndarray) -> IntItem | Non
         mine = ops == op
         framed = mine & (lengths == size + 9)
         ok |= mine & (lengths == size)
-        ok[framed] = insp.gather(st[framed] + size, np.zeros(1, np.int64))[:, 0] == (oc.FRAME_OP)
+        ok[framed] = insp.gather(st[framed] + size, np.zeros(1, np.int64))[:, 0] == oc.FRAME_OP
     insp.bytes_read += len(st)
     return IntItem() if bool(ok.all()) else None
 
