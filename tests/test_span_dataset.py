@@ -171,9 +171,9 @@ def test_getitems_reads_each_file_in_offset_order(
 
     real = SpanReader._sample
 
-    def traced(self: SpanReader, i: int, label: int | None) -> tuple[Any, ...]:
+    def traced(self: SpanReader, i: int, label: int | None, check: bool = False) -> tuple[Any, ...]:
         reads.append(start(self, i))  # a sample read by the Python path
-        return real(self, i, label)
+        return real(self, i, label, check)
 
     class Spy:  # samples read by one compiled call (once a reader has its plan)
         def __init__(self, reader: SpanReader) -> None:

@@ -38,6 +38,14 @@ class SpanLoader:
         stats: Any,
     ) -> None: ...
     at: int
+    def identify(
+        self,
+        size: int,
+        mtime_ns: int,
+        ctime_ns: int,
+        ino: int,
+        stale: Callable[[str | None, int, list[int]], Exception],
+    ) -> None: ...
     def plan(
         self,
         starts: Any,
@@ -50,7 +58,7 @@ class SpanLoader:
         labeler: Any = None,
     ) -> None: ...
     def load(self, fd: int, i: int, f: int, start: int) -> Any: ...
-    def load_sample(self, fd: int, i: int) -> Any: ...
+    def load_sample(self, fd: int, i: int, check: bool = False, name: int | None = None) -> Any: ...
     def load_samples(
         self,
         fd: int,

@@ -870,10 +870,13 @@ cdef tuple _rewrite(
 # -- one sample read and loaded in one call: SpanReader's compiled read path ----------------------
 
 from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.exc cimport PyErr_SetFromErrno
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.long cimport PyLong_FromLongLong
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from posix.stat cimport fstat, struct_stat
+from posix.uio cimport iovec, preadv
 from posix.unistd cimport pread
 
 SLOW = object()  # SpanLoader's answer when the caller must take its own (Python) path
@@ -883,6 +886,60 @@ cdef enum:  # how a field is read: spanread's _SPAN, _ROW, _ITEM, _INT
     H_ROW = 1
     H_ITEM = 2
     H_INT = 3
+
+cdef enum:
+    TPL_MAX = 512  # scan._MAX_TEMPLATE: an array item's framing outside its payload, at most
+
+
+cdef class _Framing:
+    """An array item's framing (``ArrayItem.head``, ``tail``, masked ranges, FRAME bounds) in
+    C arrays, every range checked against the template's length once, here."""
+    cdef bytes head, tail
+    cdef Py_ssize_t hlen, tlen
+    cdef array.array hm, tm, bounds  # flat [lo, hi) pairs; FRAME header positions in tail
+
+    def __init__(self, bytes head, bytes tail, hm, tm, bounds):
+        self.head, self.tail, self.hlen, self.tlen = head, tail, len(head), len(tail)
+        self.hm = pyarray.array("q", [int(v) for v in hm])
+        self.tm = pyarray.array("q", [int(v) for v in tm])
+        self.bounds = pyarray.array("q", [int(v) for v in bounds])
+        if (
+            self.hlen + self.tlen > TPL_MAX
+            or len(self.hm) % 2
+            or len(self.tm) % 2
+            or not all(0 <= self.hm[j] < self.hm[j + 1] <= self.hlen for j in range(0, len(self.hm), 2))
+            or not all(0 <= self.tm[j] < self.tm[j + 1] <= self.tlen for j in range(0, len(self.tm), 2))
+            or not all(0 <= b <= self.tlen for b in self.bounds)
+        ):
+            raise ValueError("an array item's framing does not fit its template")
+
+    cdef bint _same(self, unsigned char* buf, const char* want, Py_ssize_t n, array.array masked):
+        """Whether ``buf[:n]`` is ``want`` outside the masked ranges (copied over in ``buf``)."""
+        cdef const long long* m = masked.data.as_longlongs
+        cdef Py_ssize_t j
+        for j in range(0, len(masked), 2):
+            memcpy(buf + m[j], want + m[j], <size_t>(m[j + 1] - m[j]))
+        return memcmp(buf, want, n) == 0
+
+    cdef bint matches(self, unsigned char* hb, unsigned char* tb, Py_ssize_t after):
+        """Whether a sample's ``hlen`` bytes before its payload (``hb``) and ``after`` bytes
+        after it (``tb``) are the template's: ``ArrayItem.framing_matches``."""
+        cdef unsigned char ub[TPL_MAX]
+        cdef Py_ssize_t j, b
+        if not self._same(hb, self.head, self.hlen, self.hm):
+            return False
+        if after == self.tlen:
+            return self._same(tb, self.tail, self.tlen, self.tm)
+        if after != self.tlen + 9:
+            return False
+        for j in range(len(self.bounds)):  # the one FRAME header the pickler may have put here
+            b = self.bounds.data.as_longlongs[j]
+            if tb[b] == FRAME_OP:
+                memcpy(ub, tb, <size_t>b)
+                memcpy(ub + b, tb + b + 9, <size_t>(self.tlen - b))
+                if self._same(ub, self.tail, self.tlen, self.tm):
+                    return True
+        return False
 
 
 cdef class SpanLoader:
@@ -910,11 +967,12 @@ cdef class SpanLoader:
     cdef const int64_t[:, :] ints
     cdef Py_ssize_t nf, n, p_bytes, p_items, p_fast  # p_*: counts not yet in stats
     cdef int protocol
-    cdef bint planned
-    cdef object shift, loads, hooked, stats, empty, labeler, label
+    cdef bint planned, verify
+    cdef object shift, loads, hooked, stats, empty, labeler, label, stale, name
     cdef public Py_ssize_t at  # load_samples: the position of the sample being read
     cdef dict heads, definers
-    cdef list hows, intcols, items
+    cdef list hows, intcols, items, frames
+    cdef int64_t id_size, id_mtime, id_ctime, id_ino
 
     def __init__(
         self, ends, bases, ext_offsets, ext_keys, dict heads, int protocol, shift, loads, hooked,
@@ -924,8 +982,39 @@ cdef class SpanLoader:
         self.nf, self.n = self.ends.shape[1], self.ends.shape[0]
         self.heads, self.protocol, self.shift = heads, protocol, shift
         self.loads, self.hooked, self.stats = loads, hooked, stats
-        self.planned = False
-        self.labeler, self.label, self.at = None, None, -1
+        self.planned = self.verify = False
+        self.labeler, self.label, self.at, self.name = None, None, -1, None
+
+    def identify(self, int64_t size, int64_t mtime_ns, int64_t ctime_ns, int64_t ino, stale):
+        """Check what the reads rely on: an array item's framing (read with its payload in one
+        ``preadv``) and the file's identity (``fstat``: its size, and mtime, ctime and inode
+        unless -1) after :meth:`load_sample` with ``check`` and after every
+        :meth:`load_samples`; ``stale(what, offset, samples)`` builds the error for a changed
+        file (``what`` None: its identity; ``offset`` -1: none)."""
+        self.id_size, self.id_mtime, self.id_ctime, self.id_ino = size, mtime_ns, ctime_ns, ino
+        self.stale, self.verify = stale, True
+
+    cdef int _same_file(self, int fd, object samples) except -1:
+        """Raise the ``stale`` error if the file open at ``fd`` is not the one indexed."""
+        cdef struct_stat st
+        cdef int r
+        if not self.verify:
+            return 0
+        with nogil:
+            r = fstat(fd, &st)
+        if r != 0:
+            PyErr_SetFromErrno(OSError)
+            return -1
+        if (
+            st.st_size != self.id_size
+            or (self.id_mtime >= 0
+                and st.st_mtim.tv_sec * <int64_t>1000000000 + st.st_mtim.tv_nsec != self.id_mtime)
+            or (self.id_ctime >= 0
+                and st.st_ctim.tv_sec * <int64_t>1000000000 + st.st_ctim.tv_nsec != self.id_ctime)
+            or (self.id_ino >= 0 and <uint64_t>st.st_ino != <uint64_t>self.id_ino)
+        ):
+            raise self.stale(None, -1, samples)
+        return 0
 
     def plan(
         self, starts, list hows, ints, list intcols, list items, dict definers, empty,
@@ -933,13 +1022,19 @@ cdef class SpanLoader:
     ):
         """Enable :meth:`load_sample`. Per field: ``hows[f]`` (0 span, 2 array item, 3 int),
         ``intcols[f]`` its column of ``ints`` (every int field's values, int64 ``(n, k)``),
-        ``items[f]`` ``(shape, dtype, prefix, nbytes, swap, readonly, exceptions)``;
+        ``items[f]`` ``(shape, dtype, prefix, nbytes, swap, readonly, exceptions, head, tail,
+        head_masked, tail_masked, bounds)`` (the last five: ``ArrayItem``'s framing, the masked
+        ranges flat);
         ``definers`` the span starts that define shared values; ``empty`` is ``numpy.empty``;
         ``labeler`` the allowlist whose ``sample`` :meth:`load_samples` sets, or None."""
         if len(hows) != self.nf or any(h not in (H_SPAN, H_ITEM, H_INT) for h in hows):
             raise ValueError(f"no compiled plan for fields read as {hows}")
+        frames = [None if it is None else _Framing(*(<tuple>it)[7:12]) for it in items]
+        for f in range(self.nf):
+            if hows[f] == H_ITEM and (frames[f] is None or (<tuple>items[f])[2] != (<_Framing>frames[f]).hlen):
+                raise ValueError(f"field {f}: an array item's framing does not fit its prefix")
         self.starts, self.ints = starts, ints
-        self.hows, self.intcols, self.items = hows, intcols, items
+        self.hows, self.intcols, self.items, self.frames = hows, intcols, items, frames
         self.definers, self.empty, self.labeler = definers, empty, labeler
         self.planned = True
 
@@ -996,24 +1091,46 @@ cdef class SpanLoader:
             return self.hooked(out)
         return self.loads(out)
 
-    cdef object _array(self, int fd, tuple spec, Py_ssize_t start):
-        """A fresh array of ``spec`` filled from its payload (counted as pending); SLOW when
-        the file ends first."""
-        cdef Py_ssize_t nbytes = spec[3], got = 0, k = 1, offset = start + <Py_ssize_t>spec[2]
+    cdef object _array(self, int fd, tuple spec, _Framing fr, Py_ssize_t start, Py_ssize_t end):
+        """A fresh array of ``spec`` filled from its payload (counted as pending), read in one
+        ``preadv`` with the bytes around it, which must match its framing ``fr`` (else the
+        ``stale`` error); SLOW when the file ends first (or the array is too big for one
+        ``preadv``: the caller's path reads it in parts)."""
+        cdef Py_ssize_t pre = fr.hlen, nbytes = spec[3], after = end - start - pre - nbytes
+        cdef Py_ssize_t got, total
+        cdef unsigned char hb[TPL_MAX]
+        cdef unsigned char tb[TPL_MAX + 9]
+        cdef iovec iov[3]
         cdef Py_buffer view
+        cdef bint verify = self.verify
+        if nbytes < 0 or after < 0 or after > fr.tlen + 9:
+            raise self.stale("its span does not fit the array's framing", start, [self.name])
         out = self.empty(spec[0], spec[1])
-        if nbytes:
-            PyObject_GetBuffer(out, &view, PyBUF_WRITABLE)
-            try:
-                with nogil:
-                    while got < nbytes and k > 0:  # one pread moves at most ~2 GiB
-                        k = pread(fd, <char*>view.buf + got, nbytes - got, offset + got)
-                        if k > 0:
-                            got += k
-            finally:
-                PyBuffer_Release(&view)
-            if got != nbytes:
-                return SLOW
+        PyObject_GetBuffer(out, &view, PyBUF_WRITABLE)
+        try:
+            if view.len != nbytes:
+                raise ValueError(f"an array of {view.len} bytes for a {nbytes}-byte payload")
+            iov[0].iov_base, iov[0].iov_len = hb, <size_t>pre
+            iov[1].iov_base, iov[1].iov_len = view.buf, <size_t>nbytes
+            iov[2].iov_base, iov[2].iov_len = tb, <size_t>after
+            total = pre + nbytes + after
+            with nogil:
+                if verify:
+                    got = preadv(fd, iov, 3, start)
+                else:  # what reads did before the checks (the benchmark's baseline)
+                    total = nbytes
+                    got = pread(fd, view.buf, nbytes, start + pre) if nbytes else 0
+        finally:
+            PyBuffer_Release(&view)
+        if got != total:
+            return SLOW
+        if verify and not fr.matches(hb, tb, after):
+            raise self.stale(
+                "the bytes around its array's payload (opcodes, dtype, shape, length) are not "
+                "those indexed",
+                start,
+                [self.name],
+            )
         self.p_bytes += nbytes
         self.p_items += 1
         if spec[4]:
@@ -1031,12 +1148,18 @@ cdef class SpanLoader:
         self.label = None
         return self._span(fd, i, f, start, hk)
 
-    def load_sample(self, int fd, Py_ssize_t i):
+    def load_sample(self, int fd, Py_ssize_t i, bint check=False, name=None):
         """Sample ``i`` as a tuple (after :meth:`plan`); or :data:`SLOW` with nothing counted
         (before any read, or after a short read: the file changed, the caller's path names
-        the error). Fields are read in the Python path's order: arrays, then the span."""
+        the error). Fields are read in the Python path's order: arrays, then the span. With
+        ``check`` the file's identity is checked after the reads; errors name sample ``name``
+        (default ``i``)."""
         self.label = None
-        return self._sample(fd, i)
+        self.name = i if name is None else name
+        v = self._sample(fd, i)
+        if check and v is not SLOW:
+            self._same_file(fd, [self.name])
+        return v
 
     def load_samples(self, int fd, list items, list labels, fallback):
         """:meth:`load_sample` of each of ``items`` (in that order), in a list, with
@@ -1050,6 +1173,7 @@ cdef class SpanLoader:
         try:
             for k in range(m):
                 self.at, self.label = k, labels[k]
+                self.name = labels[k]
                 v = self._sample(fd, items[k])
                 if v is SLOW:
                     self.label = None
@@ -1057,6 +1181,7 @@ cdef class SpanLoader:
                 out[k] = v
         finally:
             self.label = None
+        self._same_file(fd, labels)  # after the reads: a write that raced them shows by now
         return out
 
     cdef object _sample(self, int fd, Py_ssize_t i):
@@ -1088,7 +1213,10 @@ cdef class SpanLoader:
             if how == H_INT:
                 v = PyLong_FromLongLong(self.ints[i, <Py_ssize_t>self.intcols[f]])
             else:
-                v = self._array(fd, <tuple>self.items[f], self.starts[i, f])
+                v = self._array(
+                    fd, <tuple>self.items[f], <_Framing>self.frames[f], self.starts[i, f],
+                    self.ends[i, f],
+                )
                 if v is SLOW:
                     self.p_bytes = self.p_items = self.p_fast = 0
                     return SLOW

@@ -16,10 +16,12 @@ __all__ = [
     "DatasetNotFoundError",
     "EmptyPickleError",
     "FieldLengthMismatchError",
+    "FileChangedError",
     "IndexFormatError",
     "NoPickleFilesError",
     "NotAPickleError",
     "PickleshardError",
+    "ReadMemoryError",
     "StaleIndexError",
     "TruncatedPickleError",
     "UnreadableFileError",
@@ -180,6 +182,42 @@ def _rebuild_stale(
     path: str, changed: tuple[str, ...], removed: tuple[str, ...], added: tuple[str, ...]
 ) -> StaleIndexError:
     return StaleIndexError(path, changed=changed, removed=removed, added=added)
+
+
+class FileChangedError(StaleIndexError, CorruptPickleError):
+    """A data file changed while (or before) it was read: the bytes or the identity (size,
+    mtime, ctime, inode) a read relies on are not those the index recorded, so what it read may
+    be neither the old data nor the new. Both a :class:`StaleIndexError` (the index no longer
+    describes the file; ``changed`` names it) and a :class:`CorruptPickleError` (``path`` is the
+    data file, ``offset`` and ``sample`` say where). ``FileChangedError(text)`` alone (how a
+    DataLoader rebuilds a worker's error in the main process) keeps ``text`` as the message."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        what: str | None = None,
+        *,
+        offset: int | None = None,
+        sample: int | None = None,
+    ) -> None:
+        self.path = os.fspath(path)
+        self.offset, self.sample = offset, sample
+        self.changed, self.removed, self.added, self.relinked = (self.path,), (), (), ()
+        text = self.path
+        if what is not None:
+            text = (
+                f"{_where(path, offset, sample)}: {what}: the file changed since it was indexed; "
+                "rebuild the index with `pickleshard index` or pass rebuild='auto'"
+            )
+        Exception.__init__(self, text)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.args[0],), self.__dict__.copy())
+
+
+class ReadMemoryError(FileProblem, MemoryError):
+    """Memory ran out while reading a sample (the sample, or what it decodes to, is too big for
+    the memory left); not a sign of a damaged file."""
 
 
 class IndexFormatError(PickleshardError, ValueError):

@@ -97,7 +97,15 @@ class ArrayItem:
     from their payloads, without unpickling: ``shape`` items of ``dtype`` (swapped from the stored
     order when ``swap``, read-only when ``readonly``, as :func:`pickle.load` leaves them) starting
     ``prefix`` bytes after the span's start. The samples in ``exceptions`` (sorted) are read by
-    unpickling their span instead."""
+    unpickling their span instead.
+
+    The framing the scan proved every other sample has: ``head`` (the ``prefix`` bytes before
+    the payload: opcodes, dtype and shape GETs, the payload's length) and ``tail`` (the bytes
+    after it up to the span's end), equal in every such sample except the ``[lo, hi)`` ranges of
+    ``head_masked`` / ``tail_masked`` (memo PUT ids, numbered per sample); a span 9 bytes longer
+    holds one FRAME header at one of the ``bounds`` of ``tail``. A reader that reads the payload
+    in place checks these bytes (:meth:`framing_matches`): the file's bytes changed if they
+    differ."""
 
     dtype: np.dtype[Any]
     shape: tuple[int, ...]
@@ -105,6 +113,27 @@ class ArrayItem:
     readonly: bool
     prefix: int
     exceptions: tuple[int, ...]
+    head: bytes
+    tail: bytes
+    head_masked: tuple[tuple[int, int], ...]
+    tail_masked: tuple[tuple[int, int], ...]
+    bounds: tuple[int, ...]
+
+    def framing_matches(self, head: bytearray, tail: bytearray) -> bool:
+        """Whether a sample's bytes before (``head``) and after (``tail``, to its span's end)
+        its payload are the template's; ``head`` and ``tail`` may be changed (masked bytes)."""
+        if len(tail) != len(self.tail):
+            if len(tail) != len(self.tail) + 9:
+                return False
+            for b in self.bounds:  # the one FRAME header the pickler may have put here
+                if tail[b] == oc.FRAME_OP and self.framing_matches(head, tail[:b] + tail[b + 9 :]):
+                    return True
+            return False
+        for lo, hi in self.head_masked:
+            head[lo:hi] = self.head[lo:hi]
+        for lo, hi in self.tail_masked:
+            tail[lo:hi] = self.tail[lo:hi]
+        return head == self.head and tail == self.tail
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -114,19 +143,44 @@ class ArrayItem:
             "readonly": self.readonly,
             "prefix": self.prefix,
             "exceptions": list(self.exceptions),
+            "head": self.head.hex(),
+            "tail": self.tail.hex(),
+            "head_masked": [list(r) for r in self.head_masked],
+            "tail_masked": [list(r) for r in self.tail_masked],
+            "bounds": list(self.bounds),
         }
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> ArrayItem:
+        """The stored form back; ValueError when its template does not hold together (an
+        index is untrusted input: the reader relies on these lengths)."""
         dtype = np.lib.format.descr_to_dtype(_tuples(obj["descr"]))
-        return cls(
+        head, tail = bytes.fromhex(obj["head"]), bytes.fromhex(obj["tail"])
+        head_masked = tuple((int(lo), int(hi)) for lo, hi in obj["head_masked"])
+        tail_masked = tuple((int(lo), int(hi)) for lo, hi in obj["tail_masked"])
+        bounds = tuple(int(b) for b in obj["bounds"])
+        item = cls(
             dtype,
             tuple(obj["shape"]),
             bool(obj["swap"]),
             bool(obj["readonly"]),
             int(obj["prefix"]),
             tuple(int(i) for i in obj["exceptions"]),
+            head,
+            tail,
+            head_masked,
+            tail_masked,
+            bounds,
         )
+        if (
+            len(head) != item.prefix
+            or not 0 < len(head) + len(tail) <= _MAX_TEMPLATE
+            or not all(0 <= lo < hi <= len(head) for lo, hi in head_masked)
+            or not all(0 <= lo < hi <= len(tail) for lo, hi in tail_masked)
+            or not all(0 <= b <= len(tail) for b in bounds)
+        ):
+            raise ValueError("an array item's framing template does not fit its prefix")
+        return item
 
 
 @dataclass(frozen=True)
@@ -139,9 +193,13 @@ class IntItem:
 
 
 def _item_from_json(obj: dict[str, Any] | None) -> ArrayItem | IntItem | None:
+    """An item back from the stored form; None for an array item stored without the framing
+    template (no check possible: its samples are read by span)."""
     if obj is None:
         return None
-    return IntItem() if obj.get("kind") == "int" else ArrayItem.from_json(obj)
+    if obj.get("kind") == "int":
+        return IntItem()
+    return ArrayItem.from_json(obj) if "head" in obj else None
 
 
 def _tuples(descr: Any) -> Any:
@@ -856,7 +914,26 @@ def _array_item(
         return None
     dtype = spec.dtype.newbyteorder("=") if spec.swap else spec.dtype
     readonly = spec.frombuffer and spec.payload.kind == "bytes"
-    return ArrayItem(dtype, spec.shape, spec.swap, readonly, pre, tuple(exceptions.tolist()))
+    head, tail = template[:pre].tobytes(), template[pre:].tobytes()
+    return ArrayItem(
+        dtype,
+        spec.shape,
+        spec.swap,
+        readonly,
+        pre,
+        tuple(exceptions.tolist()),
+        head,
+        tail,
+        _ranges(~mask[:pre]),
+        _ranges(~mask[pre:]),
+        tuple(bounds),
+    )
+
+
+def _ranges(flags: np.ndarray) -> tuple[tuple[int, int], ...]:
+    """The ``[lo, hi)`` runs of True in ``flags``."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[False], flags, [False]]).astype(np.int8)))
+    return tuple((int(lo), int(hi)) for lo, hi in edges.reshape(-1, 2))
 
 
 def _scan(buf: Any, size: int, name: str, encoding: str, engine: str) -> ScanResult:

@@ -6,7 +6,10 @@ Python object per sample), with the policy's global lookup (the allowlist unless
 and ``encoding``. A forked child starts with no readers, so no file descriptor or cached shared
 object crosses a fork; pickling leaves the readers behind. At most ``max_open`` readers (each
 holding one file descriptor) are kept, least recently used closed first. A file whose size
-changed since indexing is refused when its reader is built.
+changed since indexing is refused when its reader is built; each reader is given the file's
+identity as the index recorded it (size, mtime, ctime, inode), which it checks with ``fstat``
+on every (re)open and after every read or batch (see :class:`~pickleshard.spanread.SpanReader`).
+``verify = False`` turns those checks off: only the benchmark that measures their cost does.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 from .errors import CorruptPickleError, TruncatedPickleError, UnreadableFileError
 from .index import DatasetIndex
 from .safety import AllowlistFindClass, UnpicklePolicy
-from .spanread import SpanReader
+from .spanread import FileIdentity, SpanReader
 
 __all__ = ["DEFAULT_MAX_OPEN", "SpanFiles"]
 
@@ -62,6 +65,7 @@ class SpanFiles:
         )
         self._pid = os.getpid()
         self.opened = 0  # readers built in this process (a counter for tests and benchmarks)
+        self.verify = True  # readers check framing and identity (off: the cost benchmark only)
         self._last = -1  # the file read last
 
     def _reset_after_fork(self) -> None:
@@ -79,10 +83,15 @@ class SpanFiles:
                 self._last = pos
             return got
         path = self.paths[pos]
-        _check_size(path, self.index.files[pos].size)
+        entry = self.index.files[pos]
+        _check_size(path, entry.size)
         find_class = self.policy.find_class(path)
         reader = SpanReader(
-            self.index.scan(pos, path), encoding=self.policy.encoding, find_class=find_class
+            self.index.scan(pos, path),
+            encoding=self.policy.encoding,
+            find_class=find_class,
+            identity=FileIdentity(entry.size, entry.mtime_ns, entry.ctime_ns, entry.ino),
+            verify=self.verify,
         )
         while len(self._readers) >= self.max_open:
             _, (old, _) = self._readers.popitem(last=False)

@@ -57,7 +57,9 @@ import numpy as np
 from . import opcodes as oc
 from .errors import (
     CorruptPickleError,
+    FileChangedError,
     PickleshardError,
+    ReadMemoryError,
     TruncatedPickleError,
     UnreadableFileError,
 )
@@ -73,12 +75,35 @@ from .spanrewrite import (
     rewrite_span,
 )
 
-__all__ = ["BIG", "ReaderStats", "SpanReader", "literal_head", "rewrite_span"]
+__all__ = ["BIG", "FileIdentity", "ReaderStats", "SpanReader", "literal_head", "rewrite_span"]
 
 _SPAN, _ROW, _ITEM, _INT = range(4)  # how a field is read: see SpanReader.read_sample
 _MAX_HEADS = 4096  # literal prologues kept per reader, one per distinct tuple of externals
 BATCH_READ_MIN = 16  # samples of one file that read_samples reads as a batch (fewer: one by one)
 _INT_REGION = 1 << 20  # an int field's values are decoded at once from at most this many bytes
+
+
+@dataclass(frozen=True)
+class FileIdentity:
+    """What a file must still be for the spans indexed from it to hold (``os.fstat`` fields,
+    as the index's files table records them); None: not recorded, not compared."""
+
+    size: int
+    mtime_ns: int | None = None
+    ctime_ns: int | None = None
+    ino: int | None = None
+
+    def differs(self, st: os.stat_result) -> str | None:
+        """What of ``st`` differs from this identity, or None when nothing does."""
+        if st.st_size != self.size:
+            return f"it is {st.st_size} bytes, {self.size} when indexed"
+        for name, want in (("mtime", self.mtime_ns), ("ctime", self.ctime_ns)):
+            got = getattr(st, f"st_{name}_ns")
+            if want is not None and got != want:
+                return f"its {name} is {got} ns, {want} when indexed"
+        if self.ino is not None and st.st_ino != self.ino:
+            return f"it is inode {st.st_ino}, {self.ino} when indexed (another file)"
+        return None
 
 
 @dataclass
@@ -131,6 +156,16 @@ class SpanReader:
     pickles either way). Immutable shared values are cached up to ``shared_bytes``
     (``sys.getsizeof`` estimate, see :class:`ReaderStats`). The file descriptor is opened on
     first use and reopened after a fork; a pickled reader travels without it.
+
+    Reads check what they rely on, and raise :class:`~pickleshard.errors.FileChangedError`
+    naming the file and the sample when it no longer holds: an array read from its payload is
+    read in one ``preadv`` with the bytes around it, which must be the framing the scan proved
+    (:meth:`ArrayItem.framing_matches`); a small int's opcode is checked as it is decoded; and
+    ``os.fstat`` of the file must match ``identity`` (default: the scanned size) when it is
+    opened and after the reads of every :meth:`read_sample` and :meth:`read_samples` call, so a
+    write that raced a read (the kernel stamps mtime and ctime before it copies the data) is
+    caught before the samples are returned. ``verify=False`` turns both off; only the
+    benchmark that measures their cost uses it.
     """
 
     def __init__(
@@ -144,6 +179,8 @@ class SpanReader:
         shared_bytes: int = 64 << 20,
         big: int = BIG,
         engine: str = "auto",
+        identity: FileIdentity | None = None,
+        verify: bool = True,
     ) -> None:
         # plain ndarray views of the index's memory-mapped arrays: np.memmap's Python-level
         # __array_finalize__ runs on every slice of a memmap, several times per sample read
@@ -157,6 +194,8 @@ class SpanReader:
             records=np.asarray(scan.records),
         )
         self.path = scan.path
+        self.identity = identity if identity is not None else FileIdentity(scan.size)
+        self.verify = verify
         self._own_allowlist: AllowlistFindClass | None = None
         if isinstance(find_class, str):  # restricted unless the caller says otherwise
             find_class = self._own_allowlist = AllowlistFindClass(scan.path)
@@ -233,7 +272,31 @@ class SpanReader:
                 ) from None
             self._pid = os.getpid()
             self._loader, self._planned, self._plan_ok = self._make_loader(), False, False
+            if self.verify:  # a file replaced or rewritten since the scan is refused on open
+                size = os.fstat(self._fd).st_size
+                if size < self.identity.size:  # as SpanFiles says it before it builds a reader
+                    raise TruncatedPickleError(
+                        self.path,
+                        f"file is {size} bytes, {self.identity.size} when indexed: cut short since",
+                        offset=size,
+                    )
+                self._check_same(None)
         return self._fd
+
+    def _check_same(self, samples: Sequence[int] | None) -> None:
+        """Raise :class:`FileChangedError` if the open file is no longer the one indexed;
+        ``samples`` (labels) are those just read, named in the error."""
+        what = self.identity.differs(os.fstat(self._fd))
+        if what is not None:
+            raise self._changed(what, None, samples)
+
+    def _changed(self, what: str, offset: int | None, samples: Sequence[int] | None) -> Exception:
+        """The error for a file found changed while reading ``samples``."""
+        if samples is not None and len(samples) > 1:
+            shown = ", ".join(map(str, samples[:8])) + (" ..." if len(samples) > 8 else "")
+            what = f"{what} (after reading samples {shown})"
+        sample = samples[0] if samples is not None and len(samples) == 1 else None
+        return FileChangedError(self.path, what, offset=offset, sample=sample)
 
     def _make_loader(self) -> Any:
         """The compiled lone-span read over this process's caches, or None (pure engine,
@@ -255,9 +318,22 @@ class SpanReader:
             else functools.partial(pickle.loads, encoding=self.encoding, errors=self.errors)
         )
         hooked = None if self.find_class is None else self._hooked_load
-        return SpanLoader(
+        loader = SpanLoader(
             *arrays, self._heads, scan.protocol, self._one_shift, loads, hooked, self.stats
         )
+        if self.verify:
+            ident = self.identity
+            got = (ident.mtime_ns, ident.ctime_ns, ident.ino)
+            mtime, ctime, ino = (-1 if v is None else v for v in got)  # -1: not compared
+            loader.identify(ident.size, mtime, ctime, ino, self._stale)
+        return loader
+
+    def _stale(self, what: str | None, offset: int, samples: list[int]) -> Exception:
+        """The compiled reads' error for a changed file: ``what`` changed (None: its identity,
+        described here), at ``offset`` (-1: none), while reading ``samples``."""
+        if what is None:
+            what = self.identity.differs(os.fstat(self._fd)) or "its identity changed"
+        return self._changed(what, offset if offset >= 0 else None, samples)
 
     def _plan(self) -> None:
         """Give the loader the whole-sample plan when every field is read the way it compiles:
@@ -277,7 +353,14 @@ class SpanReader:
                     return
                 nbytes = int(np.prod(spec.shape)) * spec.dtype.itemsize
                 fields = (spec.shape, spec.dtype, spec.prefix, nbytes, spec.swap, spec.readonly)
-                items.append((*fields, exceptions))
+                template = (
+                    spec.head,
+                    spec.tail,
+                    _flat(spec.head_masked),
+                    _flat(spec.tail_masked),
+                    np.asarray(spec.bounds, np.int64),
+                )
+                items.append((*fields, exceptions, *template))
             elif how == _INT and (values := self._int_values(f)) is not None:
                 ints.append(values)
                 items.append(None)
@@ -496,9 +579,10 @@ class SpanReader:
         start, end = int(scan.starts[t, f]), int(scan.ends[t, f])
         ext = scan.externals(t, f)
         stats = replace(self.stats)
+        settled = True
         try:
             want = self._span(start, end, int(scan.memo_base[t, f]), ext.tolist(), {}, -1)
-            got = self._item(spec, start)
+            got = self._item(spec, start, end, t)
             same = (
                 type(want) is np.ndarray
                 and want.dtype == got.dtype
@@ -507,30 +591,53 @@ class SpanReader:
                 and want.flags.writeable == got.flags.writeable
                 and want.tobytes() == got.tobytes()
             )
+        except FileChangedError:  # not this field's fault: checked again on the next read
+            settled = False
+            raise
         except PickleshardError:
             same = False
         finally:
             vars(self.stats).update(vars(stats))  # the check is not a read of the caller's
-            if f not in self._checked:  # whatever the outcome, interrupted checks included
+            if settled and f not in self._checked:  # whatever the outcome, interruptions too
                 self._checked.add(f)
                 self._how[f], self._items[f] = _SPAN, None  # until proven the same
         if same:
             self._how[f], self._items[f] = _ITEM, (spec, exceptions)
         return same
 
-    def _fill(self, fd: int, out: np.ndarray, spec: ArrayItem, start: int) -> None:
-        """Read the payload of the array item whose span starts at ``start`` into ``out``."""
-        offset = start + spec.prefix
-        got = os.preadv(fd, [out], offset) if out.nbytes else 0  # type: ignore[list-item]
-        if got != out.nbytes:  # a short read: the rest, or the file ended
-            view = memoryview(out.reshape(-1).view(np.uint8).data)
-            got += self._readinto_at(offset + got, view[got:])
-            if got != out.nbytes:
-                raise TruncatedPickleError(self.path, "file ends inside an array", offset=start)
+    def _fill(
+        self, fd: int, out: np.ndarray, spec: ArrayItem, start: int, end: int, label: int
+    ) -> None:
+        """Read the array item whose span is ``[start, end)`` into ``out``: its payload, and in
+        the same ``preadv`` the bytes around it, which must be the framing the scan proved
+        (else :class:`FileChangedError` naming sample ``label``)."""
+        head = bytearray(spec.prefix)
+        after = end - start - spec.prefix - out.nbytes
+        if not 0 <= after <= len(spec.tail) + 9:  # no framing of the template fits this span
+            raise self._changed("its span does not fit the array's framing", start, [label])
+        tail = bytearray(after)
+        total = spec.prefix + out.nbytes + after
+        got = os.preadv(fd, [head, out, tail], start)  # type: ignore[list-item]
+        if got != total:  # a short read: the rest, or the file ended
+            offset = start
+            views: tuple[Any, ...] = (head, out.reshape(-1).view(np.uint8), tail)
+            for view in views:
+                n = len(view)
+                if got < n and self._readinto_at(offset + got, memoryview(view)[got:]) != n - got:
+                    raise TruncatedPickleError(self.path, "file ends inside an array", offset=start)
+                offset, got = offset + n, max(got - n, 0)
+        if self.verify and not spec.framing_matches(head, tail):
+            raise self._changed(
+                "the bytes around its array's payload (opcodes, dtype, shape, length) are not "
+                "those indexed",
+                start,
+                [label],
+            )
 
-    def _item(self, spec: ArrayItem, start: int) -> Any:
+    def _item(self, spec: ArrayItem, start: int, end: int, label: int) -> Any:
         out = np.empty(spec.shape, spec.dtype)
-        self._fill(self._fd if self._pid == os.getpid() else self._fileno(), out, spec, start)
+        fd = self._fd if self._pid == os.getpid() else self._fileno()
+        self._fill(fd, out, spec, start, end, label)
         self.stats.bytes_read += out.nbytes
         if spec.swap:
             out.byteswap(inplace=True)
@@ -545,18 +652,21 @@ class SpanReader:
             values = self._ints[f] = self._decode_ints(f)
         return values  # type: ignore[return-value]
 
-    def _int(self, f: int, i: int, start: int) -> int:
+    def _int(self, f: int, i: int, start: int, label: int) -> int:
         values = self._int_values(f)
         if values is not None:
             return int(values[i])
-        data = self._read_at(start, 5)
+        length = int(self.scan.ends[i, f]) - start
+        data = self._read_at(start, min(max(length, 0), 14))
         op = data[0] if data else -1
         size = oc.INT_SPAN.get(op)
-        length = int(self.scan.ends[i, f]) - start
-        if size is None or len(data) < size or length not in (size, size + 9):
-            raise CorruptPickleError(
-                self.path, "expected a small int here (file changed since the scan?)", offset=start
-            )
+        if (
+            size is None
+            or len(data) != length
+            or length not in (size, size + 9)
+            or (length > size and data[size] != oc.FRAME_OP)
+        ):
+            raise self._changed("expected a small int here", start, [label])
         self.stats.int_items += 1
         return int.from_bytes(data[1:size], "little", signed=op == oc.BININT_OP)
 
@@ -575,16 +685,15 @@ class SpanReader:
         ops = u8[at]
         b = [u8[at + k].astype(np.int64) for k in (1, 2, 3, 4)]
         small = np.where(ops == oc.BININT1_OP, b[0], b[0] | (b[1] << 8))
+        framed = np.flatnonzero(en - st > 5)  # an int and a FRAME header after it, as scanned
         full = (b[0] | (b[1] << 8) | (b[2] << 16) | (b[3] << 24)).astype(np.uint32).view(np.int32)
         span = oc.INT_SPAN
         size = np.select([ops == op for op in span], list(span.values()), 0)
         length = en - st  # one opcode, maybe a FRAME header after it (as the scan found)
-        if not (((length == size) | (length == size + 9)) & (size > 0)).all():
-            raise CorruptPickleError(
-                self.path,
-                "expected small ints in a field (file changed since the scan?)",
-                offset=lo,
-            )
+        if not (((length == size) | (length == size + 9)) & (size > 0)).all() or (
+            len(framed) and (u8[at[framed] + size[framed]] != oc.FRAME_OP).any()
+        ):
+            raise self._changed("expected small ints in a field", lo, None)
         self.stats.int_items += len(st)
         values: np.ndarray = np.where(ops == oc.BININT_OP, full.astype(np.int64), small)
         return values
@@ -595,11 +704,12 @@ class SpanReader:
         Fields read by span are read in file order; one that a later field refers to is reused
         by it (and is never read straight from its payload, which would lose that identity).
         """
-        return self._sample(i, None)
+        return self._sample(i, None, self.verify)
 
-    def _sample(self, i: int, label: int | None) -> tuple[Any, ...]:
+    def _sample(self, i: int, label: int | None, check: bool = False) -> tuple[Any, ...]:
         """:meth:`read_sample`; a refusal by this reader's own allowlist names ``label``
-        (default: ``i``)."""
+        (default: ``i``); ``check``: compare the file's identity after the reads (else the
+        caller does, once for its batch)."""
         n = self._n
         if not -n <= i < n:
             raise IndexError(f"sample {i} out of range for {self.path} ({n} samples)")
@@ -609,7 +719,7 @@ class SpanReader:
             self._own_allowlist.sample = i if label is None else label
         if self._loader is not None and self._pid == os.getpid() and type(i) is int:
             try:
-                got = self._loader.load_sample(self._fd, i)
+                got = self._loader.load_sample(self._fd, i, check, i if label is None else label)
             except PickleshardError:
                 raise
             except Exception as exc:  # bad bytes make the unpickler raise many types
@@ -627,12 +737,13 @@ class SpanReader:
             if how == _ITEM and (f in self._checked or self._check_item(f)):
                 item = self._items[f]
                 if i not in item[1] and s not in self._definers:  # type: ignore[index]
-                    out[f] = self._item(item[0], s)  # type: ignore[index]
+                    end, name = int(scan.ends[i, f]), i if label is None else label
+                    out[f] = self._item(item[0], s, end, name)  # type: ignore[index]
                     continue
             elif how == _INT:
-                out[f] = self._int(f, i, s)
+                out[f] = self._int(f, i, s, i if label is None else label)
                 continue
-            elif how == _ROW:
+            elif how == _ROW:  # rows of one array have no framing: the identity check covers them
                 out[f] = self._row(f, s, int(scan.ends[i, f]))
                 continue
             spans.append(f)
@@ -640,6 +751,8 @@ class SpanReader:
             self._read_spans(out, i, starts, spans)
         if not self._planned and self._loader is not None:
             self._plan()
+        if check:
+            self._check_same([i if label is None else label])
         return tuple(out)
 
     def _read_spans(self, out: list[Any], i: int, starts: list[int], fields: list[int]) -> None:
@@ -718,6 +831,14 @@ class SpanReader:
             wanted = [int(i) + n if i < 0 else int(i) for i in wanted]
         if len(wanted) < BATCH_READ_MIN or (self._plan_ok and not self._plan_items):
             return self._each(wanted, labels)
+        out = self._batch(wanted, labels)
+        if self.verify:  # after the reads: a write that raced them has stamped the file by now
+            self._check_same(wanted if labels is None else labels)
+        return out
+
+    def _batch(self, wanted: list[int], labels: Sequence[int] | None) -> list[tuple[Any, ...]]:
+        """:meth:`read_samples` of at least :data:`BATCH_READ_MIN` samples (in range), with
+        fields read from payloads a batch at a time; the caller checks the file's identity."""
         idx = np.asarray(wanted, dtype=np.int64)
         hook = self.find_class if isinstance(self.find_class, AllowlistFindClass) else None
         starts = self.scan.starts[idx]
@@ -727,7 +848,8 @@ class SpanReader:
         spans = []
         for f, how in enumerate(self._how):
             if how == _ITEM and self._check_item(f):
-                cols[f] = self._items_batch(f, idx, starts[:, f], order, whole)
+                names = idx if labels is None else np.asarray(labels, np.int64)
+                cols[f] = self._items_batch(f, idx, starts[:, f], order, whole, names)
             elif how == _INT and (values := self._int_values(f)) is not None:
                 cols[f] = values[idx].tolist()
             elif how == _ROW:
@@ -746,7 +868,7 @@ class SpanReader:
             if hook is not None:
                 hook.sample = labels[k] if labels is not None else i
             if whole_l[k]:
-                out[k] = self._sample(i, labels[k] if labels is not None else None)
+                out[k] = self._sample(i, labels[k] if labels is not None else None, False)
                 continue
             row = [c[k] if c is not None else None for c in cols]
             if starts_l is not None:
@@ -767,7 +889,7 @@ class SpanReader:
             names = items if labels is None else [labels[k] for k in order]
         got: list[Any]
         if self._plan_ok and self._pid == os.getpid():
-            try:
+            try:  # the compiled read checks the file's identity after the batch
                 got = self._loader.load_samples(self._fd, items, names, self._labelled)
             except PickleshardError:
                 raise
@@ -778,6 +900,8 @@ class SpanReader:
                 raise _damaged(self.path, start, exc) from None
         else:
             got = [self._labelled(i, name) for i, name in zip(items, names, strict=True)]
+            if self.verify:
+                self._check_same(names)
         if isinstance(order, range):
             return got
         out: list[tuple[Any, ...]] = [()] * len(idx)
@@ -789,25 +913,34 @@ class SpanReader:
         """:meth:`_sample`, a refusal by any allowlist of this reader naming ``label``."""
         if isinstance(self.find_class, AllowlistFindClass):
             self.find_class.sample = label
-        return self._sample(i, label)
+        return self._sample(i, label, False)
 
     def _items_batch(
-        self, f: int, idx: np.ndarray, starts: np.ndarray, order: list[int], whole: np.ndarray
+        self,
+        f: int,
+        idx: np.ndarray,
+        starts: np.ndarray,
+        order: list[int],
+        whole: np.ndarray,
+        labels: np.ndarray,
     ) -> list[np.ndarray]:
         """Field ``f`` (an :class:`ArrayItem`) of samples ``idx``: views of the rows of one new
-        array; samples it cannot read from their payloads are marked in ``whole``."""
+        array; samples it cannot read from their payloads are marked in ``whole``; an error
+        names ``labels[k]`` for ``idx[k]``."""
         spec, exceptions = self._items[f]  # type: ignore[misc]
         rows = np.empty((len(idx), *spec.shape), spec.dtype)
         fd = self._fileno()
         definers = self._definers
         read = 0
         starts_l, idx_l = starts.tolist(), idx.tolist()
+        ends_l, labels_l = self.scan.ends[idx, f].tolist(), labels.tolist()
         for k in order:
             s = starts_l[k]
             if idx_l[k] in exceptions or s in definers:
                 whole[k] = True
                 continue
-            self._fill(fd, rows[k, ...], spec, s)  # rows[k, ...]: an array even when 0-d
+            # rows[k, ...]: an array even when 0-d
+            self._fill(fd, rows[k, ...], spec, s, ends_l[k], labels_l[k])
             read += 1
         self.stats.array_items += read
         self.stats.bytes_read += read * (rows.nbytes // max(len(idx), 1))
@@ -818,7 +951,15 @@ class SpanReader:
         return [rows[k, ...] for k in range(len(idx))]
 
 
-def _damaged(path: str, start: int, exc: Exception) -> CorruptPickleError:
+def _flat(ranges: tuple[tuple[int, int], ...]) -> np.ndarray:
+    """``[lo, hi)`` ranges as one flat int64 array ``lo0, hi0, lo1, ...`` (for the loader)."""
+    return np.asarray(ranges, np.int64).reshape(-1)
+
+
+def _damaged(path: str, start: int, exc: Exception) -> PickleshardError:
+    if isinstance(exc, MemoryError):  # not a sign of damage: say what happened
+        detail = str(exc) or "MemoryError"
+        return ReadMemoryError(path, f"out of memory reading this span: {detail}", offset=start)
     if isinstance(exc, EOFError) or "truncated" in str(exc):
         return TruncatedPickleError(
             path, f"span ends early (file changed since the scan?): {exc}", offset=start
