@@ -19,6 +19,12 @@ sampler=RandomSampler(ds), num_workers=0)``: the default collate for arrays, a l
 times, best kept. Targets (issue 3): span per sample >= 0.8x memmap per sample; span
 ``__getitems__`` >= 0.5x memmap fancy index per batch.
 
+The cost of the read checks (issue 12: an array's framing read and compared with its payload,
+``fstat`` of the file after every read or batch): the span methods are also run with the
+checks off (``span_files.verify = False``, a switch only this benchmark uses), in the same
+interleaved rounds; the table gives the time per sample both ways (target: at most 3% more on
+12 KB samples).
+
 Part 2, memory: one file far larger than the cache budget (``--big-gb``, 12 KB samples),
 a shuffled span epoch of ``--big-samples`` samples with 2 DataLoader workers, in a fresh process:
 PSS summed over the process and its workers, sampled every 50 ms, against the 256 MiB budget
@@ -187,6 +193,8 @@ class SpeedRow:
     span_item_s: float
     memmap_batch_s: float
     span_batch_s: float
+    span_item_unchecked_s: float = float("nan")  # the same, read checks off (their cost)
+    span_batch_unchecked_s: float = float("nan")
 
 
 def _speed(ds: DataSet, root: Path, repeat: int) -> SpeedRow:
@@ -194,6 +202,8 @@ def _speed(ds: DataSet, root: Path, repeat: int) -> SpeedRow:
     folder = _memmap_dir(ds, root)
     build_index(paths[0].parent)  # the span index (opcode scan, nothing unpickled)
     span = PickleDataset(paths[0].parent, mode="span", rebuild="auto")
+    unchecked = PickleDataset(paths[0].parent, mode="span", rebuild="never")
+    unchecked.span_files.verify = False  # the read checks off: what they cost
     memmap: Any = MemmapArrays(folder) if ds.kind == "arrays" else MemmapPickles(folder)
     if len(span) != len(memmap):
         raise AssertionError(f"{len(span)} span samples vs {len(memmap)} in the memmap")
@@ -209,6 +219,8 @@ def _speed(ds: DataSet, root: Path, repeat: int) -> SpeedRow:
         "span_item_s": PerSample(span),
         "memmap_batch_s": memmap,
         "span_batch_s": span,
+        "span_item_unchecked_s": PerSample(unchecked),
+        "span_batch_unchecked_s": unchecked,
     }
     best = dict.fromkeys(methods, float("inf"))
     for rep in range(repeat):
@@ -300,6 +312,23 @@ def _speed_lines(rows: list[SpeedRow]) -> list[str]:
     return lines
 
 
+def _check_lines(rows: list[SpeedRow]) -> list[str]:
+    """Per-sample time with the read checks on and off, side by side."""
+    lines = [
+        "| dataset | path | checks off µs/sample | checks on µs/sample | cost |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        for what, on, off in (
+            ("per sample (`ds[i]`)", r.span_item_s, r.span_item_unchecked_s),
+            ("per batch (`__getitems__`)", r.span_batch_s, r.span_batch_unchecked_s),
+        ):
+            on_us, off_us = on / r.samples * 1e6, off / r.samples * 1e6
+            cells = [r.dataset, what, f"{off_us:.2f}", f"{on_us:.2f}", f"{on / off - 1:+.1%}"]
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def _memory_lines(m: dict[str, Any]) -> list[str]:
     growth = m["peak_pss"] - m["start_pss"]
     lines = [
@@ -351,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     lines += ["", "## Setup", "", *(__doc__ or "").strip().splitlines()[2:-2]]
     lines += ["", "## Shuffled epoch, num_workers=0", "", *_speed_lines(rows)]
+    lines += ["", "## The cost of the read checks (framing, fstat)", "", *_check_lines(rows)]
     if mem is not None:
         lines += ["", "## One file far larger than the budget, shuffled, by span", ""]
         lines += _memory_lines(mem)

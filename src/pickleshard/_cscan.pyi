@@ -23,6 +23,9 @@ def rewrite_span(
 
 SLOW: object
 
+class Framing:
+    def __init__(self, head: bytes, tail: bytes, hm: Any, tm: Any, bounds: Any) -> None: ...
+
 class SpanLoader:
     def __init__(
         self,
@@ -58,6 +61,16 @@ class SpanLoader:
         labeler: Any = None,
     ) -> None: ...
     def load(self, fd: int, i: int, f: int, start: int) -> Any: ...
+    def fill_rows(
+        self,
+        fd: int,
+        rows: Any,
+        fr: Framing,
+        order: list[int],
+        starts: list[int],
+        ends: list[int],
+        labels: list[int],
+    ) -> int: ...
     def load_sample(self, fd: int, i: int, check: bool = False, name: int | None = None) -> Any: ...
     def load_samples(
         self,

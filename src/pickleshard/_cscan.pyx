@@ -24,7 +24,7 @@ import array as pyarray
 from . import opcodes as oc
 from .errors import CorruptPickleError
 
-__all__ = ["SLOW", "SpanLoader", "gather", "rewrite_span", "walk_record"]
+__all__ = ["SLOW", "Framing", "SpanLoader", "gather", "rewrite_span", "walk_record"]
 
 cdef enum:
     F_BAD, F_FIXED, F_LEN1, F_LEN4S, F_LEN4U, F_LEN8U, F_LINE, F_LINE2
@@ -869,7 +869,12 @@ cdef tuple _rewrite(
 
 # -- one sample read and loaded in one call: SpanReader's compiled read path ----------------------
 
-from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport (
+    PyBUF_C_CONTIGUOUS,
+    PyBUF_WRITABLE,
+    PyBuffer_Release,
+    PyObject_GetBuffer,
+)
 from cpython.exc cimport PyErr_SetFromErrno
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.long cimport PyLong_FromLongLong
@@ -891,7 +896,7 @@ cdef enum:
     TPL_MAX = 512  # scan._MAX_TEMPLATE: an array item's framing outside its payload, at most
 
 
-cdef class _Framing:
+cdef class Framing:
     """An array item's framing (``ArrayItem.head``, ``tail``, masked ranges, FRAME bounds) in
     C arrays, every range checked against the template's length once, here."""
     cdef bytes head, tail
@@ -1029,9 +1034,9 @@ cdef class SpanLoader:
         ``labeler`` the allowlist whose ``sample`` :meth:`load_samples` sets, or None."""
         if len(hows) != self.nf or any(h not in (H_SPAN, H_ITEM, H_INT) for h in hows):
             raise ValueError(f"no compiled plan for fields read as {hows}")
-        frames = [None if it is None else _Framing(*(<tuple>it)[7:12]) for it in items]
+        frames = [None if it is None else Framing(*(<tuple>it)[7:12]) for it in items]
         for f in range(self.nf):
-            if hows[f] == H_ITEM and (frames[f] is None or (<tuple>items[f])[2] != (<_Framing>frames[f]).hlen):
+            if hows[f] == H_ITEM and (frames[f] is None or (<tuple>items[f])[2] != (<Framing>frames[f]).hlen):
                 raise ValueError(f"field {f}: an array item's framing does not fit its prefix")
         self.starts, self.ints = starts, ints
         self.hows, self.intcols, self.items, self.frames = hows, intcols, items, frames
@@ -1091,7 +1096,7 @@ cdef class SpanLoader:
             return self.hooked(out)
         return self.loads(out)
 
-    cdef object _array(self, int fd, tuple spec, _Framing fr, Py_ssize_t start, Py_ssize_t end):
+    cdef object _array(self, int fd, tuple spec, Framing fr, Py_ssize_t start, Py_ssize_t end):
         """A fresh array of ``spec`` filled from its payload (counted as pending), read in one
         ``preadv`` with the bytes around it, which must match its framing ``fr`` (else the
         ``stale`` error); SLOW when the file ends first (or the array is too big for one
@@ -1147,6 +1152,58 @@ cdef class SpanLoader:
         self.p_bytes = self.p_items = self.p_fast = 0
         self.label = None
         return self._span(fd, i, f, start, hk)
+
+    def fill_rows(
+        self, int fd, rows, Framing fr, list order, list starts, list ends, list labels
+    ):
+        """Fill row ``k`` of ``rows`` (a C-contiguous ``(n, ...)`` array, ``n`` as long as
+        ``starts``) with the payload of the array item whose span is ``[starts[k], ends[k])``,
+        for each ``k`` of ``order``, each in one ``preadv`` with the bytes around it, which must
+        match ``fr`` (else the ``stale`` error naming ``labels[k]``). Returns ``len(order)``, or
+        the position in ``order`` of a short read (the caller reads from there its own way)."""
+        cdef Py_buffer view
+        cdef Py_ssize_t n = len(starts), m = len(order), j, k, start, after, got, total
+        cdef Py_ssize_t pre = fr.hlen, row
+        cdef unsigned char hb[TPL_MAX]
+        cdef unsigned char tb[TPL_MAX + 9]
+        cdef iovec iov[3]
+        if not self.verify:
+            raise ValueError("fill_rows checks what it reads: call identify first")
+        if len(ends) != n or len(labels) != n:
+            raise ValueError(f"{n} starts, {len(ends)} ends, {len(labels)} labels")
+        PyObject_GetBuffer(rows, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
+        try:
+            if n == 0 or view.len % n:
+                raise ValueError(f"{view.len} bytes of rows for {n} samples")
+            row = view.len // n
+            iov[0].iov_base, iov[0].iov_len = hb, <size_t>pre
+            iov[1].iov_len = <size_t>row
+            iov[2].iov_base = tb
+            for j in range(m):
+                k = order[j]
+                if not 0 <= k < n:
+                    raise IndexError(f"row {k} of {n}")
+                start = starts[k]
+                after = <Py_ssize_t>ends[k] - start - pre - row
+                if after < 0 or after > fr.tlen + 9:
+                    raise self.stale("its span does not fit the array's framing", start, [labels[k]])
+                iov[1].iov_base = <char*>view.buf + k * row
+                iov[2].iov_len = <size_t>after
+                total = pre + row + after
+                with nogil:
+                    got = preadv(fd, iov, 3, start)
+                if got != total:
+                    return j
+                if not fr.matches(hb, tb, after):
+                    raise self.stale(
+                        "the bytes around its array's payload (opcodes, dtype, shape, length) "
+                        "are not those indexed",
+                        start,
+                        [labels[k]],
+                    )
+        finally:
+            PyBuffer_Release(&view)
+        return m
 
     def load_sample(self, int fd, Py_ssize_t i, bint check=False, name=None):
         """Sample ``i`` as a tuple (after :meth:`plan`); or :data:`SLOW` with nothing counted
@@ -1214,7 +1271,7 @@ cdef class SpanLoader:
                 v = PyLong_FromLongLong(self.ints[i, <Py_ssize_t>self.intcols[f]])
             else:
                 v = self._array(
-                    fd, <tuple>self.items[f], <_Framing>self.frames[f], self.starts[i, f],
+                    fd, <tuple>self.items[f], <Framing>self.frames[f], self.starts[i, f],
                     self.ends[i, f],
                 )
                 if v is SLOW:
