@@ -999,14 +999,14 @@ cdef class SpanLoader:
         self.id_size, self.id_mtime, self.id_ctime, self.id_ino = size, mtime_ns, ctime_ns, ino
         self.stale, self.verify = stale, True
 
-    cdef int _same_file(self, int fd, object samples) except -1:
-        """Raise the ``stale`` error if the file open at ``fd`` is not the one indexed."""
+    cdef int _same_file(self, int fd, object labels, object label) except -1:
+        """Raise the ``stale`` error, naming the samples ``labels`` (a list; None: ``label``
+        alone), if the file open at ``fd`` is not the one indexed."""
         cdef struct_stat st
         cdef int r
         if not self.verify:
             return 0
-        with nogil:
-            r = fstat(fd, &st)
+        r = fstat(fd, &st)  # a fast syscall: not worth releasing the GIL
         if r != 0:
             PyErr_SetFromErrno(OSError)
             return -1
@@ -1018,7 +1018,7 @@ cdef class SpanLoader:
                 and st.st_ctim.tv_sec * <int64_t>1000000000 + st.st_ctim.tv_nsec != self.id_ctime)
             or (self.id_ino >= 0 and <uint64_t>st.st_ino != <uint64_t>self.id_ino)
         ):
-            raise self.stale(None, -1, samples)
+            raise self.stale(None, -1, [label] if labels is None else labels)
         return 0
 
     def plan(
@@ -1215,7 +1215,7 @@ cdef class SpanLoader:
         self.name = i if name is None else name
         v = self._sample(fd, i)
         if check and v is not SLOW:
-            self._same_file(fd, [self.name])
+            self._same_file(fd, None, self.name)
         return v
 
     def load_samples(self, int fd, list items, list labels, fallback):
@@ -1238,7 +1238,7 @@ cdef class SpanLoader:
                 out[k] = v
         finally:
             self.label = None
-        self._same_file(fd, labels)  # after the reads: a write that raced them shows by now
+        self._same_file(fd, labels, None)  # after the reads: a write that raced them shows by now
         return out
 
     cdef object _sample(self, int fd, Py_ssize_t i):

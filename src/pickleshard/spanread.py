@@ -732,7 +732,7 @@ class SpanReader:
             self._own_allowlist.sample = i if label is None else label
         if self._loader is not None and self._pid == os.getpid() and type(i) is int:
             try:
-                got = self._loader.load_sample(self._fd, i, check, i if label is None else label)
+                got = self._loader.load_sample(self._fd, i, check, label)
             except PickleshardError:
                 raise
             except Exception as exc:  # bad bytes make the unpickler raise many types
