@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import pickle
+import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -287,8 +289,6 @@ def test_a_span_that_does_not_fit_the_framing_is_refused(tmp_path: Path) -> None
     scan = scan_file(path)
     ends = scan.ends.copy()
     ends[9, 0] += 40  # an index whose span is longer than any framing of the template
-    from dataclasses import replace
-
     for engine in ENGINES:
         reader = SpanReader(replace(scan, ends=ends), engine=engine)
         for i in range(4):
@@ -405,3 +405,64 @@ def test_a_memory_error_in_a_span_read_is_not_called_a_changed_file(
         assert "changed" not in str(info.value)
         assert str(path) in str(info.value)
         assert "out of memory" in str(info.value)
+
+
+def test_both_engines_refuse_an_edited_framing_alike(tmp_path: Path) -> None:
+    """The twins: the same error (class, offset, sample, message) and the same counters."""
+    path, _, _ = _dataset_file(tmp_path)
+    scan = scan_file(path)
+    readers = {e: SpanReader(scan, engine=e, identity=FileIdentity(scan.size)) for e in ENGINES}
+    for r in readers.values():
+        for i in [*range(20, 30), *range(20, 30)]:  # the compiled one then reads by its plan
+            r.read_sample(i)
+    assert readers["compiled"]._plan_ok
+    _edit_shape(path, 40)
+    outcomes = []
+    for r in readers.values():
+        for read in (lambda r=r: r.read_sample(40), lambda r=r: r.read_samples(range(30, 50))):
+            before = vars(replace(r.stats))
+            with pytest.raises(FileChangedError) as info:
+                read()
+            counted = {k: v - before[k] for k, v in vars(r.stats).items() if v != before[k]}
+            err = info.value
+            outcomes.append((type(err), err.offset, err.sample, str(err), counted))
+    assert outcomes[:2] == outcomes[2:]
+
+
+def test_a_writer_racing_an_epoch_never_yields_a_torn_sample(tmp_path: Path) -> None:
+    """A real writer thread rewrites the file in 4 KiB pieces (putting the mtime back after
+    each) while an epoch reads it: every sample is old or new, or the read is refused."""
+    path, old, new = _dataset_file(tmp_path)
+    ds = PickleDataset(tmp_path / "data", mode="span")
+    tally = Tally(old, new, path)
+    order = _order()
+    st = os.stat(path)
+    done = threading.Event()
+
+    def writer() -> None:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            for at in range(0, len(new), 4096):
+                os.pwrite(fd, new[at : at + 4096], at)
+                os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        finally:
+            os.close(fd)
+            done.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        while not done.is_set():
+            for k in range(0, N, 8):
+                try:
+                    got = ds.__getitems__(order[k : k + 8]) if k % 16 else [ds[order[k]]]
+                except StaleIndexError as exc:
+                    tally.error(exc)
+                    continue
+                for i, sample in zip(order[k : k + 8], got, strict=False):
+                    tally.sample(i, sample)
+    finally:
+        thread.join()
+    with pytest.raises(StaleIndexError):  # once the writer is done, every read is refused
+        ds[0]
+    assert tally.counts["torn"] == 0, tally.counts

@@ -26,6 +26,15 @@ at most one span with a cached literal prologue is read in one call into
 ``pickleshard._cscan.SpanLoader`` (the same reads, rewrite and load, in C), and batches of them
 in one call too; anything else takes the Python path above, which is the reference.
 
+Reads check what they rely on (see :class:`SpanReader`): an array read from its payload is read
+in one ``preadv`` with the bytes around it, which must be the framing the scan proved; a small int
+is decoded only from its opcode; and the file's identity (size, mtime, ctime, inode, as indexed)
+is checked with ``fstat`` on open and after the reads of every call, so a write that raced a
+read is caught before its samples are returned. A mismatch raises
+:class:`~pickleshard.errors.FileChangedError` naming the file and the sample. What no check can
+see: a file whose payload bytes alone changed while its size, mtime *and* ctime stayed (a clock
+set back, a file system that does not keep them).
+
 External values come from the file's :class:`~pickleshard.memo.SharedTable`: the element that
 defines one is replayed whole, once per read (all its values then come from that one replay, so
 identity between them holds). Immutable values (str, bytes, numbers, dtypes, classes and
