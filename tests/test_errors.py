@@ -14,10 +14,12 @@ from pickleshard.errors import (
     DatasetNotFoundError,
     EmptyPickleError,
     FieldLengthMismatchError,
+    FileChangedError,
     IndexFormatError,
     NoPickleFilesError,
     NotAPickleError,
     PickleshardError,
+    ReadMemoryError,
     StaleIndexError,
     TruncatedPickleError,
     UnreadableFileError,
@@ -34,6 +36,8 @@ FILE_PROBLEMS = [
     UnsupportedLayoutError,
     FieldLengthMismatchError,
     UnsafePickleError,
+    FileChangedError,
+    ReadMemoryError,
 ]
 
 

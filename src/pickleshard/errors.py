@@ -219,6 +219,12 @@ class ReadMemoryError(FileProblem, MemoryError):
     """Memory ran out while reading a sample (the sample, or what it decodes to, is too big for
     the memory left); not a sign of a damaged file."""
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # MemoryError's own __new__ refuses the bare allocation _rebuild does: construct it,
+        # then BaseException.__setstate__ sets the attributes (args: the message) back
+        state = {"path": self.path, "offset": self.offset, "sample": self.sample}
+        return (type(self), (self.path, ""), {**state, "args": self.args})
+
 
 class IndexFormatError(PickleshardError, ValueError):
     """An index directory exists but cannot be read (unknown version, missing arrays)."""
