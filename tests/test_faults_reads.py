@@ -466,3 +466,14 @@ def test_a_writer_racing_an_epoch_never_yields_a_torn_sample(tmp_path: Path) -> 
     with pytest.raises(StaleIndexError):  # once the writer is done, every read is refused
         ds[0]
     assert tally.counts["torn"] == 0, tally.counts
+
+
+def test_a_file_refused_on_open_is_refused_again(tmp_path: Path) -> None:
+    path, _, _ = _dataset_file(tmp_path)
+    scan = scan_file(path)
+    st = os.stat(path)
+    reader = SpanReader(scan, identity=FileIdentity(st.st_size, st.st_mtime_ns - 1))
+    for _ in range(2):
+        with pytest.raises(FileChangedError, match="mtime"):
+            reader.read_sample(0)
+    assert reader._fd == -1

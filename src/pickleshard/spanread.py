@@ -284,15 +284,22 @@ class SpanReader:
             self._pid = os.getpid()
             self._loader, self._planned, self._plan_ok = self._make_loader(), False, False
             if self.verify:  # a file replaced or rewritten since the scan is refused on open
-                size = os.fstat(self._fd).st_size
-                if size < self.identity.size:  # as SpanFiles says it before it builds a reader
-                    raise TruncatedPickleError(
-                        self.path,
-                        f"file is {size} bytes, {self.identity.size} when indexed: cut short since",
-                        offset=size,
-                    )
-                self._check_same(None)
+                try:
+                    self._check_opened()
+                except PickleshardError:
+                    self.close()  # and checked again on the next open
+                    raise
         return self._fd
+
+    def _check_opened(self) -> None:
+        size = os.fstat(self._fd).st_size
+        if size < self.identity.size:  # as SpanFiles says it before it builds a reader
+            raise TruncatedPickleError(
+                self.path,
+                f"file is {size} bytes, {self.identity.size} when indexed: cut short since",
+                offset=size,
+            )
+        self._check_same(None)
 
     def _check_same(self, samples: Sequence[int] | None) -> None:
         """Raise :class:`FileChangedError` if the open file is no longer the one indexed;
