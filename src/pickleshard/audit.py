@@ -35,7 +35,7 @@ from . import opcodes as oc
 from .errors import CorruptPickleError, EmptyPickleError, NotAPickleError, TruncatedPickleError
 from .safety import Verdict, classify_global
 
-__all__ = ["Audit", "GlobalUse", "audit_buffer"]
+__all__ = ["Audit", "GlobalUse", "audit_buffer", "locate_global"]
 
 GlobalKey = tuple[str, str]
 UNRESOLVED: GlobalKey = ("?", "?")
@@ -107,7 +107,10 @@ class Audit:
     pickle's (0 or 1 when it has no ``PROTO`` opcode, by the opcodes it uses); ``opcodes`` the
     total opcode count; ``counts`` the count of each opcode in :data:`COUNTED` that occurs;
     ``computed_calls`` the calls made on values that no global names (results of other calls);
-    ``bytes_read`` the bytes examined (payloads are seeked over).
+    ``bytes_read`` the bytes examined (payloads are seeked over); ``builds_on_globals`` the
+    ``(offset, global)`` of each ``BUILD`` whose target is a global itself (directly or through
+    the memo: a file changing a function or class of the loading process, which the loader
+    refuses); ``first_refs`` the offset of the first opcode naming each global.
     """
 
     path: str
@@ -120,6 +123,9 @@ class Audit:
     calls: dict[GlobalKey, int] = field(default_factory=dict)
     computed_calls: int = 0
     bytes_read: int = 0
+    builds_on_globals: list[tuple[int, GlobalKey]] = field(default_factory=list)
+    first_refs: dict[GlobalKey, int] = field(default_factory=dict)
+    first_calls: dict[GlobalKey, int] = field(default_factory=dict)
 
     def globals(self, allow_globals: Iterable[GlobalKey] = ()) -> list[GlobalUse]:
         """Every global named, in order of first appearance, with its verdict."""
@@ -195,14 +201,17 @@ class _Walk:
         raw = bytes(buf[v + hdr : v + hdr + n])
         return raw.decode("utf-8" if op in _UNICODE_OPS else "latin-1", "replace")
 
-    def name(self, key: GlobalKey) -> GlobalKey:
+    def name(self, key: GlobalKey, pos: int = -1) -> GlobalKey:
         refs = self.a.refs
         refs[key] = refs.get(key, 0) + 1
+        if key not in self.a.first_refs:
+            self.a.first_refs[key] = pos
         return key
 
-    def call(self, target: Any) -> None:
+    def call(self, target: Any, pos: int = -1) -> None:
         if type(target) is tuple:
             self.a.calls[target] = self.a.calls.get(target, 0) + 1
+            self.a.first_calls.setdefault(target, pos)
         else:
             self.a.computed_calls += 1
 
@@ -229,11 +238,11 @@ def _text_op(w: _Walk, op: int, pos: int) -> int:
     act = oc.ACTION[op]
     if op in (_OP["GLOBAL"], _OP["INST"]):
         (module, name), nxt = w.lines(pos, 2)
-        key = w.name((module.decode("utf-8", "replace"), name.decode("utf-8", "replace")))
+        key = w.name((module.decode("utf-8", "replace"), name.decode("utf-8", "replace")), pos)
         if op == _OP["GLOBAL"]:
             w.stack.append(key)
         else:  # INST: instantiate the class with the items above the mark
-            w.call(key)
+            w.call(key, pos)
             del w.stack[w.pop_mark(pos) :]
             w.stack.append(None)
         return nxt
@@ -278,11 +287,15 @@ def _fixed_op(w: _Walk, op: int, pos: int, nxt: int) -> bool:
         if op == _OP["STACK_GLOBAL"]:
             module, name = w.text(stack[-2]), w.text(stack[-1])
             resolved = (module, name) if module is not None and name is not None else None
-            value = w.name(resolved or UNRESOLVED)
+            value = w.name(resolved or UNRESOLVED, pos)
+        elif op == _OP["BUILD"]:
+            value = stack[-2]  # BUILD leaves its target on the stack
+            if type(value) is tuple:
+                w.a.builds_on_globals.append((pos, value))
         elif op in (_OP["REDUCE"], _OP["NEWOBJ"]):
-            w.call(stack[-2])
+            w.call(stack[-2], pos)
         elif op == _OP["NEWOBJ_EX"]:
-            w.call(stack[-3])
+            w.call(stack[-3], pos)
         del stack[len(stack) - n :]
         stack.append(value)
     elif act == oc.A_MARKPOP or oc.A_TUPLE <= act <= oc.A_DICT:
@@ -292,7 +305,7 @@ def _fixed_op(w: _Walk, op: int, pos: int, nxt: int) -> bool:
         if op == _OP["OBJ"]:
             if len(stack) <= m:
                 raise w.fail(pos, "with no class above its MARK")
-            w.call(stack[m])
+            w.call(stack[m], pos)
         del stack[m - oc.NPOP[op] :]
         stack.append(None)
     elif act == oc.A_MARK:
@@ -324,7 +337,7 @@ def _fixed_op(w: _Walk, op: int, pos: int, nxt: int) -> bool:
     elif op in (_OP["EXT1"], _OP["EXT2"], _OP["EXT4"]):
         code = w.buf[pos + 1] if nxt - pos == 2 else int.from_bytes(w.buf[pos + 1 : nxt], "little")
         key = copyreg._inverted_registry.get(code)  # type: ignore[attr-defined]
-        stack.append(w.name(key if key is not None else ("copyreg", f"<extension {code}>")))
+        stack.append(w.name(key if key is not None else ("copyreg", f"<extension {code}>"), pos))
     elif op == _OP["DUP"]:
         w.need(pos, 1)
         stack.append(stack[-1])
@@ -498,3 +511,39 @@ def audit_buffer(buf: Any, size: int, name: str) -> Audit:
         audit.records.append((pos, nxt))
         pos = nxt
     return audit
+
+
+def locate_global(
+    file: Any, start: int, key: GlobalKey | None, qualname: str | None
+) -> int | None:
+    """The offset of the opcode behind a refusal in the pickle starting at ``start`` of ``file``
+    (a file object or a buffer): the ``BUILD`` on global ``qualname`` when there is one, else the
+    first opcode naming ``key``; None when the walk finds neither. Read with ``pread`` or from
+    the buffer: the file's position is left as it is (an unpickler is reading it)."""
+    import mmap
+    import os
+
+    buf: Any
+    if isinstance(file, (bytes, bytearray)):
+        buf = file
+    elif hasattr(file, "getbuffer"):
+        buf = bytes(file.getbuffer())  # the walk needs find(); a refusal is rare
+    else:
+        fd = file.fileno()
+        buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if os.fstat(fd).st_size else b""
+    size = len(buf)
+    audit = Audit("<refusal>", size)
+    w = _Walk(audit, buf, size)
+    try:
+        _walk_record(w, start)
+    except CorruptPickleError:
+        pass  # the load failed here too: what the walk saw before is still where it is
+    if qualname is not None:
+        for pos, target in audit.builds_on_globals:
+            if ".".join(target) == qualname:
+                return pos
+        for table in (audit.first_calls, audit.first_refs):
+            for k, pos in table.items():
+                if ".".join(k) == qualname:
+                    return pos
+    return audit.first_refs.get(key) if key is not None else None

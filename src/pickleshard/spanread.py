@@ -62,7 +62,7 @@ from .errors import (
     UnreadableFileError,
 )
 from .memo import SpanFile, SpanUnpickler
-from .safety import AllowlistFindClass
+from .safety import GUARD_TYPES, AllowlistFindClass
 from .scan import ArrayItem, IntItem, ScanResult
 from .spanrewrite import (
     BIG,
@@ -99,6 +99,7 @@ class ReaderStats:
 
 _LEAVES = (str, bytes, int, float, complex, bool, type(None), range)
 _CALLABLES = (type, types.FunctionType, types.BuiltinFunctionType, np.dtype, np.generic)
+_CALLABLES += GUARD_TYPES  # the allowlist's guards: immutable, one per global and reader
 
 
 def _immutable(v: Any, depth: int = 0) -> bool:
