@@ -23,6 +23,7 @@ stored) raises the :mod:`pickleshard.errors` classes with the file and offset.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import copyreg
 import gc
 import pickle
@@ -513,9 +514,7 @@ def audit_buffer(buf: Any, size: int, name: str) -> Audit:
     return audit
 
 
-def locate_global(
-    file: Any, start: int, key: GlobalKey | None, qualname: str | None
-) -> int | None:
+def locate_global(file: Any, start: int, key: GlobalKey | None, qualname: str | None) -> int | None:
     """The offset of the opcode behind a refusal in the pickle starting at ``start`` of ``file``
     (a file object or a buffer): the ``BUILD`` on global ``qualname`` when there is one, else the
     first opcode naming ``key``; None when the walk finds neither. Read with ``pread`` or from
@@ -534,10 +533,9 @@ def locate_global(
     size = len(buf)
     audit = Audit("<refusal>", size)
     w = _Walk(audit, buf, size)
-    try:
+    # a damaged stream fails the walk too: what it saw before the damage is still where it is
+    with contextlib.suppress(CorruptPickleError):
         _walk_record(w, start)
-    except CorruptPickleError:
-        pass  # the load failed here too: what the walk saw before is still where it is
     if qualname is not None:
         for pos, target in audit.builds_on_globals:
             if ".".join(target) == qualname:

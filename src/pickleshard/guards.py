@@ -204,7 +204,7 @@ class GuardedClass:
         return (_original, self._key)
 
     def __eq__(self, other: object) -> bool:
-        return self.__wrapped__ == _unwrap(other)
+        return bool(self.__wrapped__ == _unwrap(other))
 
     def __hash__(self) -> int:
         return hash(self.__wrapped__)
@@ -226,9 +226,7 @@ class GuardedCallable:
 
     __slots__ = ("__wrapped__", "_check", "_key", "_owner")
 
-    def __init__(
-        self, wrapped: Callable[..., Any], key: GlobalKey, owner: GuardOwner
-    ) -> None:
+    def __init__(self, wrapped: Callable[..., Any], key: GlobalKey, owner: GuardOwner) -> None:
         self.__wrapped__, self._key, self._owner = wrapped, key, owner
         self._check = CHECKS.get(key)
 
@@ -248,7 +246,7 @@ class GuardedCallable:
         return (_original, self._key)
 
     def __eq__(self, other: object) -> bool:
-        return self.__wrapped__ == _unwrap_any(other)
+        return bool(self.__wrapped__ == _unwrap_any(other))
 
     def __hash__(self) -> int:
         return hash(self.__wrapped__)

@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import IO, Any, Literal
 
+from .bounds import DEFAULT_MAX_DEPTH, DEFAULT_MAX_SAMPLE_BYTES, check_sample
 from .errors import UnsafePickleError
 from .guards import BUILD_WHY, GuardedCallable, GuardedClass, guard_global
 
@@ -354,22 +355,46 @@ class AllowlistFindClass(_Lookup):
 
 @dataclass(frozen=True)
 class UnpicklePolicy:
-    """How every read path unpickles: which globals may load, and the text ``encoding``.
+    """How every read path unpickles: which globals may load, the text ``encoding``, and the
+    per-sample bounds ``max_sample_bytes`` / ``max_depth`` (None: unbounded; see
+    :mod:`pickleshard.bounds` for the defaults and why).
 
-    Built from the public arguments ``trusted``, ``allow_globals`` and ``encoding`` (as in
-    :func:`pickle.load`; ``"latin1"`` reads Python 2 pickles of numpy arrays) with
-    :meth:`from_args`. Picklable, so it travels to index and DataLoader workers.
+    Built from the public arguments ``trusted``, ``allow_globals``, ``encoding`` (as in
+    :func:`pickle.load`; ``"latin1"`` reads Python 2 pickles of numpy arrays),
+    ``max_sample_bytes`` and ``max_depth`` with :meth:`from_args`. Picklable, so it travels to
+    index and DataLoader workers.
     """
 
     trusted: bool = False
     allow_globals: frozenset[tuple[str, str]] = field(default_factory=frozenset)
     encoding: str = "ASCII"
+    max_sample_bytes: int | None = DEFAULT_MAX_SAMPLE_BYTES
+    max_depth: int | None = DEFAULT_MAX_DEPTH
 
     @classmethod
     def from_args(
-        cls, *, trusted: bool = False, allow_globals: Iterable[str] = (), encoding: str = "ASCII"
+        cls,
+        *,
+        trusted: bool = False,
+        allow_globals: Iterable[str] = (),
+        encoding: str = "ASCII",
+        max_sample_bytes: int | None = DEFAULT_MAX_SAMPLE_BYTES,
+        max_depth: int | None = DEFAULT_MAX_DEPTH,
     ) -> UnpicklePolicy:
-        return cls(trusted, parse_allow_globals(allow_globals), encoding)
+        for name, bound in (("max_sample_bytes", max_sample_bytes), ("max_depth", max_depth)):
+            if bound is not None and (not isinstance(bound, int) or bound < 1):
+                raise ValueError(f"{name} must be a positive int or None, got {bound!r}")
+        return cls(
+            trusted, parse_allow_globals(allow_globals), encoding, max_sample_bytes, max_depth
+        )
+
+    def check_sample(self, sample: Any, path: str | os.PathLike[str], index: int | None) -> None:
+        """Raise :class:`~pickleshard.errors.SampleLimitError` naming ``path`` and ``index`` if
+        ``sample`` passes this policy's bounds (checked even when ``trusted``: trust is about
+        what a file may run, not how much memory a sample may take)."""
+        if self.max_sample_bytes is None and self.max_depth is None:
+            return
+        check_sample(sample, os.fspath(path), index, self.max_sample_bytes, self.max_depth)
 
     def unpickler(
         self,

@@ -98,8 +98,12 @@ class ReaderStats:
 
 
 _LEAVES = (str, bytes, int, float, complex, bool, type(None), range)
-_CALLABLES = (type, types.FunctionType, types.BuiltinFunctionType, np.dtype, np.generic)
-_CALLABLES += GUARD_TYPES  # the allowlist's guards: immutable, one per global and reader
+_CALLABLES: tuple[type, ...] = (type, types.FunctionType, types.BuiltinFunctionType)
+_CALLABLES += (
+    np.dtype,
+    np.generic,
+    *GUARD_TYPES,
+)  # the allowlist's guards: immutable, one per global and reader
 
 
 def _immutable(v: Any, depth: int = 0) -> bool:
