@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -38,27 +38,51 @@ DEFAULT_MAX_DEPTH = 100
 limit is 1000 frames and collating or pickling spends two or more frames per level."""
 
 _REF = 8  # bytes per reference a container holds (a pointer)
-_SCALARS = frozenset({float, bool, type(None), complex, range, slice})
-_TEXT = frozenset({str, bytes, bytearray})
+_FIXED: dict[type, int] = {
+    float: _REF,
+    bool: _REF,
+    type(None): _REF,
+    complex: 2 * _REF,
+    range: 6 * _REF,
+    slice: 3 * _REF,
+}
+_TEXT = (str, bytes, bytearray)
 _CONTAINERS = (list, tuple, set, frozenset, dict)
 _OPAQUE = (type, types.FunctionType, types.BuiltinFunctionType, types.ModuleType)
+_NO_BOUND = 1 << 62
 
 
-def _leaf(v: Any) -> int:
+_SMALL_INT = 1 << 63
+
+
+def _leaf(v: Any, _ndarray: type = np.ndarray, _fixed: dict[type, int] = _FIXED) -> int:
     """The byte size of ``v`` if it is a leaf, else -1 (a container to walk)."""
     t = type(v)
+    if t is _ndarray:
+        return -1 if v.dtype.hasobject else v.nbytes
     if t is int:
-        return max(_REF, int(v.bit_length()) >> 3)
-    if t in _TEXT:
+        return _REF if -_SMALL_INT <= v < _SMALL_INT else v.bit_length() >> 3
+    if t is str or t is bytes:
         return len(v)
-    if t in _SCALARS:
-        return _REF
-    if t is np.ndarray:
-        return -1 if v.dtype.hasobject else int(v.nbytes)
+    fixed = _fixed.get(t)
+    if fixed is not None:
+        return fixed
+    if t is list or t is tuple or t is dict:
+        return -1
+    return _other_leaf(v)
+
+
+def _other_leaf(v: Any) -> int:
     if isinstance(v, np.generic):
         return int(v.nbytes)
+    if isinstance(v, np.ndarray):  # a subclass: its object elements, if any, are walked
+        return -1 if v.dtype.hasobject else int(v.nbytes)
     if isinstance(v, _CONTAINERS):
         return -1
+    if isinstance(v, _TEXT):
+        return len(v)
+    if isinstance(v, int):
+        return max(_REF, v.bit_length() >> 3)
     if isinstance(v, _OPAQUE):
         return _REF
     element_size = getattr(v, "element_size", None)  # a torch tensor, without importing torch
@@ -67,9 +91,7 @@ def _leaf(v: Any) -> int:
             return int(element_size()) * int(v.nelement())
         except Exception:
             return _REF
-    if isinstance(v, np.ndarray):  # a subclass: its object elements, if any, are walked
-        return -1 if v.dtype.hasobject else int(v.nbytes)
-    if hasattr(v, "__dict__") and not isinstance(v, type):
+    if hasattr(v, "__dict__"):
         return -1
     try:
         return int(sys.getsizeof(v))
@@ -77,16 +99,16 @@ def _leaf(v: Any) -> int:
         return _REF
 
 
-def _children(v: Any) -> tuple[Iterator[Any], int]:
+def _children(v: Any) -> tuple[Iterable[Any], int]:
     """The values a container refers to, and the bytes of its references."""
     if isinstance(v, dict):
-        return itertools.chain.from_iterable(v.items()), 2 * _REF * len(v)
+        return itertools.chain(v, v.values()), 2 * _REF * len(v)
     if isinstance(v, (list, tuple, set, frozenset)):
-        return iter(v), _REF * len(v)
+        return v, _REF * len(v)
     if isinstance(v, np.ndarray):  # object dtype
-        return iter(v.flat), _REF * v.size
+        return v.flat, _REF * v.size
     attrs = vars(v)
-    return iter(attrs.values()), _REF * len(attrs)
+    return attrs.values(), _REF * len(attrs)
 
 
 class _Exceeded(Exception):
@@ -94,21 +116,80 @@ class _Exceeded(Exception):
         self.what, self.value = what, value
 
 
+class _Walk:
+    """One :func:`measure`: the bounds, the containers done (by id: their size and height, so
+    a shared one is walked once) and the containers on the current path (a cycle)."""
+
+    __slots__ = ("deepest", "done", "limit", "path")
+
+    def __init__(self, limit: int, deepest: int) -> None:
+        self.limit, self.deepest = limit, deepest
+        self.done: dict[int, tuple[int, int]] = {}
+        self.path: set[int] = set()
+
+    def container(self, v: Any, depth: int) -> tuple[int, int]:
+        """``(bytes, height)`` of container ``v`` at ``depth`` (1: the sample itself).
+        Recursive: called only while ``depth`` stays within a bound of at most
+        :data:`_RECURSE_MAX` levels (see :func:`measure`)."""
+        key = id(v)
+        got = self.done.get(key)
+        if got is not None:
+            if depth - 1 + got[1] > self.deepest:
+                raise _Exceeded("depth", depth - 1 + got[1])
+            return got
+        if depth > self.deepest:
+            raise _Exceeded("depth", depth)
+        if key in self.path:
+            raise _Exceeded("cycle", depth)
+        self.path.add(key)
+        kids, total = _children(v)
+        height, limit = 0, self.limit
+        for child in kids:
+            t = type(child)  # the common leaves inline: this loop is the cost of a check
+            if t is int and -_SMALL_INT <= child < _SMALL_INT:
+                total += _REF
+                continue
+            if t is str:
+                total += len(child)
+            else:
+                n = _leaf(child)
+                if n < 0:
+                    n, h = self.container(child, depth + 1)
+                    if h > height:
+                        height = h
+                total += n
+            if total > limit:
+                raise _Exceeded("bytes", total)
+        self.path.discard(key)
+        got = self.done[key] = (total, height + 1)
+        return got
+
+
+_RECURSE_MAX = 200  # depth bounds up to this walk by recursion (fast); deeper ones iteratively
+
+
 def measure(sample: Any, max_bytes: int | None, max_depth: int | None) -> tuple[int, int]:
     """``(bytes, depth)`` of ``sample`` as a tree (see the module notes). Raises
     :class:`_Exceeded` (internal; :func:`check_sample` names the file) past a bound: ``what``
     is ``"bytes"``, ``"depth"`` or ``"cycle"``."""
-    limit = max_bytes if max_bytes is not None else 1 << 62
-    deepest = max_depth if max_depth is not None else 1 << 62
+    limit = max_bytes if max_bytes is not None else _NO_BOUND
+    deepest = max_depth if max_depth is not None else _NO_BOUND
     size = _leaf(sample)
     if size >= 0:
         if size > limit:
             raise _Exceeded("bytes", size)
         return size, 0
+    if deepest <= _RECURSE_MAX:
+        return _Walk(limit, deepest).container(sample, 1)
+    return _iterative(sample, limit, deepest)
+
+
+def _iterative(sample: Any, limit: int, deepest: int) -> tuple[int, int]:
+    """:meth:`_Walk.container` without recursion, for depth bounds past :data:`_RECURSE_MAX`."""
     done: dict[int, tuple[int, int]] = {}
     on_path = {id(sample)}
     kids, own = _children(sample)
-    frames: list[list[Any]] = [[sample, kids, own, 0]]  # object, children, bytes, height below
+    frames: list[list[Any]] = [[sample, iter(kids), own, 0]]  # object, children, bytes, height
     while True:
         frame = frames[-1]
         for child in frame[1]:
@@ -122,8 +203,10 @@ def measure(sample: Any, max_bytes: int | None, max_depth: int | None) -> tuple[
                         raise _Exceeded("depth", len(frames) + 1)
                     on_path.add(id(child))
                     kids, own = _children(child)
-                    frames.append([child, kids, own, 0])
+                    frames.append([child, iter(kids), own, 0])
                     break
+                if len(frames) + got[1] > deepest:
+                    raise _Exceeded("depth", len(frames) + got[1])
                 size = got[0]
                 if got[1] > frame[3]:
                     frame[3] = got[1]

@@ -21,7 +21,7 @@ try:  # a real torch Dataset when torch is there (isinstance checks, typing); pl
 except ImportError:  # pragma: no cover - exercised only without torch
     _DatasetBase = object  # type: ignore[assignment,misc]
 
-from .bounds import DEFAULT_MAX_DEPTH, DEFAULT_MAX_SAMPLE_BYTES
+from .bounds import DEFAULT_MAX_DEPTH, DEFAULT_MAX_SAMPLE_BYTES, check_sample
 from .errors import NotSpanIndexableError
 from .index import Rebuild, SkippedFilesWarning, open_index
 from .layouts import DecodedLayout
@@ -187,7 +187,8 @@ class PickleDataset(_DatasetBase[Any]):
         return self.cache.get(self._paths[pos], self.index.files[pos].decoded_nbytes)
 
     def _finish(self, sample: Sample, pos: int, index: int) -> Any:
-        self.policy.check_sample(sample, self._paths[pos], index)
+        policy = self.policy
+        check_sample(sample, self._paths[pos], index, policy.max_sample_bytes, policy.max_depth)
         return sample if self.transform is None else self.transform(sample)
 
     @property
