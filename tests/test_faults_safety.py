@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import io
+import os
 import pickle
 from pathlib import Path
 from typing import Any
@@ -344,3 +345,97 @@ def test_guards_pickle_back_to_their_globals(tmp_path: Path) -> None:
     back = pickle.loads(pickle.dumps([ds[1][0], ds[2][0]]))
     assert back == [torch._utils._rebuild_tensor_v2, tuple]
     assert ds[1][0] == torch._utils._rebuild_tensor_v2
+
+
+# -- inspect --strict refuses what loading refuses -----------------------------------------------
+
+
+def _nested_torch_payload(tmp_path: Path) -> Path:
+    """A tensor-like ``torch.storage._load_from_bytes`` payload whose nested pickle (the torch
+    zip's data.pkl) calls ``posix.system``."""
+    import zipfile
+
+    class Evil:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (os.system, ("echo pwned",))
+
+    saved = io.BytesIO()
+    torch.save({"a": 1}, saved)
+    zipped = io.BytesIO()
+    with (
+        zipfile.ZipFile(io.BytesIO(saved.getvalue())) as zin,
+        zipfile.ZipFile(zipped, "w") as zout,
+    ):
+        for info in zin.infolist():
+            body = zin.read(info)
+            zout.writestr(info, pickle.dumps(Evil(), 2) if info.filename.endswith(".pkl") else body)
+    payload = zipped.getvalue()
+    opcodes = (
+        b"ctorch.storage\n_load_from_bytes\nB"
+        + len(payload).to_bytes(4, "little")
+        + payload
+        + b"\x85R"
+    )
+    return _file(tmp_path, opcodes)
+
+
+STRICT_CASES: dict[str, tuple[bytes, str]] = {
+    "build_on_global": (
+        b"ctorch._utils\n_rebuild_tensor_v2\n" + _NEG_DEFAULTS,
+        "BUILD on global torch._utils._rebuild_tensor_v2",
+    ),
+    "build_through_memo": (
+        b"c__builtin__\nlist\nq\x010h\x01N}X\x01\x00\x00\x00zK\x01s\x86b",
+        "BUILD on global __builtin__.list",
+    ),
+    "bytearray_from_int": (AMPLIFIERS["bytearray_from_int"][0], "bytearray(1500000000)"),
+    "tuple_of_range": (AMPLIFIERS["tuple_of_range"][0], "range of 20000000"),
+    "encode_hex": (AMPLIFIERS["encode_hex"][0], "_codecs.encode"),
+    "reconstruct_shape": (AMPLIFIERS["reconstruct_shape"][0], "_reconstruct"),
+    "scalar_itemsize": (AMPLIFIERS["scalar_itemsize"][0], "scalar"),
+    "ndarray_call": (AMPLIFIERS["ndarray_call"][0], "numpy.ndarray"),
+    "deep": (_deep(10**5), "max_depth=100"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STRICT_CASES))
+def test_inspect_strict_fails_on_what_loading_refuses(
+    tmp_path: Path, case: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pickleshard.cli import main
+
+    opcodes, words = STRICT_CASES[case]
+    path = _file(tmp_path, opcodes)
+    assert main(["inspect", str(path)]) == 0  # without --strict: a report, no failure
+    capsys.readouterr()
+    assert main(["inspect", "--strict", str(path)]) == 3
+    err = capsys.readouterr().err
+    assert str(path) in err, err
+    assert words in err, err
+
+
+def test_inspect_strict_audits_nested_torch_payloads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pickleshard.cli import main
+
+    path = _nested_torch_payload(tmp_path)
+    assert main(["inspect", "--strict", str(path)]) == 3
+    assert "posix.system (dangerous)" in capsys.readouterr().err
+    # loading refuses it too: named by the file and sample, without torch's advice to load
+    # with weights_only=False
+    for mode in ("auto", "whole"):
+        err = _refused(tmp_path, path, mode, UnsafePickleError, "posix.system")
+        assert "weights_only=False" not in str(err)
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_inspect_strict_passes_legit_numpy_and_torch(
+    tmp_path: Path, protocol: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pickleshard.cli import main
+
+    path = tmp_path / "f.pkl"
+    values = [np.arange(6.0).reshape(2, 3), np.float32(2), torch.arange(3), {1, 2}, b"ab" * 3000]
+    path.write_bytes(pickle.dumps((values, list(range(len(values)))), protocol))
+    assert main(["inspect", "--strict", str(path)]) == 0, capsys.readouterr().err

@@ -33,7 +33,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import opcodes as oc
-from .errors import CorruptPickleError, EmptyPickleError, NotAPickleError, TruncatedPickleError
+from .errors import (
+    CorruptPickleError,
+    EmptyPickleError,
+    NotAPickleError,
+    PickleshardError,
+    TruncatedPickleError,
+)
 from .safety import Verdict, classify_global
 
 __all__ = ["Audit", "GlobalUse", "audit_buffer", "locate_global"]
@@ -127,6 +133,7 @@ class Audit:
     builds_on_globals: list[tuple[int, GlobalKey]] = field(default_factory=list)
     first_refs: dict[GlobalKey, int] = field(default_factory=dict)
     first_calls: dict[GlobalKey, int] = field(default_factory=dict)
+    nested: list[tuple[int, str, Audit]] = field(default_factory=list)
 
     def globals(self, allow_globals: Iterable[GlobalKey] = ()) -> list[GlobalUse]:
         """Every global named, in order of first appearance, with its verdict."""
@@ -136,6 +143,20 @@ class Audit:
             verdict: Verdict = "dangerous" if key == UNRESOLVED else classify_global(*key, extra)
             out.append(GlobalUse(key[0], key[1], n, self.calls.get(key, 0), verdict))
         return out
+
+
+class _Blob:
+    """A ``bytes`` payload on the symbolic stack: where it is, for a nested torch payload."""
+
+    __slots__ = ("n", "start")
+
+    def __init__(self, start: int, n: int) -> None:
+        self.start, self.n = start, n
+
+
+_TORCH_PAYLOAD: GlobalKey = ("torch.storage", "_load_from_bytes")
+_BYTES_OPS = frozenset(getattr(pickle, n)[0] for n in ("SHORT_BINBYTES", "BINBYTES", "BINBYTES8"))
+_NESTED_DEPTH = 4  # torch payloads inside torch payloads: audited this deep
 
 
 class _Walk:
@@ -295,6 +316,8 @@ def _fixed_op(w: _Walk, op: int, pos: int, nxt: int) -> bool:
                 w.a.builds_on_globals.append((pos, value))
         elif op in (_OP["REDUCE"], _OP["NEWOBJ"]):
             w.call(stack[-2], pos)
+            if stack[-2] == _TORCH_PAYLOAD and type(stack[-1]) is _Blob:
+                _audit_nested(w, pos, stack[-1])
         elif op == _OP["NEWOBJ_EX"]:
             w.call(stack[-3], pos)
         del stack[len(stack) - n :]
@@ -405,8 +428,9 @@ def _walk_record(w: _Walk, pos: int) -> int:
                 m = len(stack) - npop_of[op] if act == a_tuplen else marks.pop()
                 if m < (marks[-1] if marks else 0):
                     raise w.fail(pos, "underflows the stack")
+                one = stack[m] if len(stack) == m + 1 and type(stack[m]) is _Blob else None
                 del stack[m:]
-                push(None)
+                push(one)  # (payload,): kept, for a REDUCE of torch's _load_from_bytes
                 pos += 1
                 continue
             if a_empty_lo <= act <= a_empty_hi:
@@ -437,7 +461,7 @@ def _walk_record(w: _Walk, pos: int) -> int:
                     push(pos)
                 else:
                     skipped += n
-                    push(None)
+                    push(_Blob(pos + hdr, n) if op in _BYTES_OPS else None)
                 pos += hdr + n
                 continue
             if op in counted:
@@ -545,3 +569,81 @@ def locate_global(file: Any, start: int, key: GlobalKey | None, qualname: str | 
                 if ".".join(k) == qualname:
                     return pos
     return audit.first_refs.get(key) if key is not None else None
+
+
+def _audit_nested(w: _Walk, pos: int, blob: _Blob) -> None:
+    """Audit the pickles inside a ``torch.storage._load_from_bytes`` payload (a torch zip, or
+    the legacy format: pickles followed by raw storage bytes), counting their globals as this
+    file's, named as found inside it (``posix.system`` in a nested payload is dangerous here)."""
+    import io
+    import zipfile
+
+    outer = w.a
+    if outer.path.count("[torch payload") >= _NESTED_DEPTH:
+        return
+    data = bytes(w.buf[blob.start : blob.start + blob.n])
+    members: list[tuple[str, bytes]] = []
+    if data[:4] == b"PK\x03\x04":
+        try:
+            with zipfile.ZipFile(io.BytesIO(data)) as z:
+                for info in z.infolist():
+                    if info.filename.endswith(".pkl") and info.file_size <= 64 << 20:
+                        members.append((info.filename, z.read(info)))
+        except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError):
+            return
+    else:
+        members.append(("", data))
+    for member, body in members:
+        name = f"{outer.path}[torch payload at byte {pos}]{'/' + member if member else ''}"
+        inner = Audit(name, len(body), bytes_read=len(body))
+        at = 0
+        while at < len(body):  # legacy: pickles, then raw storage bytes the walk stops at
+            iw = _Walk(inner, body, len(body))
+            try:
+                at = _walk_record(iw, at)
+            except PickleshardError:
+                break
+            inner.records.append((at, at))
+        outer.nested.append((pos, member, inner))
+        torch_allows = _torch_weights_only_globals()
+        for key, n in inner.refs.items():
+            if _torch_admits(key, torch_allows):
+                continue  # torch's weights_only loader, which reads the payload, admits it
+            outer.refs[key] = outer.refs.get(key, 0) + n
+            outer.first_refs.setdefault(key, pos)
+            if key in inner.calls:
+                outer.calls[key] = outer.calls.get(key, 0) + inner.calls[key]
+        outer.builds_on_globals.extend((pos, key) for _, key in inner.builds_on_globals)
+
+
+def _torch_weights_only_globals() -> frozenset[str] | None:
+    """The globals ``torch.load(weights_only=True)`` admits (what reads a nested payload),
+    when torch is imported already; None otherwise (the audit never imports it), and then
+    :func:`_torch_admits` guesses by name."""
+    import sys
+
+    wo = sys.modules.get("torch._weights_only_unpickler")
+    serialization = sys.modules.get("torch.serialization")
+    if wo is None or serialization is None:
+        return None
+    names = set(wo._get_allowed_globals())
+    for g in serialization.get_safe_globals():
+        obj = g[0] if isinstance(g, tuple) else g
+        names.add(f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}")
+    return frozenset(names)
+
+
+def _torch_admits(key: GlobalKey, names: frozenset[str] | None) -> bool:
+    """Whether torch's weights_only loader admits global ``key`` in a nested payload: by its
+    own list when torch is imported, else by the shapes of what ``torch.save`` writes (the
+    allowlist's own globals, storage classes, dtypes such as ``torch.float32``)."""
+    if classify_global(*key) == "dangerous":
+        return False
+    if names is not None:
+        return ".".join(key) in names
+    module, name = key
+    return (
+        classify_global(module, name) == "allowed"
+        or (module.split(".")[0] == "torch" and name.endswith("Storage"))
+        or (module == "torch" and name.isidentifier() and name[:1].islower())
+    )
