@@ -439,3 +439,31 @@ def test_inspect_strict_passes_legit_numpy_and_torch(
     values = [np.arange(6.0).reshape(2, 3), np.float32(2), torch.arange(3), {1, 2}, b"ab" * 3000]
     path.write_bytes(pickle.dumps((values, list(range(len(values)))), protocol))
     assert main(["inspect", "--strict", str(path)]) == 0, capsys.readouterr().err
+
+
+def test_index_format_error_survives_dataloader_reraise() -> None:
+    from torch._utils import ExceptionWrapper
+
+    from pickleshard.errors import IndexFormatError
+
+    try:
+        raise IndexFormatError("/data/.pickleshard", "starts are not monotonic")
+    except PickleshardError:
+        wrapped = ExceptionWrapper(where="in DataLoader worker process 0")
+    with pytest.raises(IndexFormatError, match="not monotonic"):
+        wrapped.reraise()
+    again = pickle.loads(pickle.dumps(IndexFormatError("one message")))
+    assert str(again) == "one message"
+
+
+def test_whole_file_refusal_names_the_opcode_offset(tmp_path: Path) -> None:
+    """Not ``at byte 0`` nor where the unpickler's read-ahead stood: the GLOBAL itself."""
+    path = tmp_path / "f.pkl"
+    path.write_bytes(pickle.dumps(([np.arange(3)] * 50, [collections.Counter("ab")] * 50), 2))
+    with pytest.raises(UnsafePickleError, match="collections.Counter") as info:
+        _read_all(tmp_path, "whole")
+    data = path.read_bytes()
+    offset = info.value.offset
+    assert offset is not None
+    assert data[offset : offset + 1] == pickle.GLOBAL
+    assert data[offset + 1 :].startswith(b"collections\nCounter\n")

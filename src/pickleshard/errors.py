@@ -203,13 +203,17 @@ def _rebuild_stale(
 class IndexFormatError(PickleshardError, ValueError):
     """An index directory exists but cannot be read (unknown version, missing arrays)."""
 
-    def __init__(self, index_path: str | os.PathLike[str], message: str) -> None:
+    def __init__(self, index_path: str | os.PathLike[str], message: str | None = None) -> None:
+        if message is None:  # the one-argument form (see FileProblem): a complete message
+            self.path, self.message = "", os.fspath(index_path)
+            super().__init__(self.message)
+            return
         self.path = os.fspath(index_path)
         self.message = message
         super().__init__(f"{self.path}: {message}")
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.path, self.message))
+        return (type(self), (self.path, self.message) if self.path else (self.message,))
 
 
 # Conversion to memmap / LMDB / WebDataset, converted datasets, and verification.
