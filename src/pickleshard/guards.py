@@ -107,6 +107,8 @@ def _bytes_check(what: str) -> Check:
 def _encode(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
     # protocol <= 2 writes bytes as _codecs.encode(text, "latin1"): nothing else is data, and
     # chained hex/base64 encodes double the size every ~20 bytes of file
+    if len(args) == 2 and type(args[0]) is str and args[1] == "latin1":
+        return None  # what the pickler writes: the hot path of protocol <= 2 reads
     encoding = args[1] if len(args) > 1 else kwargs.get("encoding", "utf-8")
     if len(args) >= 1 and isinstance(args[0], str) and encoding in ("latin1", "latin-1"):
         return None
@@ -125,6 +127,8 @@ def _reconstruct(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
     # numpy pickles _reconstruct(ndarray, (0,), b'b') and then BUILDs the data: a nonzero shape
     # allocates an array the file has no bytes for
     shape = args[1] if len(args) > 1 else kwargs.get("shape")
+    if shape == (0,):  # what numpy writes
+        return None
     size = _shape_size(shape)
     if size is None or size != 0:
         return f"shape {shape!r} allocates an array the file holds no bytes for (numpy writes (0,))"
@@ -224,15 +228,21 @@ class GuardedCallable:
     """An allowlisted callable as a pickle sees it: calls are checked (:data:`CHECKS`) and
     forwarded with guarded classes among the arguments unwrapped; ``BUILD`` is refused."""
 
-    __slots__ = ("__wrapped__", "_check", "_key", "_owner")
+    __slots__ = ("__wrapped__", "_check", "_key", "_owner", "_unwraps")
 
     def __init__(self, wrapped: Callable[..., Any], key: GlobalKey, owner: GuardOwner) -> None:
         self.__wrapped__, self._key, self._owner = wrapped, key, owner
         self._check = CHECKS.get(key)
+        # a guarded class can only be meant as an argument of a rebuild function (or of a
+        # function allow_globals names); builtin constructors and encode never take one
+        self._unwraps = key not in _TAKES_NO_CLASS
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if any(type(a) is GuardedClass for a in args):
-            args = tuple(_unwrap(a) for a in args)
+        if self._unwraps:
+            for a in args:
+                if type(a) is GuardedClass:
+                    args = tuple(_unwrap(a) for a in args)
+                    break
         if self._check is not None:
             why = self._check(args, kwargs)
             if why is not None:
@@ -253,6 +263,13 @@ class GuardedCallable:
 
     def __repr__(self) -> str:
         return f"<guarded {self.__wrapped__!r}>"
+
+
+_TAKES_NO_CLASS: frozenset[GlobalKey] = frozenset(
+    {k for k in CHECKS if k[0] in _BUILTIN_MODULES}
+    | {("_codecs", "encode"), ("torch", "Size")}
+    | {(f"{c}.multiarray", "scalar") for c in _CORES}
+)
 
 
 def _unwrap_any(v: Any) -> Any:
