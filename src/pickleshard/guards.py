@@ -14,7 +14,11 @@ allowlist hands out, in place of such globals:
   bytes allocate a shape) is refused, and the guarded rebuild functions unwrap it.
 
 Builtin C functions and immutable types without a check are handed out as they are: ``setattr``
-on them fails. The one table :data:`CHECKS` is shared by the loader and by the inert evaluation
+on them fails. A *mutable* class named by ``allow_globals`` is handed out as it is too, since
+``NEWOBJ`` needs the real type: ``BUILD`` on it first looks up ``__setstate__``, which a class
+defining one answers with an unbound method (the call then fails for want of an argument), but
+a class without one is open to ``BUILD``'s ``setattr``. Naming a class in ``allow_globals`` is
+trusting the files that use it that far. The one table :data:`CHECKS` is shared by the loader and by the inert evaluation
 of :mod:`pickleshard.inspection`, so ``inspect --strict`` refuses what loading refuses.
 
 A refusal is raised by the guard's ``owner`` (:class:`GuardOwner`: the allowlist of one file,
@@ -292,5 +296,5 @@ def guard_global(key: GlobalKey, obj: Any, owner: GuardOwner) -> Any:
     if key in CHECKS or isinstance(obj, (types.FunctionType, types.MethodType)):
         return GuardedCallable(obj, key, owner)
     # Immutable types and builtin functions: setattr on them fails. A mutable class named by
-    # allow_globals is handed out as it is: NEWOBJ needs the real type (see the module notes).
+    # allow_globals is handed out as it is: NEWOBJ needs the real type (see the module notes)
     return obj
