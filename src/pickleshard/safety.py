@@ -38,6 +38,7 @@ __all__ = [
     "UnpicklePolicy",
     "Verdict",
     "classify_global",
+    "guard_misuse",
     "parse_allow_globals",
 ]
 
@@ -264,6 +265,27 @@ class TorchPayload:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_import_global, ("torch.storage", "_load_from_bytes"))
+
+
+def guard_misuse(
+    exc: BaseException, path: str, offset: int | None, sample: int | None = None
+) -> UnsafePickleError | None:
+    """The refusal to raise when an unpickler failed because a pickle used a guarded global as
+    a class (``NEWOBJ`` needs a real type: ``bytes.__new__(bytes, 10**9)`` would allocate a
+    gigabyte), else None. The C unpickler reports it as a bad type, which is not the story."""
+    text = str(exc)
+    if not isinstance(exc, pickle.UnpicklingError) or not text.startswith("NEWOBJ"):
+        return None
+    if not any(t.__name__ in text for t in GUARD_TYPES):
+        return None
+    return UnsafePickleError(
+        path,
+        "refuses NEWOBJ on an allowlisted global that a pickle may only call (a few bytes such "
+        "as bytes.__new__(bytes, 10**9) would allocate a gigabyte); if you trust this file, "
+        "pass trusted=True (CLI: --trusted)",
+        offset=offset,
+        sample=sample,
+    )
 
 
 class RestrictedUnpickler(pickle.Unpickler):

@@ -62,7 +62,7 @@ from .errors import (
     UnreadableFileError,
 )
 from .memo import SpanFile, SpanUnpickler
-from .safety import GUARD_TYPES, AllowlistFindClass
+from .safety import GUARD_TYPES, AllowlistFindClass, guard_misuse
 from .scan import ArrayItem, IntItem, ScanResult
 from .spanrewrite import (
     BIG,
@@ -823,7 +823,10 @@ class SpanReader:
         return [rows[k, ...] for k in range(len(idx))]
 
 
-def _damaged(path: str, start: int, exc: Exception) -> CorruptPickleError:
+def _damaged(path: str, start: int, exc: Exception) -> PickleshardError:
+    misuse = guard_misuse(exc, path, start)
+    if misuse is not None:
+        return misuse
     if isinstance(exc, EOFError) or "truncated" in str(exc):
         return TruncatedPickleError(
             path, f"span ends early (file changed since the scan?): {exc}", offset=start
