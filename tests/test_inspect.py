@@ -474,6 +474,7 @@ def test_cli_json_schema(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         "bytes_read",
         "seconds",
         "allow_globals",
+        "refusals",
     }
     assert doc["schema"] == 1
     assert doc["layout"] == "columns"

@@ -23,6 +23,7 @@ stored) raises the :mod:`pickleshard.errors` classes with the file and offset.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import copyreg
 import gc
 import pickle
@@ -32,10 +33,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import opcodes as oc
-from .errors import CorruptPickleError, EmptyPickleError, NotAPickleError, TruncatedPickleError
+from .errors import (
+    CorruptPickleError,
+    EmptyPickleError,
+    NotAPickleError,
+    PickleshardError,
+    TruncatedPickleError,
+)
 from .safety import Verdict, classify_global
 
-__all__ = ["Audit", "GlobalUse", "audit_buffer"]
+__all__ = ["Audit", "GlobalUse", "audit_buffer", "locate_global"]
 
 GlobalKey = tuple[str, str]
 UNRESOLVED: GlobalKey = ("?", "?")
@@ -107,7 +114,10 @@ class Audit:
     pickle's (0 or 1 when it has no ``PROTO`` opcode, by the opcodes it uses); ``opcodes`` the
     total opcode count; ``counts`` the count of each opcode in :data:`COUNTED` that occurs;
     ``computed_calls`` the calls made on values that no global names (results of other calls);
-    ``bytes_read`` the bytes examined (payloads are seeked over).
+    ``bytes_read`` the bytes examined (payloads are seeked over); ``builds_on_globals`` the
+    ``(offset, global)`` of each ``BUILD`` whose target is a global itself (directly or through
+    the memo: a file changing a function or class of the loading process, which the loader
+    refuses); ``first_refs`` the offset of the first opcode naming each global.
     """
 
     path: str
@@ -120,6 +130,10 @@ class Audit:
     calls: dict[GlobalKey, int] = field(default_factory=dict)
     computed_calls: int = 0
     bytes_read: int = 0
+    builds_on_globals: list[tuple[int, GlobalKey]] = field(default_factory=list)
+    first_refs: dict[GlobalKey, int] = field(default_factory=dict)
+    first_calls: dict[GlobalKey, int] = field(default_factory=dict)
+    nested: list[tuple[int, str, Audit]] = field(default_factory=list)
 
     def globals(self, allow_globals: Iterable[GlobalKey] = ()) -> list[GlobalUse]:
         """Every global named, in order of first appearance, with its verdict."""
@@ -129,6 +143,20 @@ class Audit:
             verdict: Verdict = "dangerous" if key == UNRESOLVED else classify_global(*key, extra)
             out.append(GlobalUse(key[0], key[1], n, self.calls.get(key, 0), verdict))
         return out
+
+
+class _Blob:
+    """A ``bytes`` payload on the symbolic stack: where it is, for a nested torch payload."""
+
+    __slots__ = ("n", "start")
+
+    def __init__(self, start: int, n: int) -> None:
+        self.start, self.n = start, n
+
+
+_TORCH_PAYLOAD: GlobalKey = ("torch.storage", "_load_from_bytes")
+_BYTES_OPS = frozenset(getattr(pickle, n)[0] for n in ("SHORT_BINBYTES", "BINBYTES", "BINBYTES8"))
+_NESTED_DEPTH = 4  # torch payloads inside torch payloads: audited this deep
 
 
 class _Walk:
@@ -195,14 +223,17 @@ class _Walk:
         raw = bytes(buf[v + hdr : v + hdr + n])
         return raw.decode("utf-8" if op in _UNICODE_OPS else "latin-1", "replace")
 
-    def name(self, key: GlobalKey) -> GlobalKey:
+    def name(self, key: GlobalKey, pos: int = -1) -> GlobalKey:
         refs = self.a.refs
         refs[key] = refs.get(key, 0) + 1
+        if key not in self.a.first_refs:
+            self.a.first_refs[key] = pos
         return key
 
-    def call(self, target: Any) -> None:
+    def call(self, target: Any, pos: int = -1) -> None:
         if type(target) is tuple:
             self.a.calls[target] = self.a.calls.get(target, 0) + 1
+            self.a.first_calls.setdefault(target, pos)
         else:
             self.a.computed_calls += 1
 
@@ -229,11 +260,11 @@ def _text_op(w: _Walk, op: int, pos: int) -> int:
     act = oc.ACTION[op]
     if op in (_OP["GLOBAL"], _OP["INST"]):
         (module, name), nxt = w.lines(pos, 2)
-        key = w.name((module.decode("utf-8", "replace"), name.decode("utf-8", "replace")))
+        key = w.name((module.decode("utf-8", "replace"), name.decode("utf-8", "replace")), pos)
         if op == _OP["GLOBAL"]:
             w.stack.append(key)
         else:  # INST: instantiate the class with the items above the mark
-            w.call(key)
+            w.call(key, pos)
             del w.stack[w.pop_mark(pos) :]
             w.stack.append(None)
         return nxt
@@ -278,11 +309,17 @@ def _fixed_op(w: _Walk, op: int, pos: int, nxt: int) -> bool:
         if op == _OP["STACK_GLOBAL"]:
             module, name = w.text(stack[-2]), w.text(stack[-1])
             resolved = (module, name) if module is not None and name is not None else None
-            value = w.name(resolved or UNRESOLVED)
+            value = w.name(resolved or UNRESOLVED, pos)
+        elif op == _OP["BUILD"]:
+            value = stack[-2]  # BUILD leaves its target on the stack
+            if type(value) is tuple:
+                w.a.builds_on_globals.append((pos, value))
         elif op in (_OP["REDUCE"], _OP["NEWOBJ"]):
-            w.call(stack[-2])
+            w.call(stack[-2], pos)
+            if stack[-2] == _TORCH_PAYLOAD and type(stack[-1]) is _Blob:
+                _audit_nested(w, pos, stack[-1])
         elif op == _OP["NEWOBJ_EX"]:
-            w.call(stack[-3])
+            w.call(stack[-3], pos)
         del stack[len(stack) - n :]
         stack.append(value)
     elif act == oc.A_MARKPOP or oc.A_TUPLE <= act <= oc.A_DICT:
@@ -292,7 +329,7 @@ def _fixed_op(w: _Walk, op: int, pos: int, nxt: int) -> bool:
         if op == _OP["OBJ"]:
             if len(stack) <= m:
                 raise w.fail(pos, "with no class above its MARK")
-            w.call(stack[m])
+            w.call(stack[m], pos)
         del stack[m - oc.NPOP[op] :]
         stack.append(None)
     elif act == oc.A_MARK:
@@ -324,7 +361,7 @@ def _fixed_op(w: _Walk, op: int, pos: int, nxt: int) -> bool:
     elif op in (_OP["EXT1"], _OP["EXT2"], _OP["EXT4"]):
         code = w.buf[pos + 1] if nxt - pos == 2 else int.from_bytes(w.buf[pos + 1 : nxt], "little")
         key = copyreg._inverted_registry.get(code)  # type: ignore[attr-defined]
-        stack.append(w.name(key if key is not None else ("copyreg", f"<extension {code}>")))
+        stack.append(w.name(key if key is not None else ("copyreg", f"<extension {code}>"), pos))
     elif op == _OP["DUP"]:
         w.need(pos, 1)
         stack.append(stack[-1])
@@ -391,8 +428,9 @@ def _walk_record(w: _Walk, pos: int) -> int:
                 m = len(stack) - npop_of[op] if act == a_tuplen else marks.pop()
                 if m < (marks[-1] if marks else 0):
                     raise w.fail(pos, "underflows the stack")
+                one = stack[m] if len(stack) == m + 1 and type(stack[m]) is _Blob else None
                 del stack[m:]
-                push(None)
+                push(one)  # (payload,): kept, for a REDUCE of torch's _load_from_bytes
                 pos += 1
                 continue
             if a_empty_lo <= act <= a_empty_hi:
@@ -423,7 +461,7 @@ def _walk_record(w: _Walk, pos: int) -> int:
                     push(pos)
                 else:
                     skipped += n
-                    push(None)
+                    push(_Blob(pos + hdr, n) if op in _BYTES_OPS else None)
                 pos += hdr + n
                 continue
             if op in counted:
@@ -498,3 +536,114 @@ def audit_buffer(buf: Any, size: int, name: str) -> Audit:
         audit.records.append((pos, nxt))
         pos = nxt
     return audit
+
+
+def locate_global(file: Any, start: int, key: GlobalKey | None, qualname: str | None) -> int | None:
+    """The offset of the opcode behind a refusal in the pickle starting at ``start`` of ``file``
+    (a file object or a buffer): the ``BUILD`` on global ``qualname`` when there is one, else the
+    first opcode naming ``key``; None when the walk finds neither. Read with ``pread`` or from
+    the buffer: the file's position is left as it is (an unpickler is reading it)."""
+    import mmap
+    import os
+
+    buf: Any
+    if isinstance(file, (bytes, bytearray)):
+        buf = file
+    elif hasattr(file, "getbuffer"):
+        buf = bytes(file.getbuffer())  # the walk needs find(); a refusal is rare
+    else:
+        fd = file.fileno()
+        buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if os.fstat(fd).st_size else b""
+    size = len(buf)
+    audit = Audit("<refusal>", size)
+    w = _Walk(audit, buf, size)
+    # a damaged stream fails the walk too: what it saw before the damage is still where it is
+    with contextlib.suppress(CorruptPickleError):
+        _walk_record(w, start)
+    if qualname is not None:
+        for pos, target in audit.builds_on_globals:
+            if ".".join(target) == qualname:
+                return pos
+        for table in (audit.first_calls, audit.first_refs):
+            for k, pos in table.items():
+                if ".".join(k) == qualname:
+                    return pos
+    return audit.first_refs.get(key) if key is not None else None
+
+
+def _audit_nested(w: _Walk, pos: int, blob: _Blob) -> None:
+    """Audit the pickles inside a ``torch.storage._load_from_bytes`` payload (a torch zip, or
+    the legacy format: pickles followed by raw storage bytes), counting their globals as this
+    file's, named as found inside it (``posix.system`` in a nested payload is dangerous here)."""
+    import io
+    import zipfile
+
+    outer = w.a
+    if outer.path.count("[torch payload") >= _NESTED_DEPTH:
+        return
+    data = bytes(w.buf[blob.start : blob.start + blob.n])
+    members: list[tuple[str, bytes]] = []
+    if data[:4] == b"PK\x03\x04":
+        try:
+            with zipfile.ZipFile(io.BytesIO(data)) as z:
+                for info in z.infolist():
+                    if info.filename.endswith(".pkl") and info.file_size <= 64 << 20:
+                        members.append((info.filename, z.read(info)))
+        except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError):
+            return
+    else:
+        members.append(("", data))
+    for member, body in members:
+        name = f"{outer.path}[torch payload at byte {pos}]{'/' + member if member else ''}"
+        inner = Audit(name, len(body), bytes_read=len(body))
+        at = 0
+        while at < len(body):  # legacy: pickles, then raw storage bytes the walk stops at
+            iw = _Walk(inner, body, len(body))
+            try:
+                at = _walk_record(iw, at)
+            except PickleshardError:
+                break
+            inner.records.append((at, at))
+        outer.nested.append((pos, member, inner))
+        torch_allows = _torch_weights_only_globals()
+        for key, n in inner.refs.items():
+            if _torch_admits(key, torch_allows):
+                continue  # torch's weights_only loader, which reads the payload, admits it
+            outer.refs[key] = outer.refs.get(key, 0) + n
+            outer.first_refs.setdefault(key, pos)
+            if key in inner.calls:
+                outer.calls[key] = outer.calls.get(key, 0) + inner.calls[key]
+        outer.builds_on_globals.extend((pos, key) for _, key in inner.builds_on_globals)
+
+
+def _torch_weights_only_globals() -> frozenset[str] | None:
+    """The globals ``torch.load(weights_only=True)`` admits (what reads a nested payload),
+    when torch is imported already; None otherwise (the audit never imports it), and then
+    :func:`_torch_admits` guesses by name."""
+    import sys
+
+    wo = sys.modules.get("torch._weights_only_unpickler")
+    serialization = sys.modules.get("torch.serialization")
+    if wo is None or serialization is None:
+        return None
+    names = set(wo._get_allowed_globals())
+    for g in serialization.get_safe_globals():
+        obj = g[0] if isinstance(g, tuple) else g
+        names.add(f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}")
+    return frozenset(names)
+
+
+def _torch_admits(key: GlobalKey, names: frozenset[str] | None) -> bool:
+    """Whether torch's weights_only loader admits global ``key`` in a nested payload: by its
+    own list when torch is imported, else by the shapes of what ``torch.save`` writes (the
+    allowlist's own globals, storage classes, dtypes such as ``torch.float32``)."""
+    if classify_global(*key) == "dangerous":
+        return False
+    if names is not None:
+        return ".".join(key) in names
+    module, name = key
+    return (
+        classify_global(module, name) == "allowed"
+        or (module.split(".")[0] == "torch" and name.endswith("Storage"))
+        or (module == "torch" and name.isidentifier() and name[:1].islower())
+    )

@@ -21,6 +21,7 @@ try:  # a real torch Dataset when torch is there (isinstance checks, typing); pl
 except ImportError:  # pragma: no cover - exercised only without torch
     _DatasetBase = object  # type: ignore[assignment,misc]
 
+from .bounds import DEFAULT_MAX_DEPTH, DEFAULT_MAX_SAMPLE_BYTES, check_sample
 from .errors import NotSpanIndexableError
 from .index import Rebuild, SkippedFilesWarning, open_index
 from .layouts import DecodedLayout
@@ -73,6 +74,9 @@ class PickleDataset(_DatasetBase[Any]):
     :class:`~pickleshard.errors.UnsafePickleError` naming the global and the file (and, in span
     reads, the sample's index in the dataset). ``trusted=True`` lifts the restriction,
     ``allow_globals=["module.name"]`` extends it. ``encoding`` is as in :func:`pickle.load`.
+    A sample that decodes to more than ``max_sample_bytes`` or nests deeper than ``max_depth``
+    raises :class:`~pickleshard.errors.SampleLimitError` naming the file and the sample before
+    it is handed out (None lifts a bound; see :mod:`pickleshard.bounds`).
 
     ``__getitems__`` fetches a batch in (file, offset) order, touching each file once, and
     returns it in request order.
@@ -98,13 +102,19 @@ class PickleDataset(_DatasetBase[Any]):
         progress: bool = False,
         mode: Mode = "auto",
         skip_bad: bool = False,
+        max_sample_bytes: int | None = DEFAULT_MAX_SAMPLE_BYTES,
+        max_depth: int | None = DEFAULT_MAX_DEPTH,
     ) -> None:
         if cache_bytes < 0:
             raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes}")
         if mode not in ("auto", "span", "whole"):
             raise ValueError(f"mode must be 'auto', 'span' or 'whole', got {mode!r}")
         self.policy = UnpicklePolicy.from_args(
-            trusted=trusted, allow_globals=allow_globals, encoding=encoding
+            trusted=trusted,
+            allow_globals=allow_globals,
+            encoding=encoding,
+            max_sample_bytes=max_sample_bytes,
+            max_depth=max_depth,
         )
         self.index, self.source = open_index(
             source,
@@ -176,7 +186,9 @@ class PickleDataset(_DatasetBase[Any]):
     def _file(self, pos: int) -> DecodedLayout:
         return self.cache.get(self._paths[pos], self.index.files[pos].decoded_nbytes)
 
-    def _finish(self, sample: Sample) -> Any:
+    def _finish(self, sample: Sample, pos: int, index: int) -> Any:
+        policy = self.policy
+        check_sample(sample, self._paths[pos], index, policy.max_sample_bytes, policy.max_depth)
         return sample if self.transform is None else self.transform(sample)
 
     @property
@@ -189,9 +201,9 @@ class PickleDataset(_DatasetBase[Any]):
         pos = bisect.bisect_right(self._firsts, j) - 1
         item = j - self._firsts[pos]
         if self._is_span[pos]:
-            return self._finish(self._spans.read(pos, item, j))
+            return self._finish(self._spans.read(pos, item, j), pos, j)
         columns = self._file(pos).columns
-        return self._finish(tuple([col[item] for col in columns]))
+        return self._finish(tuple([col[item] for col in columns]), pos, j)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """Fetch a batch, returned in request order. Each file is visited once: span-read files
@@ -223,8 +235,9 @@ class PickleDataset(_DatasetBase[Any]):
             else:  # one by one or as a batch, as the reader sees fit
                 reader, _ = self._spans.reader(pos)
                 got = reader.read_samples(its[a:b], labels=labels[a:b])
-                if self.transform is not None:
-                    got = [self.transform(sample) for sample in got]
+                got = [
+                    self._finish(v, pos, label) for v, label in zip(got, labels[a:b], strict=True)
+                ]
                 for k, sample in zip(ks[a:b], got, strict=True):
                     out[k] = sample
             a = b
@@ -237,7 +250,7 @@ class PickleDataset(_DatasetBase[Any]):
         columns: Any = None
         current = -1
         files_l, items_l, is_span = files.tolist(), items.tolist(), self._is_span
-        transform = self.transform
+        wanted_l = wanted.tolist()
         for k in np.lexsort((items, rank)).tolist():
             pos = files_l[k]
             if is_span[pos]:
@@ -245,8 +258,7 @@ class PickleDataset(_DatasetBase[Any]):
             if pos != current:
                 columns, current = self._file(pos).columns, pos
             item = items_l[k]
-            sample = tuple([col[item] for col in columns])
-            out[k] = sample if transform is None else transform(sample)
+            out[k] = self._finish(tuple([col[item] for col in columns]), pos, wanted_l[k])
         return out
 
     def __getstate__(self) -> dict[str, Any]:

@@ -44,32 +44,50 @@ class PickleshardError(Exception):
 
 
 class FileProblem(PickleshardError):
-    """An error about one file; ``path``, ``offset`` and ``sample`` say where."""
+    """An error about one file; ``path``, ``offset`` and ``sample`` say where.
+
+    ``FileProblem(text)`` with the one argument alone takes ``text`` as the whole message (the
+    path unknown): how ``torch.utils.data`` re-raises a DataLoader worker's error in the main
+    process (``exc_type(msg)``), which must keep the class, not turn it into a RuntimeError.
+    """
 
     def __init__(
         self,
         path: str | os.PathLike[str],
-        message: str,
+        message: str | None = None,
         *,
         offset: int | None = None,
         sample: int | None = None,
     ) -> None:
-        self.path = os.fspath(path)
         self.offset = offset
         self.sample = sample
+        if message is None:  # the one-argument form: a complete message
+            self.path = ""
+            super().__init__(os.fspath(path))
+            return
+        self.path = os.fspath(path)
         super().__init__(f"{_where(path, offset, sample)}: {message}")
 
     def __reduce__(self) -> tuple[object, ...]:
-        # Errors cross process boundaries (index workers): keep the keyword arguments.
-        return (_rebuild, (type(self), self.args[0], self.path, self.offset, self.sample))
+        # Errors cross process boundaries (index workers): keep the keyword arguments, and the
+        # attributes a subclass adds (NotSpanIndexableError's reason).
+        extra = {k: v for k, v in vars(self).items() if k not in ("path", "offset", "sample")}
+        return (_rebuild, (type(self), self.args[0], self.path, self.offset, self.sample, extra))
 
 
 def _rebuild(
-    cls: type[FileProblem], text: str, path: str, offset: int | None, sample: int | None
+    cls: type[FileProblem],
+    text: str,
+    path: str,
+    offset: int | None,
+    sample: int | None,
+    extra: dict[str, object] | None = None,
 ) -> FileProblem:
     err = cls.__new__(cls)
     Exception.__init__(err, text)
     err.path, err.offset, err.sample = path, offset, sample
+    if extra:
+        vars(err).update(extra)
     return err
 
 
@@ -229,13 +247,17 @@ class ReadMemoryError(FileProblem, MemoryError):
 class IndexFormatError(PickleshardError, ValueError):
     """An index directory exists but cannot be read (unknown version, missing arrays)."""
 
-    def __init__(self, index_path: str | os.PathLike[str], message: str) -> None:
+    def __init__(self, index_path: str | os.PathLike[str], message: str | None = None) -> None:
+        if message is None:  # the one-argument form (see FileProblem): a complete message
+            self.path, self.message = "", os.fspath(index_path)
+            super().__init__(self.message)
+            return
         self.path = os.fspath(index_path)
         self.message = message
         super().__init__(f"{self.path}: {message}")
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.path, self.message))
+        return (type(self), (self.path, self.message) if self.path else (self.message,))
 
 
 # Conversion to memmap / LMDB / WebDataset, converted datasets, and verification.
@@ -300,20 +322,32 @@ class NotSpanIndexableError(FileProblem):
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], reason: str, *, offset: int | None = None
+        self, path: str | os.PathLike[str], reason: str | None = None, *, offset: int | None = None
     ) -> None:
+        if reason is None:  # the one-argument form (see FileProblem): a complete message
+            self.reason = ""
+            super().__init__(path, offset=offset)
+            return
         self.reason = reason
         super().__init__(path, f"cannot read samples in place: {reason}", offset=offset)
 
-    def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild_not_span, (self.path, self.reason, self.offset))
-
-
-def _rebuild_not_span(path: str, reason: str, offset: int | None) -> NotSpanIndexableError:
-    return NotSpanIndexableError(path, reason, offset=offset)
-
 
 __all__ += ["NotSpanIndexableError"]
 
 
-__all__ += ["NotSpanIndexableError"]
+class SampleLimitError(FileProblem, ValueError):
+    """A sample exceeds a bound of the reader (``max_sample_bytes``, ``max_depth``): refused
+    where it is handed out, before it is collated, converted or sent between processes."""
+
+
+class SampleTooLargeError(SampleLimitError):
+    """A sample decodes to more than ``max_sample_bytes`` (counted as a tree: each reference
+    to a shared object counts it again, as a collate or a conversion would copy it)."""
+
+
+class SampleTooDeepError(SampleLimitError):
+    """A sample nests containers deeper than ``max_depth`` (or contains itself): pickling it
+    again, collating or converting it would exhaust the recursion limit."""
+
+
+__all__ += ["SampleLimitError", "SampleTooDeepError", "SampleTooLargeError"]

@@ -20,6 +20,7 @@ Time and bytes read are proportional to the opcodes, not to the payload bytes.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import time
@@ -32,12 +33,14 @@ import numpy as np
 
 from . import opcodes as oc
 from .audit import COUNTED, Audit, GlobalUse, audit_buffer
+from .bounds import DEFAULT_MAX_DEPTH, measure
 from .errors import (
     FileProblem,
     NotSpanIndexableError,
     PickleshardError,
     UnsupportedLayoutError,
 )
+from .guards import CHECKS, check_call
 from .layouts import decode_layout, decode_records
 from .memo import ArraySpec, InspectUnpickler, NotInspectable, Payload, SpanFile, _Latin1Text
 from .safety import Verdict, parse_allow_globals
@@ -57,12 +60,17 @@ _WINDOW = 512
 class Stand:
     """An inert stand-in for a global: its ``qualname``, and whether it was called (``made``)
     with which ``args``. Calling it, instantiating it, giving it state or items all yield or
-    ignore stand-ins; nothing the file names is imported or run."""
+    ignore stand-ins; nothing the file names is imported or run. A stand-in for a global with
+    an argument check (:data:`pickleshard.guards.CHECKS`) runs the check on each call and
+    notes a refusal in ``sink``, as loading would refuse it."""
 
-    __slots__ = ("args", "made", "qualname")
+    __slots__ = ("args", "key", "made", "qualname", "sink")
+    key: tuple[str, str] | None
+    sink: list[str] | None
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Stand:
         obj = object.__new__(Stand)
+        obj.key, obj.sink = None, None
         if isinstance(cls, Stand):  # NEWOBJ: ``cls.__new__(cls, *args)`` on a stand-in class
             obj.qualname, obj.args, obj.made = cls.qualname, args, True
         return obj
@@ -71,6 +79,8 @@ class Stand:
         self.qualname, self.args, self.made = qualname, args, made
 
     def __call__(self, *args: Any, **kwargs: Any) -> Stand:
+        if self.key is not None and self.sink is not None:
+            _check_inert(self.key, args, kwargs, self.sink)
         return Stand(self.qualname, args, True)
 
     def _ignore(self, *args: Any) -> None:
@@ -79,12 +89,65 @@ class Stand:
     __setstate__ = __setitem__ = append = extend = add = _ignore
 
 
+def _checked_stand(key: tuple[str, str], sink: list[str]) -> Stand:
+    stand = Stand(".".join(key))
+    stand.key, stand.sink = key, sink
+    return stand
+
+
+class _LenStr(str):
+    """A ``str`` of a skipped text payload's length, for the argument checks."""
+
+    length = 0
+
+    def __len__(self) -> int:
+        return self.length
+
+
+class _LenBytes(bytes):
+    """``bytes`` of a skipped payload's length, for the argument checks."""
+
+    length = 0
+
+    def __len__(self) -> int:
+        return self.length
+
+
+def _checked_value(v: Any) -> Any:
+    """What an inert value stands for, as far as an argument check looks: skipped payloads
+    become ``str``/``bytes`` of their length."""
+    kind: type[_LenStr] | type[_LenBytes]
+    if isinstance(v, Payload):
+        kind, n = (_LenStr if v.kind == "text" else _LenBytes), v.length
+    elif isinstance(v, _EncodedText) and v.length >= 0:
+        kind, n = _LenBytes, v.length
+    else:
+        return v
+    out = kind()
+    out.length = n
+    return out
+
+
+def _check_inert(
+    key: tuple[str, str], args: tuple[Any, ...], kwargs: dict[str, Any], sink: list[str]
+) -> None:
+    why = check_call(key, tuple(_checked_value(a) for a in args), kwargs)
+    if why is not None and len(sink) < _MAX_REFUSALS:
+        sink.append(f"{'.'.join(key)}: {why}")
+
+
+_MAX_REFUSALS = 20
+_HARMLESS = frozenset({(m, n) for m in ("builtins", "__builtin__") for n in ("range", "slice")})
+
+
 class InertUnpickler(InspectUnpickler):
     """:class:`~pickleshard.memo.InspectUnpickler` whose unknown globals keep their names.
 
     numpy's array reconstruction builds :class:`~pickleshard.memo.ArraySpec`; ``numpy.ndarray``
-    itself is a stand-in (so a file cannot call it to allocate); ``numpy.dtype`` is real. Any
-    other global is a :class:`Stand`.
+    itself is a stand-in (so a file cannot call it to allocate); ``numpy.dtype`` is real, and so
+    are ``range`` and ``slice`` (lazy, so that a container fed a range is seen as loading sees
+    it). Any other global is a :class:`Stand`. Calls the loader would refuse (the shared
+    argument checks of :mod:`pickleshard.guards`) are noted in :attr:`refusals`.
     """
 
     _NUMPY: ClassVar[frozenset[tuple[str, str]]] = frozenset(
@@ -95,17 +158,29 @@ class InertUnpickler(InspectUnpickler):
         (f"{p}.multiarray", "_reconstruct") for p in ("numpy.core", "numpy._core")
     )
 
+    def __init__(self, file: SpanFile, **kwargs: Any) -> None:
+        super().__init__(file, **kwargs)
+        self.refusals: list[str] = []
+
     def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in self._NUMPY:
+        key = (module, name)
+        if key in self._NUMPY:
             return super().find_class(module, name)
-        if (module, name) in self._RECONSTRUCT:
-            return _reconstruct
-        if (module, name) == ("_codecs", "encode"):
-            return _encode
+        if key in _HARMLESS:
+            return range if name == "range" else slice
+        if key in self._RECONSTRUCT:
+            return functools.partial(_reconstruct, key, self.refusals)
+        if key == ("_codecs", "encode"):
+            return functools.partial(_encode, self.refusals)
+        if key in CHECKS:
+            return _checked_stand(key, self.refusals)
         return Stand(f"{module}.{name}")
 
 
-def _reconstruct(cls: Any, shape: Any = None, typecode: Any = None) -> Any:
+def _reconstruct(
+    key: tuple[str, str], sink: list[str], cls: Any, shape: Any = None, typecode: Any = None
+) -> Any:
+    _check_inert(key, (cls, shape, typecode), {}, sink)
     is_ndarray = isinstance(cls, Stand) and cls.qualname == "numpy.ndarray"
     return ArraySpec() if is_ndarray else Stand("numpy.core.multiarray._reconstruct", (cls,), True)
 
@@ -118,8 +193,10 @@ class _EncodedText(_Latin1Text):
         self.length = length
 
 
-def _encode(text: Any, encoding: str = "utf-8") -> _EncodedText:
-    return _EncodedText(len(text) if isinstance(text, (str, Payload)) else -1)
+def _encode(sink: list[str], text: Any, encoding: str = "utf-8") -> _EncodedText:
+    _check_inert(("_codecs", "encode"), (text, encoding), {}, sink)
+    n = text.length if isinstance(text, Payload) else len(text) if isinstance(text, str) else -1
+    return _EncodedText(n)
 
 
 def describe(v: Any, depth: int = 0) -> str:
@@ -184,7 +261,9 @@ def _describe_stand(v: Stand) -> str:
 @dataclass
 class FileReport:
     """What :func:`inspect_file` found; see the module docstring. ``fields`` and ``samples`` are
-    None when unknown without loading; ``reason`` says why a file is not span-indexable."""
+    None when unknown without loading; ``reason`` says why a file is not span-indexable;
+    ``refusals`` what loading would refuse although every global is allowed (``BUILD`` on a
+    global, an amplifying call, a sample nested too deep), as ``--strict`` reports it."""
 
     path: str
     size: int
@@ -204,6 +283,7 @@ class FileReport:
     bytes_read: int
     seconds: float
     allow_globals: tuple[str, ...] = field(default=())
+    refusals: list[str] = field(default_factory=list)
 
     @property
     def verdict(self) -> Verdict | None:
@@ -241,6 +321,7 @@ class FileReport:
             "bytes_read": self.bytes_read,
             "seconds": round(self.seconds, 6),
             "allow_globals": list(self.allow_globals),
+            "refusals": list(self.refusals),
         }
 
 
@@ -258,6 +339,7 @@ class _Reader:
     def __init__(self, buf: Any, protocol: int, encoding: str) -> None:
         self.buf, self.protocol, self.encoding = buf, protocol, encoding
         self.bytes_read = 0
+        self.refusals: list[str] = []
 
     def read_at(self, offset: int, n: int) -> bytes:
         return bytes(self.buf[offset : offset + n])
@@ -280,6 +362,16 @@ class _Reader:
                 return u.load(), dict(u.memo)
         finally:
             self.bytes_read += span.bytes_read
+            self.refusals += [r for r in u.refusals if r not in self.refusals]
+
+
+def _check_depth(value: Any, limit: int, what: str, sink: list[str]) -> None:
+    """Note in ``sink`` a ``value`` nested deeper than ``limit`` (as the loader's bound)."""
+    try:
+        measure(value, None, limit)
+    except Exception as exc:  # bounds._Exceeded: too deep, or containing itself
+        if getattr(exc, "what", "") in ("depth", "cycle") and len(sink) < _MAX_REFUSALS:
+            sink.append(f"{what} nests containers deeper than max_depth={limit}")
 
 
 def _no_external(memo_id: int) -> Any:
@@ -322,9 +414,11 @@ class _SpanPreview:
             return f"ndarray {row.dtype} {row.row_shape}"
         try:
             start, end = int(s.starts[i, f]), int(s.ends[i, f])
-            return describe(self._load(start, end, int(s.memo_base[i, f]))[0])
+            value = self._load(start, end, int(s.memo_base[i, f]))[0]
         except Exception as exc:  # an inert reading that fails says so; it never runs code
             return f"? ({type(exc).__name__})"
+        _check_depth(value, DEFAULT_MAX_DEPTH, f"sample {i}", self.reader.refusals)
+        return describe(value)
 
 
 def _as_ndarray(v: Any) -> Any:
@@ -410,6 +504,11 @@ def inspect_file(
             buf.close()
     report.globals = audit.globals(extra)
     report.allow_globals = allowed
+    report.refusals = [
+        f"BUILD on global {module}.{gname} at byte {pos} (a file may not change a function or "
+        "class of the loading process)"
+        for pos, (module, gname) in audit.builds_on_globals
+    ] + reader.refusals
     report.bytes_read += audit.bytes_read + reader.bytes_read
     report.seconds = time.perf_counter() - t0
     return report
@@ -461,6 +560,8 @@ def _report(
         return report
     try:
         objs = [reader.load(start, end)[0] for start, end in audit.records]
+        for k, obj in enumerate(objs):
+            _check_depth(obj, DEFAULT_MAX_DEPTH + 2, f"pickle {k}", reader.refusals)
         decoded = _decode_whole(objs, name, samples)
     except Exception as exc:  # the inert reading cannot establish the content; it ran nothing
         report.layout += f" ({type(exc).__name__}: {exc})"

@@ -73,7 +73,7 @@ from .errors import (
     UnreadableFileError,
 )
 from .memo import SpanFile, SpanUnpickler
-from .safety import AllowlistFindClass
+from .safety import GUARD_TYPES, AllowlistFindClass, guard_misuse
 from .scan import ArrayItem, IntItem, ScanResult
 from .spanrewrite import (
     BIG,
@@ -132,7 +132,12 @@ class ReaderStats:
 
 
 _LEAVES = (str, bytes, int, float, complex, bool, type(None), range)
-_CALLABLES = (type, types.FunctionType, types.BuiltinFunctionType, np.dtype, np.generic)
+_CALLABLES: tuple[type, ...] = (type, types.FunctionType, types.BuiltinFunctionType)
+_CALLABLES += (
+    np.dtype,
+    np.generic,
+    *GUARD_TYPES,
+)  # the allowlist's guards: immutable, one per global and reader
 
 
 def _immutable(v: Any, depth: int = 0) -> bool:
@@ -1001,6 +1006,9 @@ def _flat(ranges: tuple[tuple[int, int], ...]) -> np.ndarray:
 
 
 def _damaged(path: str, start: int, exc: Exception) -> PickleshardError:
+    misuse = guard_misuse(exc, path, start)
+    if misuse is not None:
+        return misuse
     if isinstance(exc, MemoryError):  # not a sign of damage: say what happened
         detail = str(exc) or "MemoryError"
         return ReadMemoryError(path, f"out of memory reading this span: {detail}", offset=start)

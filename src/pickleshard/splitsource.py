@@ -48,6 +48,7 @@ class SpanSource(SampleSource):
 
     def __init__(self, scan: ScanResult, policy: UnpicklePolicy) -> None:
         self.scan, self.num_samples, self.protocol = scan, scan.num_samples, scan.protocol
+        self.policy = policy
         find = policy.find_class(scan.path)
         kw: dict[str, Any] = {"encoding": policy.encoding, "find_class": find}
         self.reader = SpanReader(scan, **kw)
@@ -60,10 +61,14 @@ class SpanSource(SampleSource):
     def value(self, f: int, i: int) -> Any:
         r = self.field_readers[f]
         assert r is not None
-        return r.read_sample(i)[0]
+        value = r.read_sample(i)[0]
+        self.policy.check_sample(value, self.scan.path, i)
+        return value
 
     def sample(self, i: int) -> tuple[Any, ...]:
-        return self.reader.read_sample(i)
+        sample = self.reader.read_sample(i)
+        self.policy.check_sample(sample, self.scan.path, i)
+        return sample
 
     def row_shape(self, f: int) -> tuple[int, ...]:
         spec = self.scan.arrays[f]
@@ -100,15 +105,28 @@ class SpanSource(SampleSource):
 class LoadedSource(SampleSource):
     """A file loaded whole (the scanner refused it): its columns in memory."""
 
-    def __init__(self, columns: Sequence[Any], protocol: int) -> None:
+    def __init__(
+        self,
+        columns: Sequence[Any],
+        protocol: int,
+        path: str | os.PathLike[str] = "",
+        policy: UnpicklePolicy | None = None,
+    ) -> None:
         self.columns, self.protocol = columns, protocol
         self.num_samples = len(columns[0]) if columns else 0
+        self.path, self.policy = os.fspath(path), policy
 
     def value(self, f: int, i: int) -> Any:
-        return self.columns[f][i]
+        value = self.columns[f][i]
+        if self.policy is not None:
+            self.policy.check_sample(value, self.path, i)
+        return value
 
     def sample(self, i: int) -> tuple[Any, ...]:
-        return tuple(c[i] for c in self.columns)
+        sample = tuple(c[i] for c in self.columns)
+        if self.policy is not None:
+            self.policy.check_sample(sample, self.path, i)
+        return sample
 
     def row_shape(self, f: int) -> tuple[int, ...]:
         return tuple(np.shape(self.columns[f])[1:])
@@ -232,7 +250,7 @@ def open_source(
                 offset=exc.offset,
             ) from None
         columns, shape = _load_whole(path, policy)
-        return LoadedSource(columns, _protocol_of(path)), shape, True
+        return LoadedSource(columns, _protocol_of(path), path, policy), shape, True
     src = SpanSource(scan, policy)
     try:
         return src, shape_from_scan(scan), False

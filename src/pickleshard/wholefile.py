@@ -42,7 +42,7 @@ from .opcodes import (
     FORM,
     STOP_OP,
 )
-from .safety import DEFAULT_POLICY, UnpicklePolicy
+from .safety import DEFAULT_POLICY, UnpicklePolicy, guard_misuse
 
 __all__ = [
     "CacheStats",
@@ -234,6 +234,9 @@ def _load_one(fh: IO[bytes], where: str, size: int, policy: UnpicklePolicy) -> A
         ) from None
     except Exception as exc:  # the unpickler raises many types on bad bytes
         offset = fh.tell()
+        misuse = guard_misuse(exc, where, None)
+        if misuse is not None:
+            raise misuse from None
         ran_out = isinstance(exc, EOFError) or "truncated" in str(exc)
         # Protocol 0-1 streams have no PROTO header; one that opens a container and runs out
         # of bytes is a cut-short pickle, anything else unframed is not a pickle at all.

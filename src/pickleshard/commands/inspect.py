@@ -70,6 +70,8 @@ def render(r: FileReport) -> str:
     gw = max((len(g.qualname) for g in r.globals), default=0)
     for g in r.globals:
         lines.append(f"    {g.verdict:<11}  {g.qualname:<{gw}}  refs {g.refs:,}  calls {g.calls:,}")
+    for text in r.refusals:  # what loading refuses although the globals are allowed
+        lines.append(f"  refused  {text}")
     extra = ", ".join(f"{k} {v:,}" for k, v in r.counts.items())
     if r.computed_calls:
         extra += f"{', ' if extra else ''}calls of computed values {r.computed_calls:,}"
@@ -113,9 +115,10 @@ def run(args: argparse.Namespace) -> int:
             out.append(report.to_json())
         else:
             print(("\n" if status or path != files[0] else "") + render(report), flush=True)
-        if args.strict and report.unsafe:
+        if args.strict and (report.unsafe or report.refusals):
             names = ", ".join(f"{g.qualname} ({g.verdict})" for g in report.unsafe)
-            print(f"pickleshard: strict: {path}: {names}", file=sys.stderr)
+            what = "; ".join(([names] if names else []) + report.refusals)
+            print(f"pickleshard: strict: {path}: {what}", file=sys.stderr)
             status = status or EXIT_STRICT
     if args.json:
         print(json.dumps(out if several else out[0], indent=1))
