@@ -34,6 +34,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import tempfile
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -55,6 +56,16 @@ from .errors import (
     StaleIndexError,
     UnsupportedLayoutError,
 )
+from .indexcheck import (
+    ARRAY_NAME,
+    SAMPLES_DTYPE,
+    IndexProblem,
+    check_arrays,
+    check_header,
+    expected_shapes,
+    file_checksum,
+    load_array,
+)
 from .indexfiles import SPAN_ARRAYS, Described, FileEntry, describe_file, fingerprint, staged_name
 from .safety import DEFAULT_POLICY, UnpicklePolicy
 from .scan import ScanResult
@@ -72,8 +83,9 @@ __all__ = [
 ]
 
 FORMAT_NAME = "pickleshard-index"
-FORMAT_VERSION = 2
-SAMPLES_DTYPE = np.dtype([("file", "<u4"), ("item", "<u4")])
+# 3: a checksum per array (and the whole index validated on open); older ones are rebuilt
+FORMAT_VERSION = 3
+_I8 = np.dtype(np.int64)
 
 Rebuild = Literal["missing", "auto", "never"]
 SkippedFile = dict[str, Any]  # {"path", "error", "message", "size", "mtime_ns", "ctime_ns", "ino"}
@@ -162,15 +174,20 @@ class DatasetIndex:
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> DatasetIndex:
-        """Open the index stored in directory ``path`` (arrays are memory-mapped read-only)."""
+        """Open the index stored in directory ``path`` (arrays are memory-mapped read-only).
+
+        The index is untrusted input: every part is checked first (see
+        :mod:`pickleshard.indexcheck`), and any violation raises :class:`IndexFormatError`
+        naming the index file and what is wrong."""
         where = Path(path)
         header = _read_header(where)
         if header.get("format") != FORMAT_NAME or header.get("version") != FORMAT_VERSION:
             older = header.get("format") == FORMAT_NAME and _older(header.get("version"))
             raise IndexFormatError(
-                where,
-                f"unsupported index format {header.get('format')!r} version "
-                f"{header.get('version')!r}; expected {FORMAT_NAME!r} version {FORMAT_VERSION} "
+                where / "index.json",
+                f"unsupported index format {_show(header.get('format'))} version "
+                f"{_show(header.get('version'))}; expected {FORMAT_NAME!r} version "
+                f"{FORMAT_VERSION} "
                 + (
                     "(written by an older pickleshard: rebuild it with `pickleshard index`, "
                     "or open it with rebuild='missing' or 'auto')"
@@ -179,28 +196,26 @@ class DatasetIndex:
                 ),
             )
         try:
-            files = [FileEntry.from_json(f) for f in header.pop("files")]
-            skipped = list(header.pop("skipped", []))
+            files, skipped = check_header(header)
+            nf = len(header["fields"])
+            shapes = expected_shapes(files, nf)
+            names, sums = header["arrays"], header["checksums"]
             arrays = {
-                name: np.load(where / fname, mmap_mode="r")
-                for name, fname in header["arrays"].items()
+                name: load_array(
+                    where,
+                    names[name],
+                    SAMPLES_DTYPE if name == "samples" else _I8,
+                    shapes[name],
+                    sums[name],
+                )
+                for name in ("samples", *SPAN_ARRAYS)
             }
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise IndexFormatError(where, f"cannot open per-sample arrays: {exc}") from None
-        samples = arrays.pop("samples", None)
-        if (
-            samples is None
-            or samples.dtype != SAMPLES_DTYPE
-            or len(samples) != header["num_samples"]
-        ):
-            raise IndexFormatError(
-                where, "per-sample array does not match the header; rebuild the index"
-            )
-        rows = sum(f.num_samples for f in files if f.mode == "span")
-        if set(arrays) != set(SPAN_ARRAYS) or len(arrays["starts"]) != rows:
-            raise IndexFormatError(
-                where, "span arrays do not match the files table; rebuild the index"
-            )
+            check_arrays(files, nf, arrays, names)
+        except IndexProblem as exc:
+            raise exc.error(where) from None
+        del header["files"]
+        header.pop("skipped", None)
+        samples = arrays.pop("samples")
         return cls(where, header, files, samples, arrays, skipped)
 
     def stale_files(self, source: ResolvedSource) -> tuple[list[str], list[str], list[str]]:
@@ -285,15 +300,30 @@ def _same_stat(
 
 
 def _read_header(where: Path) -> dict[str, Any]:
+    path = where / "index.json"
     try:
-        header = json.loads((where / "index.json").read_text())
+        # O_NONBLOCK: a FIFO planted as index.json must not hang the open
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise IndexFormatError(where, "no index.json; build one with `pickleshard index`") from None
-    except (OSError, ValueError) as exc:
-        raise IndexFormatError(where, f"cannot read index.json: {exc}") from None
+    except OSError as exc:
+        raise IndexFormatError(path, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        with open(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise IndexFormatError(path, "is not a regular file")
+            header = json.loads(fh.read())
+    except (OSError, ValueError, RecursionError) as exc:
+        what = "nested too deeply" if isinstance(exc, RecursionError) else exc
+        raise IndexFormatError(path, f"cannot read: {what}") from None
     if not isinstance(header, dict):
-        raise IndexFormatError(where, "index.json is not a JSON object")
+        raise IndexFormatError(path, "is not a JSON object")
     return header
+
+
+def _show(v: object) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _older(version: object) -> bool:
@@ -495,6 +525,7 @@ def _write(
         "num_samples": total,
         "modes": {m: sum(e.mode == m for e in final) for m in ("span", "whole")},
         "arrays": names,
+        "checksums": {k: file_checksum(index_dir / v) for k, v in names.items()},
         "files": [asdict(e) for e in final],
         "skipped": sorted(skipped, key=lambda s: str(s["path"])),
     }
@@ -507,11 +538,15 @@ def _write(
 
 
 def _arrays_of(index_dir: Path) -> Iterable[str]:
+    """The array files the current header names, to delete once replaced: only plain names
+    of the index directory (an edited header must not make a rebuild delete anything else)."""
     try:
-        header = json.loads((index_dir / "index.json").read_text())
-        return [str(v) for v in header.get("arrays", {}).values()]
-    except (OSError, ValueError, AttributeError):
+        arrays = _read_header(index_dir).get("arrays")
+    except IndexFormatError:
         return []
+    if not isinstance(arrays, dict):
+        return []
+    return [v for v in arrays.values() if isinstance(v, str) and ARRAY_NAME.fullmatch(v)]
 
 
 def _staging_dir(index_dir: Path) -> Path:
