@@ -168,6 +168,21 @@ class DatasetIndex:
         }
         return ScanResult.from_stored(path, entry.scan, arrays)
 
+    def check_decoded(
+        self, pos: int, path: str | os.PathLike[str], num_samples: int, fields: tuple[str, ...]
+    ) -> None:
+        """Raise :class:`IndexFormatError` unless file ``pos``, unpickled whole from ``path``,
+        has the sample count and fields its row records (a row edited to move samples between
+        files would otherwise index past a column's end, or never reach its last samples)."""
+        entry = self.files[pos]
+        if (num_samples, fields) != (entry.num_samples, entry.fields):
+            raise IndexFormatError(
+                self.path / "index.json",
+                f"files[{pos}] records {entry.num_samples} samples of fields "
+                f"{list(entry.fields)}, but {os.fspath(path)} holds {num_samples} of "
+                f"{list(fields)}: the index was edited or the file changed since; rebuild it",
+            )
+
     def __reduce__(self) -> tuple[Any, ...]:
         # Pickled for spawned DataLoader workers: reopen by path instead of copying arrays.
         return (DatasetIndex.open, (self.path,))
@@ -301,23 +316,24 @@ def _same_stat(
 
 def _read_header(where: Path) -> dict[str, Any]:
     path = where / "index.json"
+    advice = "; rebuild it with `pickleshard index` or rebuild='auto'"
     try:
         # O_NONBLOCK: a FIFO planted as index.json must not hang the open
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise IndexFormatError(where, "no index.json; build one with `pickleshard index`") from None
     except OSError as exc:
-        raise IndexFormatError(path, f"cannot read: {exc.strerror or exc}") from None
-    try:
-        with open(fd, "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise IndexFormatError(path, "is not a regular file")
+        raise IndexFormatError(path, f"cannot read: {exc.strerror or exc}{advice}") from None
+    with open(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise IndexFormatError(path, f"is not a regular file{advice}")
+        try:
             header = json.loads(fh.read())
-    except (OSError, ValueError, RecursionError) as exc:
-        what = "nested too deeply" if isinstance(exc, RecursionError) else exc
-        raise IndexFormatError(path, f"cannot read: {what}") from None
+        except (OSError, ValueError, RecursionError) as exc:
+            what = "nested too deeply" if isinstance(exc, RecursionError) else exc
+            raise IndexFormatError(path, f"cannot read: {what}{advice}") from None
     if not isinstance(header, dict):
-        raise IndexFormatError(path, "is not a JSON object")
+        raise IndexFormatError(path, f"is not a JSON object{advice}")
     return header
 
 
@@ -619,8 +635,10 @@ def open_index(
     """Open the index of ``source``, checking it against the files on disk.
 
     ``rebuild="missing"`` (default) builds an index that does not exist yet, or that an older
-    pickleshard wrote in an older format, and raises :class:`StaleIndexError` on a stale one;
-    ``"auto"`` also rebuilds a stale one; ``"never"`` only opens. What counts as changed is
+    pickleshard wrote in an older format, and raises :class:`StaleIndexError` on a stale one
+    and :class:`IndexFormatError` on a damaged or edited one (every part of an index is
+    checked when it is opened, see :mod:`pickleshard.indexcheck`); ``"auto"`` also rebuilds a
+    stale or a damaged one; ``"never"`` only opens. What counts as changed is
     :meth:`DatasetIndex.stale_files`' rule (a copied dataset's files all do; a moved one's do
     not). ``skip_bad`` is passed to :func:`build_index` when it builds.
     """
@@ -644,7 +662,12 @@ def open_index(
             stored = {}
         if stored.get("format") == FORMAT_NAME and _older(stored.get("version")):
             return build_index(source, **kwargs), resolved
-    opened = DatasetIndex.open(index_dir)
+    try:
+        opened = DatasetIndex.open(index_dir)
+    except IndexFormatError:
+        if rebuild != "auto":
+            raise
+        return build_index(source, **kwargs), resolved  # damaged or edited: built afresh
     try:
         opened.check(resolved)
     except StaleIndexError:

@@ -656,8 +656,8 @@ def _span_bad(
     e = span[s]
     return IndexProblem(
         name,
-        f"row {r}: sample {r - int(first_row[s])} field {f} of {e.path} "
-        f"[{int(st[r, f])}, {int(en[r, f])}) {what} ({e.size} bytes)",
+        f"row {r} (sample {r - int(first_row[s])}, field {f} of {e.path}, a file of {e.size} "
+        f"bytes): span [{int(st[r, f])}, {int(en[r, f])}) {what}",
     )
 
 
