@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_deep_equal, oracle_samples
-from pickleshard import errors
+from pickleshard import errors, indexarrays
 from pickleshard.cli import main
 from pickleshard.dataset import PickleDataset
 from pickleshard.index import DatasetIndex, build_index, open_index
@@ -128,7 +128,23 @@ def _rows_dataset(folder: Path) -> Path:
     return folder
 
 
-DATASETS = {"arrays": _arrays_dataset, "objects": _objects_dataset, "rows": _rows_dataset}
+def _unlike_dataset(folder: Path) -> Path:
+    """Two files whose shared tables differ (one more shared dict key in the second)."""
+    folder.mkdir(parents=True)
+    for k in range(2):
+        extra = {"z": -1} if k else {}
+        xs = [{**extra, "a": i, "b": [i, "t"]} for i in range(6)]
+        with open(folder / f"unlike-{k}.pkl", "wb") as fh:
+            pickle.dump((xs, list(range(6))), fh, protocol=4)
+    return folder
+
+
+DATASETS = {
+    "arrays": _arrays_dataset,
+    "objects": _objects_dataset,
+    "rows": _rows_dataset,
+    "unlike": _unlike_dataset,
+}
 
 
 def _expected(folder: Path) -> list[tuple[Any, ...]]:
@@ -196,7 +212,7 @@ CASES: dict[str, tuple[str, Edit, str]] = {
     "int_item_on_an_array_field": (
         "arrays",
         edit_scan(lambda s: s["items"].__setitem__(0, {"kind": "int"})),
-        "small-int opcode",
+        "is not one small int",
     ),
     "array_row_dtype_object": (
         "rows",
@@ -222,7 +238,7 @@ CASES: dict[str, tuple[str, Edit, str]] = {
         ),
         "rows",
     ),
-    "counts_moved_with_rows_fixed": ("arrays", _move_counts, "starts-"),
+    "counts_moved_with_rows_fixed": ("arrays", _move_counts, "rows out of order"),
     "num_samples_string": (
         "arrays",
         edit_header(lambda h: h["files"][0].update(num_samples="6")),
@@ -310,19 +326,19 @@ CASES: dict[str, tuple[str, Edit, str]] = {
     "start_negative": ("arrays", edit_array("starts", lambda a: a.__setitem__((3, 0), -5)), "-5"),
     "end_past_the_file": (
         "arrays",
-        edit_array("ends", lambda a: a.__setitem__((3, 0), 1 << 40)),
-        "not inside the file",
+        edit_array("ends", lambda a: a.__setitem__((5, 0), 1 << 40)),  # file 0's last sample
+        "outside the file's pickles",
     ),
     "end_before_start": (
         "arrays",
         edit_array("ends", lambda a: a.__setitem__((3, 1), a[3, 1] - 9)),
-        "starts-",
+        "ends before it starts",
     ),
     "span_rows_swapped": ("arrays", _swap_span_rows, "out of order"),
     "span_starts_swapped_between_fields": (
         "objects",
         edit_array("starts", lambda a: a.__setitem__(slice(None), a[:, ::-1])),
-        "starts-",
+        "ends before it starts",
     ),
     "memo_base_huge": (
         "objects",
@@ -368,12 +384,12 @@ CASES: dict[str, tuple[str, Edit, str]] = {
     "samples_file_out_of_range": (
         "arrays",
         edit_array("samples", lambda a: a["file"].__setitem__(0, 1 << 30)),
-        "names file",
+        "is (1073741824, 0), expected (0, 0)",
     ),
     "array_row_length_wrong": (
         "rows",
-        edit_array("ends", lambda a: a.__setitem__((2, 0), a[2, 0] + 4)),
-        "starts-",
+        edit_array("ends", lambda a: a.__setitem__((2, 0), a[2, 0] - 4)),
+        "is not one 24-byte array row",
     ),
     # the array files themselves
     "npy_truncated": (
@@ -540,7 +556,7 @@ def test_an_older_index_is_rebuilt_by_default(tmp_path: Path) -> None:
 
 _CHILD = """
 import sys
-from pickleshard import errors
+from pickleshard import errors, indexarrays
 from pickleshard.dataset import PickleDataset
 try:
     ds = PickleDataset(sys.argv[1], mode=sys.argv[2])
@@ -570,3 +586,23 @@ def test_former_crashes_end_in_an_error_in_a_child_process(
     assert done.stdout.startswith("IndexFormatError:")
     assert str(index_dir) in done.stdout
     assert what in done.stdout
+
+
+@pytest.mark.parametrize("kind", ["arrays", "unlike"])  # every file's table alike; not
+@pytest.mark.parametrize("lookup", [1 << 24, 0], ids=["lookup_table", "binary_search"])
+def test_externals_outside_the_shared_table_both_ways(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lookup: int, kind: str
+) -> None:
+    """Membership in the shared table is checked with a lookup table, or (key ranges too
+    wide for one) a binary search: both accept a good index and refuse a key outside."""
+    monkeypatch.setattr(indexarrays, "_LOOKUP", lookup)
+    _, index_dir = _build(tmp_path, kind)
+    DatasetIndex.open(index_dir)
+    tables = [f["scan"]["shared"]["keys"] for f in _header(index_dir)["files"]]
+    assert (tables[0] == tables[-1]) == (kind == "arrays")
+    assert all(tables)
+    keys = np.load(index_dir / _header(index_dir)["arrays"]["ext_keys"])
+    edit_array("ext_keys", lambda a: a.__setitem__(len(a) - 1, a[-1] - 1))(index_dir)
+    assert keys[-1] - 1 not in tables[-1]
+    with pytest.raises(errors.IndexFormatError, match=rf"key {len(keys) - 1} .* shared table"):
+        DatasetIndex.open(index_dir)

@@ -56,16 +56,8 @@ from .errors import (
     StaleIndexError,
     UnsupportedLayoutError,
 )
-from .indexcheck import (
-    ARRAY_NAME,
-    SAMPLES_DTYPE,
-    IndexProblem,
-    check_arrays,
-    check_header,
-    expected_shapes,
-    file_checksum,
-    load_array,
-)
+from .indexarrays import SAMPLES_DTYPE, check_arrays, expected_shapes, file_checksum, load_array
+from .indexcheck import ARRAY_NAME, IndexProblem, check_header
 from .indexfiles import SPAN_ARRAYS, Described, FileEntry, describe_file, fingerprint, staged_name
 from .safety import DEFAULT_POLICY, UnpicklePolicy
 from .scan import ScanResult
@@ -211,7 +203,7 @@ class DatasetIndex:
                 ),
             )
         try:
-            files, skipped = check_header(header)
+            files, skipped, checks = check_header(header)
             nf = len(header["fields"])
             shapes = expected_shapes(files, nf)
             names, sums = header["arrays"], header["checksums"]
@@ -225,7 +217,7 @@ class DatasetIndex:
                 )
                 for name in ("samples", *SPAN_ARRAYS)
             }
-            check_arrays(files, nf, arrays, names)
+            check_arrays(files, checks, nf, arrays, names)
         except IndexProblem as exc:
             raise exc.error(where) from None
         del header["files"]
