@@ -606,3 +606,45 @@ def test_externals_outside_the_shared_table_both_ways(
     assert keys[-1] - 1 not in tables[-1]
     with pytest.raises(errors.IndexFormatError, match=rf"key {len(keys) - 1} .* shared table"):
         DatasetIndex.open(index_dir)
+
+
+# -- edits the index alone cannot reveal: never a crash, never wrong data ----------------------
+
+SUBTLE: dict[str, tuple[str, Edit]] = {
+    # memo bases one higher for file 0's x spans: in range, in order, externals still below
+    "memo_base_plus_one": (
+        "objects",
+        edit_array("memo_base", lambda a: a.__setitem__((slice(0, 6), 0), a[0:6, 0] + 1)),
+    ),
+    # file 0's memo shift lowered (>= -size): GETs and PUTs renumbered wrongly
+    "record_shift_minus_one": (
+        "objects",
+        edit_array("records", lambda a: a.__setitem__((0, 2), a[0, 2] - 1)),
+    ),
+    "record_shift_minus_hundred": (
+        "unlike",
+        edit_array("records", lambda a: a.__setitem__((0, 2), a[0, 2] - 100)),
+    ),
+    # an item's shape permuted (same bytes): caught by the check against one real unpickling
+    "item_shape_permuted": ("arrays", edit_scan(lambda s: s["items"][0].update(shape=[3, 2]))),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", sorted(SUBTLE))
+def test_edits_that_pass_the_checks_give_an_error_or_the_right_samples(
+    tmp_path: Path, case: str, mode: str
+) -> None:
+    kind, edit = SUBTLE[case]
+    folder, index_dir = _build(tmp_path, kind)
+    edit(index_dir)
+    DatasetIndex.open(index_dir)  # nothing in the index alone says it is wrong
+    want = _expected(folder)
+    ds = PickleDataset(folder, mode=mode)  # type: ignore[arg-type]
+    for i, sample in enumerate(want):
+        try:
+            got = ds[i]
+        except errors.PickleshardError as exc:
+            assert str(folder) in str(exc)
+            continue
+        assert_deep_equal(got, sample)
