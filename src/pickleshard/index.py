@@ -21,8 +21,13 @@ concatenated ``ext_keys``. Files indexed in ``"whole"`` mode (the scanner refuse
 ``skipped`` lists the files ``skip_bad=True`` left out, each with its error. There is no Python
 object per sample anywhere: forked DataLoader workers share these pages instead of copying them.
 
-The header is written last, by atomic rename, and names the arrays it belongs to, so a reader
-sees either the old index or the new one, never a mix. Building keeps at most one file's span
+The header is written last, by atomic rename, and names the arrays it belongs to (with each
+one's CRC-32, ``checksums``), so a reader sees either the old index or the new one, never a mix.
+An index is untrusted input (it may come with a downloaded dataset): :meth:`DatasetIndex.open`
+checks every part of it (:mod:`pickleshard.indexcheck` for ``index.json``,
+:mod:`pickleshard.indexarrays` for the arrays) and raises :class:`IndexFormatError` naming the
+index file and what is wrong; ``rebuild="auto"`` rebuilds such an index instead. Version 2
+indexes (no checksums) count as older: rebuilt by ``"missing"`` and ``"auto"``. Building keeps at most one file's span
 arrays in a worker's memory: workers save them to a staging folder, and the parent copies them
 into the final arrays through a memory map.
 """
@@ -34,7 +39,6 @@ import json
 import os
 import secrets
 import shutil
-import stat
 import tempfile
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -57,7 +61,7 @@ from .errors import (
     UnsupportedLayoutError,
 )
 from .indexarrays import SAMPLES_DTYPE, check_arrays, expected_shapes, file_checksum, load_array
-from .indexcheck import ARRAY_NAME, IndexProblem, check_header
+from .indexcheck import ARRAY_NAME, IndexProblem, check_header, read_header, show
 from .indexfiles import SPAN_ARRAYS, Described, FileEntry, describe_file, fingerprint, staged_name
 from .safety import DEFAULT_POLICY, UnpicklePolicy
 from .scan import ScanResult
@@ -187,13 +191,13 @@ class DatasetIndex:
         :mod:`pickleshard.indexcheck`), and any violation raises :class:`IndexFormatError`
         naming the index file and what is wrong."""
         where = Path(path)
-        header = _read_header(where)
+        header = read_header(where)
         if header.get("format") != FORMAT_NAME or header.get("version") != FORMAT_VERSION:
             older = header.get("format") == FORMAT_NAME and _older(header.get("version"))
             raise IndexFormatError(
                 where / "index.json",
-                f"unsupported index format {_show(header.get('format'))} version "
-                f"{_show(header.get('version'))}; expected {FORMAT_NAME!r} version "
+                f"unsupported index format {show(header.get('format'))} version "
+                f"{show(header.get('version'))}; expected {FORMAT_NAME!r} version "
                 f"{FORMAT_VERSION} "
                 + (
                     "(written by an older pickleshard: rebuild it with `pickleshard index`, "
@@ -304,34 +308,6 @@ def _same_stat(
         and (ctime_ns is None or st.st_ctime_ns == ctime_ns)
         and (ino is None or st.st_ino == ino)
     )
-
-
-def _read_header(where: Path) -> dict[str, Any]:
-    path = where / "index.json"
-    advice = "; rebuild it with `pickleshard index` or rebuild='auto'"
-    try:
-        # O_NONBLOCK: a FIFO planted as index.json must not hang the open
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise IndexFormatError(where, "no index.json; build one with `pickleshard index`") from None
-    except OSError as exc:
-        raise IndexFormatError(path, f"cannot read: {exc.strerror or exc}{advice}") from None
-    with open(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise IndexFormatError(path, f"is not a regular file{advice}")
-        try:
-            header = json.loads(fh.read())
-        except (OSError, ValueError, RecursionError) as exc:
-            what = "nested too deeply" if isinstance(exc, RecursionError) else exc
-            raise IndexFormatError(path, f"cannot read: {what}{advice}") from None
-    if not isinstance(header, dict):
-        raise IndexFormatError(path, f"is not a JSON object{advice}")
-    return header
-
-
-def _show(v: object) -> str:
-    text = repr(v)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _older(version: object) -> bool:
@@ -549,7 +525,7 @@ def _arrays_of(index_dir: Path) -> Iterable[str]:
     """The array files the current header names, to delete once replaced: only plain names
     of the index directory (an edited header must not make a rebuild delete anything else)."""
     try:
-        arrays = _read_header(index_dir).get("arrays")
+        arrays = read_header(index_dir).get("arrays")
     except IndexFormatError:
         return []
     if not isinstance(arrays, dict):
@@ -649,7 +625,7 @@ def open_index(
         if not (index_dir / "index.json").exists():
             return build_index(source, **kwargs), resolved
         try:
-            stored = _read_header(index_dir)
+            stored = read_header(index_dir)
         except IndexFormatError:
             stored = {}
         if stored.get("format") == FORMAT_NAME and _older(stored.get("version")):

@@ -131,7 +131,10 @@ def load_array(
             )
         fh.seek(0)
         head = fh.read(header_len)
-        array = np.memmap(fh, dtype=dtype, mode="r", offset=header_len, shape=got_shape)
+        try:
+            array = np.memmap(fh, dtype=dtype, mode="r", offset=header_len, shape=got_shape)
+        except (OSError, ValueError, OverflowError) as exc:
+            raise IndexProblem(name, f"cannot be mapped: {exc}") from None
     data = np.asarray(array).reshape(-1).view(np.uint8) if nbytes else b""
     got_sum = array_checksum((head, data))
     if got_sum != checksum:

@@ -32,9 +32,12 @@ business (:mod:`pickleshard.spanread` checks each payload's framing).
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import pickle
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -96,12 +99,38 @@ class FieldCheck:
 # -- index.json ----------------------------------------------------------------------------------
 
 
+def read_header(where: Path) -> dict[str, Any]:
+    """The parsed ``index.json`` of index directory ``where``; raises IndexFormatError when
+    it is missing, not a regular file (a FIFO must not hang the open), not JSON (or nested
+    too deeply for the parser), or not a JSON object."""
+    path = where / "index.json"
+    advice = "; rebuild it with `pickleshard index` or rebuild='auto'"
+    try:
+        # O_NONBLOCK: a FIFO planted as index.json must not hang the open
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise IndexFormatError(where, "no index.json; build one with `pickleshard index`") from None
+    except OSError as exc:
+        raise IndexFormatError(path, f"cannot read: {exc.strerror or exc}{advice}") from None
+    with open(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise IndexFormatError(path, f"is not a regular file{advice}")
+        try:
+            header = json.loads(fh.read())
+        except (OSError, ValueError, RecursionError) as exc:
+            what = "nested too deeply" if isinstance(exc, RecursionError) else exc
+            raise IndexFormatError(path, f"cannot read: {what}{advice}") from None
+    if not isinstance(header, dict):
+        raise IndexFormatError(path, f"is not a JSON object{advice}")
+    return header
+
+
 def _int(v: Any, what: str, lo: int = 0, hi: int = _MAX_ID, *, none: bool = False) -> Any:
     if v is None and none:
         return None
     if type(v) is not int or not lo <= v <= hi:
         raise IndexProblem(
-            "index.json", f"{what} is {_show(v)}, expected an integer in [{lo}, {hi}]"
+            "index.json", f"{what} is {show(v)}, expected an integer in [{lo}, {hi}]"
         )
     return v
 
@@ -109,23 +138,24 @@ def _int(v: Any, what: str, lo: int = 0, hi: int = _MAX_ID, *, none: bool = Fals
 def _str(v: Any, what: str, *, none: bool = False) -> Any:
     if (v is None and none) or type(v) is str:
         return v
-    raise IndexProblem("index.json", f"{what} is {_show(v)}, expected a string")
+    raise IndexProblem("index.json", f"{what} is {show(v)}, expected a string")
 
 
 def _list(v: Any, what: str, n: int | None = None) -> list[Any]:
     if type(v) is not list or (n is not None and len(v) != n):
         want = "a list" if n is None else f"a list of {n}"
-        raise IndexProblem("index.json", f"{what} is {_show(v)}, expected {want}")
+        raise IndexProblem("index.json", f"{what} is {show(v)}, expected {want}")
     return v
 
 
 def _dict(v: Any, what: str) -> dict[str, Any]:
     if type(v) is not dict:
-        raise IndexProblem("index.json", f"{what} is {_show(v)}, expected an object")
+        raise IndexProblem("index.json", f"{what} is {show(v)}, expected an object")
     return v
 
 
-def _show(v: Any) -> str:
+def show(v: Any) -> str:
+    """``repr(v)``, cut to 60 characters."""
     text = repr(v)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -168,10 +198,10 @@ def _file_entry(obj: Any, k: int, fields: list[str]) -> tuple[FileEntry, tuple[F
         _str(row.get(key), f"{at}.{key}")
     _str(row.get("reason"), f"{at}.reason", none=True)
     if row.get("fields") != fields:
-        raise IndexProblem("index.json", f"{at}.fields is {_show(row.get('fields'))}, not {fields}")
+        raise IndexProblem("index.json", f"{at}.fields is {show(row.get('fields'))}, not {fields}")
     mode = row["mode"]
     if mode not in ("span", "whole"):
-        raise IndexProblem("index.json", f"{at}.mode is {_show(mode)}, expected 'span' or 'whole'")
+        raise IndexProblem("index.json", f"{at}.mode is {show(mode)}, expected 'span' or 'whole'")
     for key in ("span_row", "ext_row", "record_row"):
         _int(row.get(key, -1), f"{at}.{key}", lo=-1)
     if mode == "whole" and (row.get("scan") is not None or row.get("span_row", -1) != -1):
@@ -190,10 +220,10 @@ def _dtype(descr: Any, what: str) -> np.dtype[Any]:
     except IndexProblem:
         raise
     except Exception as exc:  # whatever numpy makes of a bad descr
-        raise IndexProblem("index.json", f"{what} {_show(descr)} is not a dtype: {exc}") from None
+        raise IndexProblem("index.json", f"{what} {show(descr)} is not a dtype: {exc}") from None
     if dtype.hasobject:
         raise IndexProblem(
-            "index.json", f"{what} {_show(descr)} holds Python objects: never read raw"
+            "index.json", f"{what} {show(descr)} holds Python objects: never read raw"
         )
     return dtype
 
@@ -207,14 +237,14 @@ def _tuples_checked(descr: Any, what: str, depth: int = 0) -> Any:
     out = []
     for entry in descr:
         if type(entry) is not list or not 2 <= len(entry) <= 3:
-            raise IndexProblem("index.json", f"{what} has a field entry {_show(entry)}")
+            raise IndexProblem("index.json", f"{what} has a field entry {show(entry)}")
         name = entry[0]
         if type(name) is list:
             if len(name) != 2 or not all(type(x) is str for x in name):
-                raise IndexProblem("index.json", f"{what} has a field name {_show(name)}")
+                raise IndexProblem("index.json", f"{what} has a field name {show(name)}")
             name = tuple(name)
         elif type(name) is not str:
-            raise IndexProblem("index.json", f"{what} has a field name {_show(name)}")
+            raise IndexProblem("index.json", f"{what} has a field name {show(name)}")
         rest = [_tuples_checked(entry[1], what, depth + 1)]
         if len(entry) == 3:
             rest.append(tuple(_shape(entry[2], f"{what} subarray shape")))
@@ -232,10 +262,10 @@ def _shape(v: Any, what: str) -> tuple[int, ...]:
 def _scan_meta(meta: Any, at: str, size: int, nf: int, n: int) -> tuple[FieldCheck, ...]:
     m = _dict(meta, at)
     if m.get("format") != 1:
-        raise IndexProblem("index.json", f"{at}.format is {_show(m.get('format'))}, expected 1")
+        raise IndexProblem("index.json", f"{at}.format is {show(m.get('format'))}, expected 1")
     if m.get("size") != size:
         raise IndexProblem(
-            "index.json", f"{at}.size is {_show(m.get('size'))}, the file's is {size}"
+            "index.json", f"{at}.size is {show(m.get('size'))}, the file's is {size}"
         )
     _int(m.get("protocol"), f"{at}.protocol", lo=2, hi=pickle.HIGHEST_PROTOCOL)
     _int(m.get("bytes_read"), f"{at}.bytes_read")
@@ -251,7 +281,7 @@ def _scan_meta(meta: Any, at: str, size: int, nf: int, n: int) -> tuple[FieldChe
     checks = []
     for f, kind in enumerate(kinds):
         if kind not in ("pickle", "array_row"):
-            raise IndexProblem("index.json", f"{at}.kinds[{f}] is {_show(kind)}")
+            raise IndexProblem("index.json", f"{at}.kinds[{f}] is {show(kind)}")
         row, item = arrays[f], items[f] if items else None
         if (row is not None) != (kind == "array_row") or (kind == "array_row" and item):
             raise IndexProblem(
@@ -283,7 +313,7 @@ def _item(it: dict[str, Any], at: str, n: int) -> FieldCheck:
     for key in ("swap", "readonly"):
         if type(it.get(key)) is not bool:
             raise IndexProblem(
-                "index.json", f"{at}.{key} is {_show(it.get(key))}, expected a boolean"
+                "index.json", f"{at}.{key} is {show(it.get(key))}, expected a boolean"
             )
     prefix = _int(it.get("prefix"), f"{at}.prefix", lo=1, hi=_MAX_TEMPLATE)
     exc = _list(it.get("exceptions"), f"{at}.exceptions")
@@ -370,7 +400,7 @@ def _shared(sh: dict[str, Any], at: str, size: int) -> None:
     last = -1
     for k, (key, j) in enumerate(zip(keys, owner, strict=True)):
         if type(key) is not int or type(j) is not int or not last < key or not 0 <= j < len(bounds):
-            raise IndexProblem("index.json", f"{at}: key {k} is {_show(key)} of element {_show(j)}")
+            raise IndexProblem("index.json", f"{at}: key {k} is {show(key)} of element {show(j)}")
         if not bounds[j][0] <= key < bounds[j][1]:
             raise IndexProblem("index.json", f"{at}: key {key} is not defined in element {j}")
         last = key
@@ -389,7 +419,7 @@ def check_header(
     ``IndexProblem``. The array names and checksums are checked too (not the arrays themselves)."""
     fields = _list(header.get("fields"), "fields")
     if not all(type(f) is str for f in fields) or len(set(fields)) != len(fields):
-        raise IndexProblem("index.json", f"fields {_show(fields)} are not distinct strings")
+        raise IndexProblem("index.json", f"fields {show(fields)} are not distinct strings")
     files_json = _list(header.get("files"), "files")
     files: list[FileEntry] = []
     checks: list[tuple[FieldCheck, ...]] = []  # per span file
@@ -415,13 +445,13 @@ def check_header(
     if header.get("num_samples") != n or header.get("num_files") != len(files):
         raise IndexProblem(
             "index.json",
-            f"num_samples {_show(header.get('num_samples'))} / num_files "
-            f"{_show(header.get('num_files'))} disagree with the files table ({n} / {len(files)})",
+            f"num_samples {show(header.get('num_samples'))} / num_files "
+            f"{show(header.get('num_files'))} disagree with the files table ({n} / {len(files)})",
         )
     modes = {m: sum(f.mode == m for f in files) for m in ("span", "whole")}
     if header.get("modes") != modes:
         raise IndexProblem(
-            "index.json", f"modes {_show(header.get('modes'))}, the files table has {modes}"
+            "index.json", f"modes {show(header.get('modes'))}, the files table has {modes}"
         )
     layout = _list(header.get("layout"), "layout")
     if not all(type(x) is str for x in layout):
@@ -437,10 +467,10 @@ def check_header(
     for key, name in names.items():
         if type(name) is not str or not ARRAY_NAME.fullmatch(name):
             raise IndexProblem(
-                "index.json", f"arrays.{key} {_show(name)} is not a file of the index"
+                "index.json", f"arrays.{key} {show(name)} is not a file of the index"
             )
         if type(sums[key]) is not str or not re.fullmatch(r"crc32:[0-9a-f]{8}", sums[key]):
-            raise IndexProblem("index.json", f"checksums.{key} is {_show(sums[key])}")
+            raise IndexProblem("index.json", f"checksums.{key} is {show(sums[key])}")
     if len(set(names.values())) != len(names):
         raise IndexProblem("index.json", "two arrays share a file")
     total = sum(f.size + 1 for f in files)  # the array checks add sizes up in int64
