@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import zlib
@@ -650,3 +651,56 @@ def test_edits_that_pass_the_checks_give_an_error_or_the_right_samples(
             assert_deep_equal(got, sample)
             continue
         assert str(folder) in message
+
+
+# -- an item's framing template (head and tail bytes around the payload) ------------------------
+
+
+def _with_template(index_dir: Path, folder: Path) -> dict[str, Any]:
+    """Give file 0's array item the framing template the scanner records (the bytes of its
+    first direct sample before and after the payload), as the read-time framing check uses."""
+    header = _header(index_dir)
+    item = header["files"][0]["scan"]["items"][0]
+    starts = np.load(index_dir / header["arrays"]["starts"])
+    ends = np.load(index_dir / header["arrays"]["ends"])
+    t = next(i for i in range(6) if i not in item["exceptions"])
+    data = (folder / header["files"][0]["path"]).read_bytes()
+    start, end, prefix = int(starts[t, 0]), int(ends[t, 0]), item["prefix"]
+    nbytes = int(np.prod(item["shape"])) * np.dtype(item["descr"]).itemsize
+    item.update(
+        head=data[start : start + prefix].hex(),
+        tail=data[start + prefix + nbytes : end].hex(),
+        head_masked=[],
+        tail_masked=[],
+        bounds=[0],
+    )
+    _write_header(index_dir, header)
+    return header
+
+
+TEMPLATE_CASES: dict[str, tuple[Callable[[dict[str, Any]], Any], str]] = {
+    "shape_permuted": (lambda it: it.update(shape=[3, 2]), "builds an array of shape"),
+    "dtype_and_shape_same_bytes": (
+        lambda it: it.update(descr="<f2", shape=[2, 6]),
+        "builds an array of shape",
+    ),
+    "payload_longer": (lambda it: it.update(descr="<f8"), "declares a payload of [24] bytes"),
+    "head_not_hex": (lambda it: it.update(head="zz"), "not hex"),
+    "head_not_the_prefix": (lambda it: it.update(head=it["head"][:-2]), "do not fit"),
+    "tail_shorter": (lambda it: it.update(tail=it["tail"][:-2]), "bytes long like"),
+    "mask_outside": (lambda it: it.update(tail_masked=[[0, 999]]), "tail_masked end"),
+    "bound_outside": (lambda it: it.update(bounds=[999]), "bounds"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TEMPLATE_CASES))
+def test_an_items_template_must_match_its_dtype_shape_and_spans(tmp_path: Path, case: str) -> None:
+    folder, index_dir = _build(tmp_path, "arrays")
+    header = _with_template(index_dir, folder)
+    DatasetIndex.open(index_dir)  # the template as recorded: accepted
+    change, what = TEMPLATE_CASES[case]
+    change(header["files"][0]["scan"]["items"][0])
+    _write_header(index_dir, header)
+    with pytest.raises(errors.IndexFormatError, match=re.escape(what)) as info:
+        DatasetIndex.open(index_dir)
+    assert str(index_dir) in str(info.value)
