@@ -107,6 +107,21 @@ def _move_counts(index_dir: Path) -> None:
     _save_array(index_dir, "samples", samples)
 
 
+def _repeat_externals(index_dir: Path, times: int) -> None:
+    """Give sample 1's first field one valid external ``times`` over (offsets moved along)."""
+    header = _header(index_dir)
+    off = np.load(index_dir / header["arrays"]["ext_offsets"])
+    keys = np.load(index_dir / header["arrays"]["ext_keys"])
+    nf = len(header["fields"])
+    k = 1 * nf  # span (1, 0)
+    lo, hi = int(off[k]), int(off[k + 1])
+    assert hi > lo
+    keys = np.concatenate([keys[:hi], np.repeat(keys[lo], times), keys[hi:]])
+    off = np.where(np.arange(len(off)) > k, off + times, off)
+    _save_array(index_dir, "ext_keys", keys)
+    _save_array(index_dir, "ext_offsets", off)
+
+
 def _arrays_dataset(folder: Path) -> Path:
     """Three files of (x: float32 (2, 3) arrays read from their payloads, y: small ints)."""
     write_synthetic(folder, files=3, per_file=6, shape=(2, 3))
@@ -370,6 +385,11 @@ CASES: dict[str, tuple[str, Edit, str]] = {
         "objects",
         edit_array("ext_offsets", lambda a: a.__setitem__(3, a[3] + 50)),
         "offsets",
+    ),
+    "ext_keys_repeated": (
+        "objects",
+        lambda d: _repeat_externals(d, 50),
+        "more externals than",
     ),
     "ext_key_huge": (
         "objects",

@@ -380,15 +380,18 @@ def _check_externals(fs: _Files, a: dict[str, np.ndarray], names: dict[str, str]
         return
     n = np.delete(step, last[:-1]).reshape(-1, nf)  # (R, F) externals per span
     ne = fs.nonempty
-    if len(ne) and bool(
-        (np.maximum.reduceat(n, fs.first_row[ne], axis=0)[fs.how[ne] == ROW] != 0).any()
-    ):
+    tables = [(f.scan or {})["shared"]["keys"] for f in fs.span]
+    most = np.maximum.reduceat(n, fs.first_row[ne], axis=0) if len(ne) else n[:0]
+    if bool((most[fs.how[ne] == ROW] != 0).any()):
         raise IndexProblem(name, "an array row has externals")
+    # no more externals than the file's table has keys: a reader's prologue is that long
+    sizes = np.array([len(t) for t in tables], np.int64)[ne]
+    if bool((most.max(axis=1, initial=0) > sizes).any()):
+        raise IndexProblem(name, "a span has more externals than its file's shared table keys")
     flat_n = n.reshape(-1)
     if int(keys.min()) < 0 or bool((keys >= np.repeat(mb.reshape(-1), flat_n)).any()):
         raise IndexProblem(kname, "a span's external is not a key defined before the span")
     per_file = off[last] - off[last - fs.counts * nf]
-    tables = [(f.scan or {})["shared"]["keys"] for f in fs.span]
     ok = _in_tables(keys, per_file, tables, fs.bias)
     if not ok.all():
         k = int(np.argmax(~ok))
