@@ -2,32 +2,27 @@
 
 An index shipped with a downloaded dataset can be edited as easily as the pickles. Every read
 path trusts what :class:`~pickleshard.index.DatasetIndex` hands it (offsets it ``pread``\\ s,
-dtypes and shapes it allocates, memo ids it renumbers, rows it slices), so everything is checked
-here once, when the index is opened, and a violation raises
-:class:`~pickleshard.errors.IndexFormatError` naming the index file and what is wrong:
+dtypes and shapes it allocates, memo ids it renumbers, rows it slices), so every part is
+checked once, when the index is opened, and a violation raises
+:class:`~pickleshard.errors.IndexFormatError` naming the index file and what is wrong. This
+module checks ``index.json`` (:func:`check_header`); :mod:`pickleshard.indexarrays` the
+``.npy`` files and their contents against it:
 
-- ``index.json``: types and ranges of every header, files-table and skipped-files entry; file
-  paths relative and inside the dataset directory, each named once; array file names plain
-  names inside the index directory; the rows each span file takes in the span arrays exactly
-  where the builder puts them; counts that add up (files, samples, modes).
-- each ``.npy`` (:func:`load_array`): a regular file, opened once and mapped read-only without
-  ever unpickling (its header is parsed here, not by ``np.load``); a plain int64 array (the
-  ``samples`` one: its structured dtype) of the expected shape, C order, exactly the file's size;
-  its CRC-32 equal to the one the header recorded at build time (accidental corruption: an
-  unkeyed checksum cannot stop a forger, the checks below do).
-- contents (:func:`check_arrays`, vectorised over all rows at once): ``samples`` numbers each
-  file's samples 0..n-1 in files-table order; every span lies inside its file and inside one
-  pickle of it (``records``), spans of a field are in file order and do not overlap (swapped or
-  moved rows are caught); memo bases are within ``[0, start]`` and grow no faster than the
-  offsets; CSR offsets grow and cover ``ext_keys``; every external is an earlier memo key of the
-  file's shared table; array rows, small ints and per-sample arrays
-  (:class:`~pickleshard.scan.ArrayItem`: a dtype without objects, whose shape fills the payload
-  the spans leave room for) agree with the span lengths.
+- types and ranges of every header, files-table and skipped-files entry (``bool`` is not an
+  int, a count is not a string); file paths relative and inside the dataset directory, each
+  named once; array file names plain names of the index directory; counts that add up (files,
+  samples, modes); the rows each span file takes in the span arrays exactly where the builder
+  puts them (rows can be neither shared nor moved between files);
+- each span file's scan: its format, size, protocol (2..5), fields and kinds; array-row and
+  item dtypes that hold no Python object (raw bytes read as object pointers crash the process)
+  and shapes of non-negative ints; item exceptions sorted sample numbers, never all of them; an
+  item's framing template (when stored) that declares the item's payload length and pushes its
+  shape; a shared table whose keys each lie inside their defining element and whose elements
+  refer only to keys defined before them (replays always go backwards: no cycle).
 
-After these checks no read allocates more than the span it reads, ``pread``\\ s outside the
-file, builds an array of Python-object dtype from raw bytes, or indexes outside an array.
-What only the data can tell (a span's bytes edited together with the index) is the read path's
-business (:mod:`pickleshard.spanread` checks each payload's framing).
+What the index alone cannot tell (a span's bytes edited with it) is the read path's business:
+:mod:`pickleshard.spanread` checks one sample of each array field against a real unpickling
+(and, with issue 12's read-time checks, every payload's framing).
 """
 
 from __future__ import annotations
