@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from . import opcodes as oc
-from .indexcheck import INT, PICKLE, ROW, FieldCheck, IndexProblem
+from .indexcheck import INT, ITEM, PICKLE, ROW, FieldCheck, IndexProblem
 from .indexfiles import SPAN_ARRAYS, FileEntry
 from .scan import _MAX_TEMPLATE
 
@@ -323,22 +323,57 @@ def _check_memo(fs: _Files, a: dict[str, np.ndarray], names: dict[str, str]) -> 
 
 
 def _check_lengths(fs: _Files, a: dict[str, np.ndarray], names: dict[str, str]) -> None:
-    """Span lengths as each field is read: small ints, array rows, per-sample arrays."""
+    """Span lengths as each field is read: small ints, array rows, per-sample arrays; every
+    file at once, field by field (the failing file's own check then words the message)."""
     st, en = a["starts"], a["ends"]
-    name = names["ends"]
     length = en - st
     for f in range(fs.nf):
         kinds = fs.how[:, f]
-        if (kinds == INT).all():  # the common case: one pass over the column
-            ok = _INT_OK[np.minimum(length[:, f], 15)]
-            if not ok.all():
-                raise fs.problem(name, int(np.argmax(~ok)), f, st, en, "is not one small int")
+        if (kinds == PICKLE).all():
             continue
-        for s in np.flatnonzero((kinds != PICKLE) & (fs.counts > 0)).tolist():
+        col = length[:, f]
+        row_kind = np.repeat(kinds, fs.counts)
+        bad = np.zeros(len(col), bool)
+        if (kinds == INT).any():
+            bad |= (row_kind == INT) & ~_INT_OK[np.minimum(col, 15)]
+        if (kinds == ROW).any():
+            want = np.array([c[f].nbytes for c in fs.checks], np.int64)
+            bad |= (row_kind == ROW) & (col != np.repeat(want, fs.counts))
+        if (kinds == ITEM).any():
+            bad |= _items_bad(fs, f, col, row_kind == ITEM)
+        if bad.any():
+            r = int(np.argmax(bad))
+            s = fs.file_of(r)
             lo, hi = int(fs.first_row[s]), int(fs.first_row[s + 1])
-            bad, what = _lengths_bad(fs.checks[s][f], length[lo:hi, f])
-            if bad is not None:
-                raise fs.problem(name, lo + int(np.argmax(bad)), f, st, en, what)
+            _, what = _lengths_bad(fs.checks[s][f], col[lo:hi])
+            raise fs.problem(names["ends"], r, f, st, en, what)
+
+
+def _items_bad(fs: _Files, f: int, col: np.ndarray, is_item: np.ndarray) -> np.ndarray:
+    """Rows of per-sample array field ``f`` whose span cannot hold prefix + payload + tail:
+    every direct sample of a file is as long as its template (the shortest direct span when
+    no template is stored), or 9 bytes longer (a FRAME header)."""
+    checks = [c[f] for c in fs.checks]
+    item = np.array([c.how == ITEM for c in checks])
+    prefix = np.array([c.prefix for c in checks], np.int64)
+    nbytes = np.array([c.nbytes for c in checks], np.int64)
+    tail = np.array([c.tail for c in checks], np.int64)
+    direct = is_item.copy()
+    exceptions = [int(fs.first_row[s]) + e for s, c in enumerate(checks) for e in c.exceptions]
+    direct[exceptions] = False
+    least = prefix + nbytes + tail
+    ne = fs.nonempty
+    if len(ne) and bool((tail[ne] < 0).any()):  # no template: the shortest direct span
+        shortest = np.minimum.reduceat(
+            np.where(direct, col, np.iinfo(np.int64).max), fs.first_row[ne]
+        )
+        least[ne] = np.where(tail[ne] < 0, shortest, least[ne])
+    no_room = item & ((least < prefix + nbytes) | (least - nbytes > _MAX_TEMPLATE))
+    want = np.repeat(least, fs.counts)
+    bad: np.ndarray = direct & (
+        np.repeat(no_room, fs.counts) | ((col != want) & (col != want + _FRAME))
+    )
+    return bad
 
 
 def _lengths_bad(check: FieldCheck, lens: np.ndarray) -> tuple[np.ndarray | None, str]:
