@@ -286,6 +286,11 @@ CASES: dict[str, tuple[str, Edit, str]] = {
         edit_header(lambda h: h["arrays"].update(starts="../../starts.npy")),
         "not a file of the index",
     ),
+    "ctime_and_inode_stripped": (
+        "arrays",
+        edit_header(lambda h: [(r.pop("ctime_ns"), r.pop("ino")) for r in h["files"]]),
+        "lacks ['ctime_ns', 'ino']",
+    ),
     "mode_unknown": ("arrays", edit_header(lambda h: h["files"][0].update(mode="mmap")), "mode"),
     "fields_renamed": ("arrays", edit_header(lambda h: h.update(fields=["x", "z"])), "fields"),
     "files_not_a_list": ("arrays", edit_header(lambda h: h.update(files={"a": 1})), "files"),

@@ -181,15 +181,18 @@ _SKIP_KEYS = {"path", "error", "message", "size", "mtime_ns", "ctime_ns", "ino"}
 def _file_entry(obj: Any, k: int, fields: list[str]) -> tuple[FileEntry, tuple[FieldCheck, ...]]:
     at = f"files[{k}]"
     row = _dict(obj, at)
-    extra, missing = set(row) - _FILE_KEYS, {"path", "size", "mode"} - set(row)
+    extra, missing = set(row) - _FILE_KEYS, {"path", "size", "mode", "ctime_ns", "ino"} - set(row)
     if extra or missing:
         raise IndexProblem("index.json", f"{at} has keys {sorted(extra)} / lacks {sorted(missing)}")
     _rel_path(row["path"], f"{at}.path")
     for key in ("size", "num_samples", "decoded_nbytes"):
         _int(row.get(key), f"{at}.{key}", hi=(1 << 32) - 1 if key == "num_samples" else _MAX_ID)
     _int(row.get("mtime_ns"), f"{at}.mtime_ns", lo=-_MAX_ID)
-    _int(row.get("ctime_ns"), f"{at}.ctime_ns", lo=-_MAX_ID, none=True)
-    _int(row.get("ino"), f"{at}.ino", none=True)
+    # required (version 3 always writes them): without them the staleness check rests on
+    # size, mtime and fingerprint alone, which an archive carries to any machine, so an edited
+    # index would pass for fresh next to a downloaded dataset
+    _int(row.get("ctime_ns"), f"{at}.ctime_ns", lo=-_MAX_ID)
+    _int(row.get("ino"), f"{at}.ino")
     for key in ("fingerprint", "layout"):
         _str(row.get(key), f"{at}.{key}")
     _str(row.get("reason"), f"{at}.reason", none=True)
