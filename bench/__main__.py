@@ -1,7 +1,8 @@
 """``python -m bench``: whole-file PickleDataset against the naive and folk baselines.
 
 ``python -m bench scan ...`` runs ``bench.scan`` instead (index build: scanner vs unpickling),
-``python -m bench span ...`` runs ``bench.span`` (shuffled epochs by span vs numpy memmap).
+``python -m bench span ...`` runs ``bench.span`` (shuffled epochs by span vs numpy memmap),
+``python -m bench index-open ...`` runs ``bench.index_open`` (the cost of validating an index).
 
 Rows: {null, naive list, folk JSON, PickleDataset + BlockShuffleSampler} x {sequential,
 shuffled} x the ``--workers`` counts, each in a fresh process through the same DataLoader loop.
@@ -191,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "--":
         argv = argv[1:]  # `pickleshard bench -- --quick` passes its separator through
     given = sys.argv[1:] if argv is None else argv
+    if given[:1] == ["index-open"]:  # `python -m bench index-open ...`
+        from .index_open import main as index_open_main
+
+        return index_open_main(given[1:])
     if given[:1] == ["scan"]:  # `python -m bench scan ...`
         from .scan import main as scan_main
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -66,8 +67,11 @@ def test_header_records_format_version_and_files_table(tmp_path: Path) -> None:
     index = build_index(tmp_path / "data", jobs=1)
     header = json.loads((index.path / "index.json").read_text())
     assert header["format"] == "pickleshard-index"
-    assert header["version"] == 2
+    assert header["version"] == 3
     assert header["tool_version"] == __version__
+    for name, file in header["arrays"].items():  # each array's checksum, as index.py reads it
+        data = (index.path / file).read_bytes()
+        assert header["checksums"][name] == f"crc32:{zlib.crc32(data):08x}"
     assert header["layout"] == ["columns"]
     assert header["fields"] == ["x", "y"]
     assert (header["num_files"], header["num_samples"]) == (3, 12)

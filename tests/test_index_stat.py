@@ -2,8 +2,8 @@
 
 A same-size rewrite whose mtime is put back with ``os.utime`` still moves the ctime, so the
 index sees it even when every changed byte lies outside the fingerprint's 8 sampled blocks. A
-copied dataset (new inodes) reads as changed; a moved one stays fresh; an index written before
-ctime and inode were stored still opens.
+copied dataset (new inodes) reads as changed; a moved one stays fresh; an index row without
+ctime and inode (edited: version 3 always writes them) is refused, or rebuilt.
 """
 
 from __future__ import annotations
@@ -99,7 +99,10 @@ def test_a_moved_dataset_stays_fresh(tmp_path: Path) -> None:
     assert len(index) == 6
 
 
-def test_an_index_without_ctime_and_inode_falls_back_to_the_old_check(tmp_path: Path) -> None:
+def test_an_index_without_ctime_and_inode_is_refused_or_rebuilt(tmp_path: Path) -> None:
+    """Version 3 always records them (older indexes are rebuilt): a row without them was
+    edited, maybe to make an index shipped with a dataset pass for fresh on another machine
+    (size, mtime and the fingerprint travel with an archive; inode and ctime do not)."""
     paths = write_synthetic(tmp_path / "data", files=2, per_file=3, shape=(2,))
     index = build_index(tmp_path / "data", jobs=1)
     header_path = index.path / "index.json"
@@ -107,14 +110,14 @@ def test_an_index_without_ctime_and_inode_falls_back_to_the_old_check(tmp_path: 
     for row in header["files"]:
         del row["ctime_ns"], row["ino"]
     header_path.write_text(json.dumps(header))
-    time.sleep(0.02)
-    paths[0].chmod(0o600)  # a ctime change it cannot see without a stored ctime
-    opened, _ = open_index(tmp_path / "data", rebuild="never")
-    assert [(f.ctime_ns, f.ino) for f in opened.files] == [(None, None), (None, None)]
-    os.utime(paths[1], ns=(0, 1))  # but mtime is still checked
-    with pytest.raises(errors.StaleIndexError) as info:
+    with pytest.raises(errors.IndexFormatError, match=r"index\.json: files\[0\].*ctime_ns"):
+        open_index(tmp_path / "data", rebuild="never")
+    with pytest.raises(errors.IndexFormatError, match=r"lacks \['ctime_ns', 'ino'\]"):
         open_index(tmp_path / "data")
-    assert info.value.changed == ("part-00001.pkl",)
+    opened, _ = open_index(tmp_path / "data", rebuild="auto")
+    assert [(f.ctime_ns, f.ino) for f in opened.files] == [
+        (p.stat().st_ctime_ns, p.stat().st_ino) for p in paths
+    ]
 
 
 def test_a_skipped_file_rewritten_with_its_old_mtime_is_stale(tmp_path: Path) -> None:

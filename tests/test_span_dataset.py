@@ -358,7 +358,7 @@ def test_an_index_of_an_older_format_is_rebuilt_or_refused(tmp_path: Path) -> No
     with pytest.raises(errors.IndexFormatError, match="older pickleshard"):
         open_index(tmp_path / "data", rebuild="never")
     opened, _ = open_index(tmp_path / "data")  # "missing": an old format counts as missing
-    assert opened.header["version"] == 2
+    assert opened.header["version"] == 3
     assert opened.modes == ("span", "span")
 
 

@@ -184,7 +184,9 @@ class PickleDataset(_DatasetBase[Any]):
         return j
 
     def _file(self, pos: int) -> DecodedLayout:
-        return self.cache.get(self._paths[pos], self.index.files[pos].decoded_nbytes)
+        decoded = self.cache.get(self._paths[pos], self.index.files[pos].decoded_nbytes)
+        self.index.check_decoded(pos, self._paths[pos], decoded.num_samples, decoded.fields)
+        return decoded
 
     def _finish(self, sample: Sample, pos: int, index: int) -> Any:
         policy = self.policy

@@ -21,8 +21,13 @@ concatenated ``ext_keys``. Files indexed in ``"whole"`` mode (the scanner refuse
 ``skipped`` lists the files ``skip_bad=True`` left out, each with its error. There is no Python
 object per sample anywhere: forked DataLoader workers share these pages instead of copying them.
 
-The header is written last, by atomic rename, and names the arrays it belongs to, so a reader
-sees either the old index or the new one, never a mix. Building keeps at most one file's span
+The header is written last, by atomic rename, and names the arrays it belongs to (with each
+one's CRC-32, ``checksums``), so a reader sees either the old index or the new one, never a mix.
+An index is untrusted input (it may come with a downloaded dataset): :meth:`DatasetIndex.open`
+checks every part of it (:mod:`pickleshard.indexcheck` for ``index.json``,
+:mod:`pickleshard.indexarrays` for the arrays) and raises :class:`IndexFormatError` naming the
+index file and what is wrong; ``rebuild="auto"`` rebuilds such an index instead. Version 2
+indexes (no checksums) count as older: rebuilt by ``"missing"`` and ``"auto"``. Building keeps at most one file's span
 arrays in a worker's memory: workers save them to a staging folder, and the parent copies them
 into the final arrays through a memory map.
 """
@@ -55,6 +60,8 @@ from .errors import (
     StaleIndexError,
     UnsupportedLayoutError,
 )
+from .indexarrays import SAMPLES_DTYPE, check_arrays, expected_shapes, file_checksum, load_array
+from .indexcheck import ARRAY_NAME, IndexProblem, check_header, read_header, show
 from .indexfiles import SPAN_ARRAYS, Described, FileEntry, describe_file, fingerprint, staged_name
 from .safety import DEFAULT_POLICY, UnpicklePolicy
 from .scan import ScanResult
@@ -72,8 +79,9 @@ __all__ = [
 ]
 
 FORMAT_NAME = "pickleshard-index"
-FORMAT_VERSION = 2
-SAMPLES_DTYPE = np.dtype([("file", "<u4"), ("item", "<u4")])
+# 3: a checksum per array (and the whole index validated on open); older ones are rebuilt
+FORMAT_VERSION = 3
+_I8 = np.dtype(np.int64)
 
 Rebuild = Literal["missing", "auto", "never"]
 SkippedFile = dict[str, Any]  # {"path", "error", "message", "size", "mtime_ns", "ctime_ns", "ino"}
@@ -156,21 +164,41 @@ class DatasetIndex:
         }
         return ScanResult.from_stored(path, entry.scan, arrays)
 
+    def check_decoded(
+        self, pos: int, path: str | os.PathLike[str], num_samples: int, fields: tuple[str, ...]
+    ) -> None:
+        """Raise :class:`IndexFormatError` unless file ``pos``, unpickled whole from ``path``,
+        has the sample count and fields its row records (a row edited to move samples between
+        files would otherwise index past a column's end, or never reach its last samples)."""
+        entry = self.files[pos]
+        if (num_samples, fields) != (entry.num_samples, entry.fields):
+            raise IndexFormatError(
+                self.path / "index.json",
+                f"files[{pos}] records {entry.num_samples} samples of fields "
+                f"{list(entry.fields)}, but {os.fspath(path)} holds {num_samples} of "
+                f"{list(fields)}: the index was edited or the file changed since; rebuild it",
+            )
+
     def __reduce__(self) -> tuple[Any, ...]:
         # Pickled for spawned DataLoader workers: reopen by path instead of copying arrays.
         return (DatasetIndex.open, (self.path,))
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> DatasetIndex:
-        """Open the index stored in directory ``path`` (arrays are memory-mapped read-only)."""
+        """Open the index stored in directory ``path`` (arrays are memory-mapped read-only).
+
+        The index is untrusted input: every part is checked first (see
+        :mod:`pickleshard.indexcheck`), and any violation raises :class:`IndexFormatError`
+        naming the index file and what is wrong."""
         where = Path(path)
-        header = _read_header(where)
+        header = read_header(where)
         if header.get("format") != FORMAT_NAME or header.get("version") != FORMAT_VERSION:
             older = header.get("format") == FORMAT_NAME and _older(header.get("version"))
             raise IndexFormatError(
-                where,
-                f"unsupported index format {header.get('format')!r} version "
-                f"{header.get('version')!r}; expected {FORMAT_NAME!r} version {FORMAT_VERSION} "
+                where / "index.json",
+                f"unsupported index format {show(header.get('format'))} version "
+                f"{show(header.get('version'))}; expected {FORMAT_NAME!r} version "
+                f"{FORMAT_VERSION} "
                 + (
                     "(written by an older pickleshard: rebuild it with `pickleshard index`, "
                     "or open it with rebuild='missing' or 'auto')"
@@ -179,28 +207,26 @@ class DatasetIndex:
                 ),
             )
         try:
-            files = [FileEntry.from_json(f) for f in header.pop("files")]
-            skipped = list(header.pop("skipped", []))
+            files, skipped, checks = check_header(header)
+            nf = len(header["fields"])
+            shapes = expected_shapes(files, nf)
+            names, sums = header["arrays"], header["checksums"]
             arrays = {
-                name: np.load(where / fname, mmap_mode="r")
-                for name, fname in header["arrays"].items()
+                name: load_array(
+                    where,
+                    names[name],
+                    SAMPLES_DTYPE if name == "samples" else _I8,
+                    shapes[name],
+                    sums[name],
+                )
+                for name in ("samples", *SPAN_ARRAYS)
             }
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise IndexFormatError(where, f"cannot open per-sample arrays: {exc}") from None
-        samples = arrays.pop("samples", None)
-        if (
-            samples is None
-            or samples.dtype != SAMPLES_DTYPE
-            or len(samples) != header["num_samples"]
-        ):
-            raise IndexFormatError(
-                where, "per-sample array does not match the header; rebuild the index"
-            )
-        rows = sum(f.num_samples for f in files if f.mode == "span")
-        if set(arrays) != set(SPAN_ARRAYS) or len(arrays["starts"]) != rows:
-            raise IndexFormatError(
-                where, "span arrays do not match the files table; rebuild the index"
-            )
+            check_arrays(files, checks, nf, arrays, names)
+        except IndexProblem as exc:
+            raise exc.error(where) from None
+        del header["files"]
+        header.pop("skipped", None)
+        samples = arrays.pop("samples")
         return cls(where, header, files, samples, arrays, skipped)
 
     def stale_files(self, source: ResolvedSource) -> tuple[list[str], list[str], list[str]]:
@@ -282,18 +308,6 @@ def _same_stat(
         and (ctime_ns is None or st.st_ctime_ns == ctime_ns)
         and (ino is None or st.st_ino == ino)
     )
-
-
-def _read_header(where: Path) -> dict[str, Any]:
-    try:
-        header = json.loads((where / "index.json").read_text())
-    except FileNotFoundError:
-        raise IndexFormatError(where, "no index.json; build one with `pickleshard index`") from None
-    except (OSError, ValueError) as exc:
-        raise IndexFormatError(where, f"cannot read index.json: {exc}") from None
-    if not isinstance(header, dict):
-        raise IndexFormatError(where, "index.json is not a JSON object")
-    return header
 
 
 def _older(version: object) -> bool:
@@ -495,6 +509,7 @@ def _write(
         "num_samples": total,
         "modes": {m: sum(e.mode == m for e in final) for m in ("span", "whole")},
         "arrays": names,
+        "checksums": {k: file_checksum(index_dir / v) for k, v in names.items()},
         "files": [asdict(e) for e in final],
         "skipped": sorted(skipped, key=lambda s: str(s["path"])),
     }
@@ -507,11 +522,15 @@ def _write(
 
 
 def _arrays_of(index_dir: Path) -> Iterable[str]:
+    """The array files the current header names, to delete once replaced: only plain names
+    of the index directory (an edited header must not make a rebuild delete anything else)."""
     try:
-        header = json.loads((index_dir / "index.json").read_text())
-        return [str(v) for v in header.get("arrays", {}).values()]
-    except (OSError, ValueError, AttributeError):
+        arrays = read_header(index_dir).get("arrays")
+    except IndexFormatError:
         return []
+    if not isinstance(arrays, dict):
+        return []
+    return [v for v in arrays.values() if isinstance(v, str) and ARRAY_NAME.fullmatch(v)]
 
 
 def _staging_dir(index_dir: Path) -> Path:
@@ -584,8 +603,10 @@ def open_index(
     """Open the index of ``source``, checking it against the files on disk.
 
     ``rebuild="missing"`` (default) builds an index that does not exist yet, or that an older
-    pickleshard wrote in an older format, and raises :class:`StaleIndexError` on a stale one;
-    ``"auto"`` also rebuilds a stale one; ``"never"`` only opens. What counts as changed is
+    pickleshard wrote in an older format, and raises :class:`StaleIndexError` on a stale one
+    and :class:`IndexFormatError` on a damaged or edited one (every part of an index is
+    checked when it is opened, see :mod:`pickleshard.indexcheck`); ``"auto"`` also rebuilds a
+    stale or a damaged one; ``"never"`` only opens. What counts as changed is
     :meth:`DatasetIndex.stale_files`' rule (a copied dataset's files all do; a moved one's do
     not). ``skip_bad`` is passed to :func:`build_index` when it builds.
     """
@@ -604,12 +625,17 @@ def open_index(
         if not (index_dir / "index.json").exists():
             return build_index(source, **kwargs), resolved
         try:
-            stored = _read_header(index_dir)
+            stored = read_header(index_dir)
         except IndexFormatError:
             stored = {}
         if stored.get("format") == FORMAT_NAME and _older(stored.get("version")):
             return build_index(source, **kwargs), resolved
-    opened = DatasetIndex.open(index_dir)
+    try:
+        opened = DatasetIndex.open(index_dir)
+    except IndexFormatError:
+        if rebuild != "auto":
+            raise
+        return build_index(source, **kwargs), resolved  # damaged or edited: built afresh
     try:
         opened.check(resolved)
     except StaleIndexError:
