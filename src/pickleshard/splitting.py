@@ -51,6 +51,7 @@ from .chunkwriter import ChunkShape, SampleSource, write_chunk
 from .errors import OutputExistsError, OutputPathError, UnreadableFileError
 from .safety import UnpicklePolicy
 from .scan import ScanResult
+from .sources import check_regular_file
 from .splitsource import open_source
 
 __all__ = ["DEFAULT_MEMORY_BYTES", "MANIFEST", "SplitReport", "split"]
@@ -149,8 +150,11 @@ def split(
         trusted=trusted, allow_globals=allow_globals, encoding=encoding
     )
     try:
+        check_regular_file(src_file)  # before anything opens it: a FIFO would block
         ident = _identity(path, max_bytes, max_samples)
     except OSError as exc:
+        if isinstance(exc, UnreadableFileError):
+            raise
         raise UnreadableFileError(path, f"cannot read: {exc.strerror or exc}") from None
     manifest_path = out / MANIFEST
     old = _read_manifest(manifest_path)

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from ._common import add_safety_flags, parse_size, safety_kwargs
+from ._common import add_safety_flags, parse_size, safety_kwargs, show_progress
 
 # pickleshard.formats.FORMAT_NAMES, spelled out so that the parser does not import torch.
 FORMATS = ("memmap", "lmdb", "webdataset")
@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
         to=args.to,
         jobs=args.jobs,
         verify=args.verify,
-        progress=not args.json,
+        progress=show_progress(args),
         overwrite=args.overwrite,
         **sizes,
         **safety_kwargs(args),  # type: ignore[arg-type]
