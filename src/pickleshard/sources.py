@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import stat
@@ -67,10 +68,8 @@ def check_regular_file(path: str | os.PathLike[str]) -> os.stat_result:
 
 def _check_found(path: Path) -> None:
     """Refuse a found file that is not regular; a dangling link is reported when it is read."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         check_regular_file(path)
-    except FileNotFoundError:
-        pass
 
 
 def _has_magic(text: str) -> bool:
