@@ -37,6 +37,7 @@ naming the file, the scanner's reason and the budget.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -48,7 +49,14 @@ from typing import Any
 import numpy as np
 
 from .chunkwriter import ChunkShape, SampleSource, write_chunk
-from .errors import OutputExistsError, OutputPathError, UnreadableFileError
+from .errors import (
+    OutputExistsError,
+    OutputPathError,
+    OutputSpaceError,
+    PickleshardError,
+    UnreadableFileError,
+)
+from .formats.files import NO_SPACE, atomic_write_bytes
 from .safety import UnpicklePolicy
 from .scan import ScanResult
 from .sources import check_regular_file
@@ -105,9 +113,7 @@ def _identity(path: Path, max_bytes: int | None, max_samples: int | None) -> dic
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
+    atomic_write_bytes(path, json.dumps(obj, indent=1).encode())
 
 
 def _chunk_names(stem: str, count: int) -> list[str]:
@@ -178,10 +184,31 @@ def split(
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OutputPathError(out, f"cannot create: {exc.strerror or exc}") from None
+    try:
+        limits = (max_bytes, max_samples)
+        return _split_into(path, out, ident, old, policy, memory_bytes, scan, limits, t0)
+    except OSError as exc:
+        if isinstance(exc, PickleshardError) or exc.errno not in NO_SPACE:
+            raise
+        raise _out_of_space(out, exc) from None
+
+
+def _split_into(
+    path: Path,
+    out: Path,
+    ident: dict[str, Any],
+    old: dict[str, Any] | None,
+    policy: UnpicklePolicy,
+    memory_bytes: int,
+    scan: ScanResult | None,
+    limits: tuple[int | None, int | None],
+    t0: float,
+) -> SplitReport:
+    manifest_path = out / MANIFEST
     src, shape, whole = open_source(path, policy, memory_bytes, scan)
     try:
         if old is None:
-            cuts = _boundaries(src.sizes(), max_bytes, max_samples)
+            cuts = _boundaries(src.sizes(), *limits)
             names = _chunk_names(path.stem, len(cuts) - 1)
             for name in names:
                 if (out / name).exists():
@@ -220,6 +247,27 @@ def split(
         written,
         time.perf_counter() - t0,
     )
+
+
+def _out_of_space(out: Path, exc: OSError) -> OutputSpaceError:
+    """The error for a full output file system: the chunks kept, and that a rerun resumes."""
+    try:
+        names = (_read_manifest(out / MANIFEST) or {}).get("chunks", [])
+    except OutputExistsError:
+        names = []
+    done = [out / n for n in names if (out / n).is_file()]
+    kept = sum(c.stat().st_size for c in done)
+    what = "no space left on device" if exc.errno == errno.ENOSPC else "disk quota exceeded"
+    progress = (
+        f"after writing {len(done)} of {len(names)} chunks ({kept / 1e6:.1f} MB)"
+        if names
+        else "before the first chunk"
+    )
+    err = OutputSpaceError(
+        out, f"{what} {progress}; free space and rerun the same command to resume"
+    )
+    err.errno = exc.errno
+    return err
 
 
 def _write_one(final: Path, src: SampleSource, shape: ChunkShape, a: int, b: int) -> int:

@@ -85,7 +85,7 @@ def is_json_exact(value: Any, depth: int = 0) -> bool:
     """True when ``json.loads(json.dumps(value))`` gives back the same types and values."""
     t = type(value)
     if t is int:
-        return value.bit_length() <= MAX_TEXT_INT_BITS
+        return bool(value.bit_length() <= MAX_TEXT_INT_BITS)
     if value is None or t is bool or t is float or t is str:
         return True
     if depth > _MAX_DEPTH:

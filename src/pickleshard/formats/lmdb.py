@@ -29,6 +29,7 @@ Needs ``pip install 'pickleshard[lmdb]'``.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -38,7 +39,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import IO, Any
 
-from ..errors import MissingDependencyError
+from ..errors import MissingDependencyError, OutputPathError
 from .base import (
     ConvertedDataset,
     Format,
@@ -50,6 +51,7 @@ from .base import (
     WriteOptions,
 )
 from .encoding import decode_member, encode_member
+from .files import NO_SPACE
 
 __all__ = ["LmdbDataset", "LmdbFormat", "pack_sample", "unpack_sample"]
 
@@ -180,26 +182,29 @@ class LmdbFormat(Format):
         build.mkdir()
         fields = [{"name": f} for f in options.fields]
         meta = {"num_samples": options.num_samples, "fields": list(options.fields)}
-        env = lmdb.open(
-            os.fspath(build),
-            map_size=self._map_size(parts),
-            subdir=True,
-            lock=False,
-            sync=False,
-            metasync=False,
-            readahead=False,
-        )
         try:
-            first = 0
-            for part in parts:
-                with open(part.dir / "records.bin", "rb", 1 << 20) as fh:
-                    while batch := _read_batch(fh, first, _BATCH_BYTES):
-                        _put(env, lmdb, batch)
-                        first += len(batch)
-            _put(env, lmdb, [(META_KEY, json.dumps(meta).encode())])
-            env.sync(True)
-        finally:
-            env.close()
+            env = lmdb.open(
+                os.fspath(build),
+                map_size=self._map_size(parts),
+                subdir=True,
+                lock=False,
+                sync=False,
+                metasync=False,
+                readahead=False,
+            )
+            try:
+                first = 0
+                for part in parts:
+                    with open(part.dir / "records.bin", "rb", 1 << 20) as fh:
+                        while batch := _read_batch(fh, first, _BATCH_BYTES):
+                            _put(env, lmdb, batch)
+                            first += len(batch)
+                _put(env, lmdb, [(META_KEY, json.dumps(meta).encode())])
+                env.sync(True)
+            finally:
+                env.close()
+        except lmdb.Error as exc:
+            raise _write_error(exc, build) from None
         if first != options.num_samples:
             raise ValueError(f"parts hold {first} samples, expected {options.num_samples}")
         os.replace(build / "data.mdb", staging / "data.mdb")
@@ -210,6 +215,21 @@ class LmdbFormat(Format):
         self, root: Path, descriptor: dict[str, Any], iterable: IterableOptions
     ) -> ConvertedDataset:
         return LmdbDataset(root, descriptor)
+
+
+def _write_error(exc: Exception, build: Path) -> OSError:
+    """An ``lmdb.Error`` from writing as an ``OSError``: ``ENOSPC`` for a full file system.
+
+    lmdb reports errors as text only, and a write cut short by a full disk as ``EIO``
+    (``mdb_page_flush``), so a full disk is also told by the space left where it writes.
+    """
+    text = str(exc)
+    fs = os.statvfs(build)
+    free = fs.f_bavail * fs.f_frsize
+    full = free < 2 * _BATCH_BYTES and os.strerror(errno.EIO) in text
+    if full or any(os.strerror(code) in text for code in NO_SPACE):
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fspath(build / "data.mdb"))
+    return OutputPathError(build / "data.mdb", f"LMDB could not write: {text}")
 
 
 def _put(env: Any, lmdb: ModuleType, batch: list[tuple[bytes, bytes]]) -> None:
