@@ -16,6 +16,7 @@ import errno
 import json
 import os
 import pickle
+import signal
 import socket
 import subprocess
 import sys
@@ -53,6 +54,28 @@ def one_line(err: str, *names: str) -> str:
     for name in names:
         assert name in lines[0], (name, err)
     return lines[0]
+
+
+def run_bounded(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run ``args`` in a new session; past ``timeout``, kill the whole process group (the
+    workers a hung command forked too) and fail: a regression must fail, not hang or leak."""
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    env.pop("PICKLESHARD_DEBUG", None)
+    proc = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"hung for {timeout} s: {args[-1][:200]}")
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
 # ---- special files ------------------------------------------------------------------------------
@@ -130,16 +153,7 @@ def test_special_files_are_refused_by_every_command(
         "        rc = main(args)\n"
         "    print(json.dumps([rc, err.getvalue()]), flush=True)\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
-    env.pop("PICKLESHARD_DEBUG", None)
-    res = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(commands)],
-        capture_output=True,
-        text=True,
-        timeout=90,
-        env=env,
-        check=False,
-    )
+    res = run_bounded([sys.executable, "-c", code, json.dumps(commands)], timeout=90)
     results = [json.loads(line) for line in res.stdout.splitlines()]
     assert len(results) == len(commands), res.stdout + res.stderr
     for args, (rc, err) in zip(commands, results, strict=True):
@@ -169,14 +183,8 @@ def test_special_files_are_refused_by_the_api(
         "    try:\n        call()\n    except Exception as e:\n"
         "        print(type(e).__name__, getattr(e, 'path', ''))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
-    res = subprocess.run(
-        [sys.executable, "-c", code, str(folder), str(bad), str(tmp_path / "c")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        check=True,
+    res = run_bounded(
+        [sys.executable, "-c", code, str(folder), str(bad), str(tmp_path / "c")], timeout=60
     )
     lines = res.stdout.splitlines()
     assert len(lines) == 3, res.stdout + res.stderr
