@@ -414,7 +414,8 @@ def convert(
     (``already_done``). Raises :class:`~pickleshard.errors.OutputPathError` if ``out`` cannot
     be written, :class:`~pickleshard.errors.OutputExistsError` if it holds something else,
     :class:`~pickleshard.errors.ConversionStateError` if another conversion to ``out`` is
-    running, :class:`~pickleshard.errors.UnencodableValueError` for a value the safe
+    running, :class:`~pickleshard.errors.OutputSpaceError` when the output's disk fills up
+    (finished parts are kept: rerun after freeing space to resume), :class:`~pickleshard.errors.UnencodableValueError` for a value the safe
     encoding cannot store, and :class:`~pickleshard.errors.VerifyMismatchError` from ``verify``.
     """
     t0 = time.perf_counter()

@@ -143,6 +143,8 @@ def split(
     source version; without it that raises :class:`OutputExistsError`. ``scan`` is the file's
     :class:`~pickleshard.scan.ScanResult` if the caller has it (from an index): the scanner
     maps the whole file read-only, which needs address space (not memory) the size of the file.
+    ``src_file`` must be a regular file (:class:`NotRegularFileError` otherwise, before it is
+    opened); a full output disk raises :class:`OutputSpaceError` (rerun to resume).
     """
     if max_bytes is None and max_samples is None:
         raise ValueError("give max_bytes or max_samples")
