@@ -529,3 +529,18 @@ def test_no_progress_bar_when_stderr_is_not_a_terminal(
     (tmp_path / "d" / "data.pkl").write_bytes(b"not a pickle at all")
     assert main(["convert", str(tmp_path / "d"), str(tmp_path / "out")]) == 1
     one_line(capsys.readouterr().err, "data.pkl")
+
+
+def test_ctrl_c_in_convert_says_a_rerun_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import pickleshard.commands.convert as convert_cmd
+
+    def interrupted(args: Any) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(convert_cmd, "run", interrupted)
+    out = tmp_path / "out"
+    assert main(["convert", str(tmp_path / "src"), str(out)]) == 130
+    line = one_line(capsys.readouterr().err, str(out), "interrupted")
+    assert "rerun the same command to resume" in line

@@ -25,6 +25,7 @@ DEBUG_ENV = "PICKLESHARD_DEBUG"
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 _SPACE = (errno.ENOSPC, errno.EDQUOT)
+_RESUMABLE = ("convert", "split")  # commands whose rerun picks up where they stopped
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -98,7 +99,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error(str(exc))
         return EXIT_ERROR
     except KeyboardInterrupt as exc:
-        _error(_describe(exc, _subject(args)))
+        if getattr(args, "command", None) in _RESUMABLE:
+            _error(f"{args.out}: interrupted; rerun the same command to resume")  # type: ignore[union-attr]
+        else:
+            _error(_describe(exc, _subject(args)))
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         # the reader of stdout went away (``| head``): not an error; silence the flush at exit
