@@ -44,11 +44,12 @@ def run(args: argparse.Namespace) -> int:
             "verified": report.verified,
         }
         print(json.dumps(summary, indent=1))
-    elif report.already_done:
-        print(f"{report.out} is already a complete {report.to} conversion of this source")
+        return 0
+    verified = f"; verified {report.verified} samples" if report.verified is not None else ""
+    if report.already_done:
+        print(f"{report.out} is already a complete {report.to} conversion of this source{verified}")
     else:
         reused = f" ({report.parts_reused} reused from an interrupted run)"
-        verified = f"; verified {report.verified} samples" if report.verified is not None else ""
         print(
             f"converted {report.num_samples} samples to {report.to} in {report.parts} parts"
             f"{reused if report.parts_reused else ''}, "
