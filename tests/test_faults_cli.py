@@ -16,6 +16,7 @@ import errno
 import json
 import os
 import pickle
+import shutil
 import signal
 import socket
 import subprocess
@@ -556,3 +557,48 @@ def test_ctrl_c_in_convert_says_a_rerun_resumes(
     assert main(["convert", str(tmp_path / "src"), str(out)]) == 130
     line = one_line(capsys.readouterr().err, str(out), "interrupted")
     assert "rerun the same command to resume" in line
+
+
+# ---- damaged conversions ------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("to", FORMATS)
+def test_damaged_conversions_fail_verify_in_one_line(tmp_path: Path, to: str) -> None:
+    src = _source(tmp_path)
+    good = tmp_path / "good"
+    convert(src, good, to=to, jobs=1)
+    cases = []
+    for f in sorted(p for p in good.rglob("*") if p.is_file() and p.suffix in (".mdb", ".npy")):
+        for how in ("empty", "half", "garbled_header")[: 3 if f.suffix == ".npy" else 2]:
+            case = tmp_path / f"{f.name}-{how}"
+            shutil.copytree(good, case)
+            data = f.read_bytes()
+            damaged = {
+                "empty": b"",
+                "half": data[: len(data) // 2],
+                "garbled_header": data[:12] + b"(" + data[13:],
+            }[how]
+            (case / f.relative_to(good)).write_bytes(damaged)
+            cases.append(case)
+    assert cases
+    # In a subprocess: lmdb maps data.mdb, and a page past the end of a truncated file is a
+    # SIGBUS that would take the test runner down with it.
+    commands = [["verify", str(c)] for c in cases]
+    code = (
+        "import contextlib, io, json, sys\n"
+        "from pickleshard.cli import main\n"
+        "for args in json.loads(sys.argv[1]):\n"
+        "    err, out = io.StringIO(), io.StringIO()\n"
+        "    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):\n"
+        "        rc = main(args)\n"
+        "    print(json.dumps([rc, err.getvalue()]), flush=True)\n"
+    )
+    res = run_bounded([sys.executable, "-c", code, json.dumps(commands)], timeout=150)
+    assert res.returncode == 0, res.stderr[-2000:]
+    results = [json.loads(line) for line in res.stdout.splitlines()]
+    assert len(results) == len(commands)
+    for case, (rc, err) in zip(cases, results, strict=True):
+        assert rc == 1, (case.name, err)
+        line = one_line(err, str(case))
+        assert "internal error" not in line, line

@@ -245,6 +245,39 @@ def _put(env: Any, lmdb: ModuleType, batch: list[tuple[bytes, bytes]]) -> None:
 
 _ENVS: dict[str, tuple[int, tuple[int, int], Any]] = {}
 
+# LMDB's two meta pages (pages 0 and 1): after the 16-byte page header, u32 magic and version;
+# the page size in the free DB's md_pad at byte 40; the last page used at 136, the txn id at 144.
+_META_MAGIC = 0xBEEFC0DE
+_META_HEAD = struct.Struct("<II")
+_META_PAGESIZE = struct.Struct("<I")
+_META_LAST = struct.Struct("<QQ")
+
+
+def _cut_short(path: str, size: int) -> str | None:
+    """Why ``data.mdb`` of ``size`` bytes is shorter than its meta pages say, or None.
+
+    lmdb maps the file and reads the pages its meta pages name: a page past the end of a
+    truncated file is a ``SIGBUS`` that kills the process, not an error. (Pages are checked
+    against the meta's last page by lmdb itself, so a file that long is safe to map.)
+    """
+    need = 0
+    with open(path, "rb") as fh:
+        head = os.pread(fh.fileno(), 152, 0)
+        if len(head) < 152 or _META_HEAD.unpack_from(head, 16)[0] != _META_MAGIC:
+            return None  # not an LMDB file: lmdb.open says so
+        page = _META_PAGESIZE.unpack_from(head, 40)[0]
+        if page < 512 or page > 1 << 16 or page & (page - 1):
+            return f"data.mdb: meta page names an impossible page size {page}"
+        for meta in (head, os.pread(fh.fileno(), 152, page)):
+            if len(meta) == 152 and _META_HEAD.unpack_from(meta, 16)[0] == _META_MAGIC:
+                need = max(need, (_META_LAST.unpack_from(meta, 136)[0] + 1) * page)
+    if size < max(need, 2 * page):
+        return (
+            f"data.mdb holds {size:,} bytes, but its meta pages name {max(need, 2 * page):,} "
+            "(truncated?)"
+        )
+    return None
+
 
 def _read_env(root: Path, fail: Any) -> Any:
     """This process's read-only environment for ``root`` (lmdb opens a file once per process)."""
@@ -260,6 +293,9 @@ def _read_env(root: Path, fail: Any) -> Any:
         # Inherited through fork (a DataLoader worker), or the files were replaced: lmdb refuses
         # to open files that an environment it knows of still holds, so let that one go first.
         held[2].close()
+    short = _cut_short(os.path.join(key, "data.mdb"), st.st_size)
+    if short:
+        raise fail(short)
     lmdb = import_lmdb()
     try:
         env = lmdb.open(key, subdir=True, readonly=True, lock=False, readahead=False, meminit=False)
