@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -495,6 +496,11 @@ def test_a_real_full_tmpfs(tmp_path: Path, to: str, capsys: pytest.CaptureFixtur
         (PermissionError(errno.EACCES, "Permission denied", "/x/locked.pkl"), 1, "locked.pkl"),
         (_enospc("/x/out/part"), 1, "free space"),
         (KeyboardInterrupt(), 130, "interrupted"),
+        (
+            BrokenProcessPool("A process in the process pool was terminated"),
+            1,
+            "worker process died",
+        ),
         (ZeroDivisionError("boom"), 1, "internal error"),
     ],
 )

@@ -13,6 +13,7 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
+from concurrent.futures.process import BrokenProcessPool
 
 from .commands import COMMANDS
 from .errors import PickleshardError
@@ -68,6 +69,11 @@ def _describe(exc: BaseException, subject: str) -> str:
     if isinstance(exc, MemoryError):
         detail = f" ({exc})" if str(exc) else ""
         return f"{subject}: out of memory{detail}; a sample or file needs more than is available"
+    if isinstance(exc, BrokenProcessPool):
+        return (
+            f"{subject}: a worker process died (killed, or out of memory?); rerun with --jobs 1 "
+            "to see what failed"
+        )
     if isinstance(exc, RecursionError):
         return f"{subject}: data nested too deeply for Python's recursion limit ({exc})"
     return (
