@@ -608,3 +608,12 @@ def test_damaged_conversions_fail_verify_in_one_line(tmp_path: Path, to: str) ->
         assert rc == 1, (case.name, err)
         line = one_line(err, str(case))
         assert "internal error" not in line, line
+
+
+def test_split_of_appended_dicts_without_the_first_keys_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tmp_path / "data.pkl"
+    src.write_bytes(pickle.dumps({"a": 1, "b": 2}, 2) + pickle.dumps({"a": 3}, 2))
+    assert main(["split", str(src), str(tmp_path / "c"), "--max-samples", "1"]) == 1
+    one_line(capsys.readouterr().err, str(src), "keys of the first")

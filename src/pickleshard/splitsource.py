@@ -256,21 +256,23 @@ def _load_whole(path: Path, policy: UnpicklePolicy) -> tuple[Sequence[Any], Chun
         if type(first) is tuple and first:
             fields = default_field_names(len(first))
             shape = ChunkShape("samples", "", fields, (), (None,) * len(fields))
-            if any(type(o) is not tuple or len(o) != len(first) for o in objs):
+            try:
+                return tuple(zip(*objs, strict=True)), shape
+            except (TypeError, ValueError):
                 raise UnsupportedLayoutError(
                     path,
-                    f"appended pickles are not all tuples of {len(first)} fields like the first",
+                    f"appended pickles are not all samples of {len(first)} fields like the first",
                 ) from None
-            return tuple(zip(*objs, strict=True)), shape
         if type(first) is dict and first:
             keys = list(first)
             fields = tuple(str(k) for k in keys)
             shape = ChunkShape("dict_samples", "", fields, (), (None,) * len(fields))
-            if any(type(o) is not dict or list(o) != keys for o in objs):
+            try:
+                return tuple([o[k] for o in objs] for k in keys), shape
+            except (TypeError, KeyError, IndexError):
                 raise UnsupportedLayoutError(
                     path, "appended pickles are not all dicts with the keys of the first"
                 ) from None
-            return tuple([o[k] for o in objs] for k in keys), shape
         return (objs,), ChunkShape("samples", "", ("x",), (), (None,), tuple_samples=False)
     columns = tuple(
         np.concatenate([p.columns[f] for p in parts])
