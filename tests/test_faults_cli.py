@@ -37,6 +37,7 @@ from pickleshard.errors import (
     NotRegularFileError,
     OutputSpaceError,
     TruncatedPickleError,
+    UnsupportedLayoutError,
 )
 from pickleshard.formats import get_format, open_dataset
 from pickleshard.formats.staging import Staging
@@ -617,3 +618,20 @@ def test_split_of_appended_dicts_without_the_first_keys_is_one_line(
     src.write_bytes(pickle.dumps({"a": 1, "b": 2}, 2) + pickle.dumps({"a": 3}, 2))
     assert main(["split", str(src), str(tmp_path / "c"), "--max-samples", "1"]) == 1
     one_line(capsys.readouterr().err, str(src), "keys of the first")
+
+
+@pytest.mark.parametrize(
+    "objs",
+    [[{1: 2}, [], [1, 2]], [{1: 2}, (1,), (1, 2)], [{"x": [1, 2]}, np.arange(3), (1, 2)]],
+    ids=["dict_then_lists", "dict_then_tuples", "dict_then_array"],
+)
+def test_appended_dict_then_other_samples_is_a_layout_error(
+    tmp_path: Path, objs: list[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "d").mkdir()
+    src = tmp_path / "d" / "data.pkl"
+    src.write_bytes(b"".join(pickle.dumps(o, 4) for o in objs))
+    with pytest.raises(UnsupportedLayoutError, match="different shapes"):
+        PickleDataset(tmp_path / "d")
+    assert main(["index", str(tmp_path / "d")]) == 1
+    one_line(capsys.readouterr().err, str(src), "different shapes")
