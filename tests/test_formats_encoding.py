@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from pickleshard.formats.encoding import (
+    MAX_TEXT_INT_BITS,
     MemberKind,
     decode_member,
     decode_npy,
@@ -100,6 +101,17 @@ def test_npy_members_are_what_np_save_writes(arr: np.ndarray[Any, Any]) -> None:
 )
 def test_member_kinds(value: Any, kind: MemberKind) -> None:
     assert encode_member(value)[0] == kind
+
+
+@pytest.mark.parametrize("bits", [MAX_TEXT_INT_BITS, MAX_TEXT_INT_BITS + 1, 16_000_000])
+def test_ints_of_any_size_round_trip(bits: int) -> None:
+    # past MAX_TEXT_INT_BITS decimal text is not safe to read back (int()'s digit limit): PSS
+    text_kind = bits <= MAX_TEXT_INT_BITS
+    top = (1 << bits) - 1  # exactly `bits` bits
+    for value in (top, -top, [top], {"k": -top}):
+        kind, data = encode_member(value)
+        assert (kind != MemberKind.PSS) == text_kind
+        assert decode_member(kind, data) == value
 
 
 def test_json_exactness() -> None:

@@ -30,7 +30,9 @@ and up to 65,536 pending shapes or lengths); finalizing streams through buffers 
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import errno
 import json
 import os
 import shutil
@@ -46,11 +48,11 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ._version import __version__
-from .errors import OutputExistsError, UnencodableValueError
+from .errors import OutputExistsError, OutputSpaceError, PickleshardError, UnencodableValueError
 from .formats import Format, PartResult, PartSpec, WriteOptions, get_format
 from .formats.base import DESCRIPTOR_NAME, FORMAT_NAME, FORMAT_VERSION, HASHES_NAME
 from .formats.encoding import encode_pss, sample_digest
-from .formats.files import NpyWriter, atomic_write_json
+from .formats.files import NO_SPACE, NpyWriter, atomic_write_json
 from .formats.staging import Staging
 from .sources import Source
 
@@ -206,6 +208,15 @@ def _write_part(job: _Job, spec: PartSpec) -> dict[str, Any]:
     tmp = parts_dir / f"part-{spec.id:05d}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    try:
+        return _write_part_into(job, spec, tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # half a part is of no use; free its space now
+        raise
+
+
+def _write_part_into(job: _Job, spec: PartSpec, tmp: Path) -> dict[str, Any]:
+    parts_dir = job.staging / "parts"
     ds, nfields = job.dataset, len(job.options.fields)
     writer = job.fmt.part_writer(tmp, spec, job.options)
     with open(tmp / "hashes.bin", "wb") as hashes:
@@ -315,6 +326,62 @@ def _size_of(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
 
+def _stage_and_publish(
+    stage: Staging,
+    ds: PickleDataset,
+    fmt: Format,
+    plan: Sequence[PartSpec],
+    identity: dict[str, Any],
+    jobs: int | None,
+    shard_bytes: int,
+    memory_bytes: int,
+    progress: bool,
+) -> int:
+    """Write the parts not yet done, finalize, publish; the number of parts reused."""
+    files = ds.index.files
+    with stage:
+        reused = len(plan) if stage.finalized else len(stage.done)
+        options = WriteOptions(tuple(ds.fields), len(ds), shard_bytes)
+        n_jobs = max(1, jobs if jobs is not None else min(os.cpu_count() or 1, 8))
+        per_sample = max((f.decoded_nbytes // max(1, f.num_samples) for f in files), default=1)
+        batch = int(np.clip(memory_bytes // n_jobs // 4 // max(1, per_sample), 1, _MAX_BATCH))
+        job = _Job(ds, fmt, stage.path, options, batch, None)
+        todo = [] if stage.finalized else [p for p in plan if str(p.id) not in stage.done]
+        with tqdm(
+            total=len(ds), unit="sample", desc=f"convert to {fmt.name}", disable=not progress
+        ) as bar:
+            bar.update(sum(p.count for p in plan) - sum(p.count for p in todo))
+            _run_parts(job, todo, min(n_jobs, len(todo)), stage, bar)
+        if not stage.finalized:
+            stage.clear_outputs()
+            try:
+                _finalize(job, stage, plan, identity)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    stage.clear_outputs()  # a half-merged output is redone anyway: free it now
+                raise
+        stage.publish()
+    return reused
+
+
+def _out_of_space(stage: Staging, parts: int, exc: OSError) -> OutputSpaceError:
+    """The error for a full output file system: what is kept, and that a rerun resumes."""
+    kept = _size_of(stage.path) if stage.path.is_dir() else 0
+    what = "no space left on device" if exc.errno == errno.ENOSPC else "disk quota exceeded"
+    step = (
+        f"while merging the {parts} finished parts"
+        if len(stage.done) == parts
+        else f"after writing {len(stage.done)} of {parts} parts"
+    )
+    err = OutputSpaceError(
+        stage.out,
+        f"{what} {step} ({kept / 1e6:.1f} MB kept in {stage.path}); free space and rerun the "
+        "same command to resume",
+    )
+    err.errno = exc.errno
+    return err
+
+
 def convert(
     source: Source | PickleDataset,
     out: str | os.PathLike[str],
@@ -347,7 +414,8 @@ def convert(
     (``already_done``). Raises :class:`~pickleshard.errors.OutputPathError` if ``out`` cannot
     be written, :class:`~pickleshard.errors.OutputExistsError` if it holds something else,
     :class:`~pickleshard.errors.ConversionStateError` if another conversion to ``out`` is
-    running, :class:`~pickleshard.errors.UnencodableValueError` for a value the safe
+    running, :class:`~pickleshard.errors.OutputSpaceError` when the output's disk fills up
+    (finished parts are kept: rerun after freeing space to resume), :class:`~pickleshard.errors.UnencodableValueError` for a value the safe
     encoding cannot store, and :class:`~pickleshard.errors.VerifyMismatchError` from ``verify``.
     """
     t0 = time.perf_counter()
@@ -372,23 +440,15 @@ def convert(
     reused = 0
     done_already = _finished(out_path, identity, overwrite)
     if not done_already:
-        with Staging(out_path, identity, plan) as stage:
-            reused = len(plan) if stage.finalized else len(stage.done)
-            options = WriteOptions(tuple(ds.fields), len(ds), shard_bytes)
-            n_jobs = max(1, jobs if jobs is not None else min(os.cpu_count() or 1, 8))
-            per_sample = max((f.decoded_nbytes // max(1, f.num_samples) for f in files), default=1)
-            batch = int(np.clip(memory_bytes // n_jobs // 4 // max(1, per_sample), 1, _MAX_BATCH))
-            job = _Job(ds, fmt, stage.path, options, batch, None)
-            todo = [] if stage.finalized else [p for p in plan if str(p.id) not in stage.done]
-            with tqdm(
-                total=len(ds), unit="sample", desc=f"convert to {fmt.name}", disable=not progress
-            ) as bar:
-                bar.update(sum(p.count for p in plan) - sum(p.count for p in todo))
-                _run_parts(job, todo, min(n_jobs, len(todo)), stage, bar)
-            if not stage.finalized:
-                stage.clear_outputs()
-                _finalize(job, stage, plan, identity)
-            stage.publish()
+        stage = Staging(out_path, identity, plan)
+        try:
+            reused = _stage_and_publish(
+                stage, ds, fmt, plan, identity, jobs, shard_bytes, memory_bytes, progress
+            )
+        except OSError as exc:
+            if isinstance(exc, PickleshardError) or exc.errno not in NO_SPACE:
+                raise
+            raise _out_of_space(stage, len(plan), exc) from None
     if verify:
         from .verification import verify as verify_output
 

@@ -20,6 +20,7 @@ __all__ = [
     "IndexFormatError",
     "NoPickleFilesError",
     "NotAPickleError",
+    "NotRegularFileError",
     "PickleshardError",
     "ReadMemoryError",
     "StaleIndexError",
@@ -120,6 +121,14 @@ class NoPickleFilesError(PickleshardError, FileNotFoundError):
 
 class UnreadableFileError(FileProblem, OSError):
     """The file exists but cannot be opened or read (permissions, I/O error, a directory)."""
+
+
+class NotRegularFileError(UnreadableFileError):
+    """A data file is a FIFO, a device, a socket or a directory: only regular files are read.
+
+    Refused from its ``os.stat``, before anything opens it (opening a FIFO blocks, and a device
+    such as ``/dev/zero`` never ends).
+    """
 
 
 class CorruptPickleError(FileProblem, ValueError):
@@ -267,6 +276,12 @@ class OutputPathError(FileProblem, OSError):
     """A conversion's output path cannot be created or written (permissions, a file in the way)."""
 
 
+class OutputSpaceError(OutputPathError):
+    """The output's file system filled up (``ENOSPC``, ``EDQUOT``) while a conversion or split
+    wrote it; what was finished is kept, and the same command, rerun, resumes from there.
+    ``errno`` is the one the write failed with."""
+
+
 class OutputExistsError(FileProblem, FileExistsError):
     """The output path holds something other than this conversion's finished output."""
 
@@ -308,6 +323,7 @@ __all__ += [
     "MissingDependencyError",
     "OutputExistsError",
     "OutputPathError",
+    "OutputSpaceError",
     "UnencodableValueError",
     "VerifyMismatchError",
 ]

@@ -169,15 +169,16 @@ def _one_per_record(objs: Sequence[Any], where: str) -> DecodedLayout:
         fields = default_field_names(len(first))
         return DecodedLayout("appended_samples", fields, tuple(zip(*objs, strict=True)))
     if type(first) is dict and first:
+        # types first: a list or an array indexed by a key is an IndexError, not a KeyError
+        if not all(type(o) is dict for o in objs):
+            raise UnsupportedLayoutError(where, "appended pickles are samples of different shapes")
         keys = tuple(first)
         try:
             columns = tuple([o[k] for o in objs] for k in keys)
-        except (KeyError, TypeError):
+        except KeyError:
             raise UnsupportedLayoutError(
                 where, "appended pickles are per-sample dicts with different keys"
             ) from None
-        if not all(type(o) is dict for o in objs):
-            raise UnsupportedLayoutError(where, "appended pickles are samples of different shapes")
         return DecodedLayout("appended_dict_samples", tuple(str(k) for k in keys), columns)
     return DecodedLayout("appended_samples", ("x",), (list(objs),))
 

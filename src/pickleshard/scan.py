@@ -948,7 +948,10 @@ def _scan(buf: Any, size: int, name: str, encoding: str, engine: str) -> ScanRes
             raise NotSpanIndexableError(
                 name, f"{exc}; not a layout that can be read in place"
             ) from None
-    return _scan_samples(buf, w, stops, encoding)
+    try:
+        return _scan_samples(buf, w, stops, encoding)
+    except _NotLayout as exc:  # private: never past this module
+        raise NotSpanIndexableError(name, f"{exc}; not samples that can be read in place") from None
 
 
 def scan_file(

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import DatasetNotFoundError, NoPickleFilesError
+from .errors import DatasetNotFoundError, NoPickleFilesError, NotRegularFileError
 
-__all__ = ["PICKLE_PATTERNS", "ResolvedSource", "Source", "resolve_source"]
+__all__ = ["PICKLE_PATTERNS", "ResolvedSource", "Source", "check_regular_file", "resolve_source"]
 
 PICKLE_PATTERNS = ("*.pkl", "*.pickle", "*.pk", "*.p")
 INDEX_DIRNAME = ".pickleshard"
@@ -30,6 +32,46 @@ class ResolvedSource:
         return self.root / rel
 
 
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+)
+
+
+def _file_kind(mode: int) -> str:
+    """What ``mode`` (an ``st_mode``) says a path is, in words: ``"a FIFO (named pipe)"``..."""
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
+
+
+def check_regular_file(path: str | os.PathLike[str]) -> os.stat_result:
+    """``os.stat(path)`` (symlinks followed) if ``path`` is a regular file; else raise
+    :class:`NotRegularFileError` saying what it is, and what a symlink points to.
+
+    Nothing is opened: opening a FIFO blocks until a writer comes, and a device such as
+    ``/dev/zero`` never ends. A missing path raises ``FileNotFoundError`` (callers report it).
+    """
+    st = os.stat(path)
+    if stat.S_ISREG(st.st_mode):
+        return st
+    what = _file_kind(st.st_mode)
+    if os.path.islink(path):
+        what = f"a symlink to {os.path.realpath(path)}, {what}"
+    raise NotRegularFileError(
+        path, f"is {what}, not a regular file; only regular files are read as data files"
+    )
+
+
+def _check_found(path: Path) -> None:
+    """Refuse a found file that is not regular; a dangling link is reported when it is read."""
+    with contextlib.suppress(FileNotFoundError):
+        check_regular_file(path)
+
+
 def _has_magic(text: str) -> bool:
     return glob.has_magic(text)
 
@@ -41,6 +83,7 @@ def _scan_directory(root: Path) -> list[Path]:
         for name in filenames:
             if any(Path(name).match(p) for p in PICKLE_PATTERNS):
                 found.append(Path(dirpath) / name)
+                _check_found(found[-1])
     return found
 
 
@@ -65,10 +108,16 @@ def resolve_source(source: Source) -> ResolvedSource:
             rel = sorted(os.path.relpath(f, path) for f in files)
             return ResolvedSource(root, tuple(rel), True)
         if _has_magic(text):
-            matches = [Path(m) for m in glob.glob(text, recursive=True) if Path(m).is_file()]
+            # directories are passed over; any other match must be a regular file
+            matches = [Path(m) for m in glob.glob(text, recursive=True) if not Path(m).is_dir()]
+            for m in matches:
+                _check_found(m)
+            matches = [m for m in matches if m.is_file()]
             if not matches:
                 raise NoPickleFilesError(text, [text])
             return _from_files(matches)
+        if os.path.lexists(path):
+            _check_found(path)
         if path.is_file():
             return _from_files([path])
         raise DatasetNotFoundError(path, "directory or file")
@@ -78,6 +127,7 @@ def resolve_source(source: Source) -> ResolvedSource:
     for p in paths:
         if not p.exists():
             raise DatasetNotFoundError(p, "file")
+        check_regular_file(p)
     return _from_files(paths)
 
 

@@ -22,12 +22,12 @@ import numpy as np
 
 from . import opcodes as oc
 from .chunkwriter import ChunkShape, RowPayload, SampleSource
-from .errors import NotSpanIndexableError, PickleshardError, UnsupportedLayoutError
+from .errors import NotSpanIndexableError, UnsupportedLayoutError
 from .layouts import decode_layout, default_field_names
 from .safety import UnpicklePolicy
 from .scan import ScanResult, scan_file
 from .spanread import SpanReader
-from .wholefile import load_file
+from .wholefile import load_records
 
 __all__ = [
     "COPY_BLOCK",
@@ -261,18 +261,9 @@ def open_source(
 
 def _load_whole(path: Path, policy: UnpicklePolicy) -> tuple[Sequence[Any], ChunkShape]:
     """Every pickle of ``path``, as columns, by the scanner's rules for appended pickles."""
-    objs: list[Any] = []
-    with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        while fh.tell() < size:
-            try:
-                objs.append(policy.unpickler(fh, path).load())
-            except PickleshardError:
-                raise
-            except Exception:
-                if not objs:
-                    load_file(path, policy)  # raises the classified error
-                raise
+    # load_records classifies every failure, bytes after the last pickle included (they are
+    # a NotAPickleError at their offset), and refuses impossible memo ids before unpickling.
+    objs = load_records(path, policy, check_memo=True)
     if len(objs) == 1:
         decoded = decode_layout(objs[0], path)
         return decoded.columns, _shape_from_object(objs[0], decoded.layout, decoded.fields)
@@ -283,12 +274,23 @@ def _load_whole(path: Path, policy: UnpicklePolicy) -> tuple[Sequence[Any], Chun
         if type(first) is tuple and first:
             fields = default_field_names(len(first))
             shape = ChunkShape("samples", "", fields, (), (None,) * len(fields))
-            return tuple(zip(*objs, strict=True)), shape
+            try:
+                return tuple(zip(*objs, strict=True)), shape
+            except (TypeError, ValueError):
+                raise UnsupportedLayoutError(
+                    path,
+                    f"appended pickles are not all samples of {len(first)} fields like the first",
+                ) from None
         if type(first) is dict and first:
             keys = list(first)
             fields = tuple(str(k) for k in keys)
             shape = ChunkShape("dict_samples", "", fields, (), (None,) * len(fields))
-            return tuple([o[k] for o in objs] for k in keys), shape
+            try:
+                return tuple([o[k] for o in objs] for k in keys), shape
+            except (TypeError, KeyError, IndexError):
+                raise UnsupportedLayoutError(
+                    path, "appended pickles are not all dicts with the keys of the first"
+                ) from None
         return (objs,), ChunkShape("samples", "", ("x",), (), (None,), tuple_samples=False)
     columns = tuple(
         np.concatenate([p.columns[f] for p in parts])

@@ -37,6 +37,7 @@ naming the file, the scanner's reason and the budget.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -48,9 +49,17 @@ from typing import Any
 import numpy as np
 
 from .chunkwriter import ChunkShape, SampleSource, write_chunk
-from .errors import OutputExistsError, OutputPathError, UnreadableFileError
+from .errors import (
+    OutputExistsError,
+    OutputPathError,
+    OutputSpaceError,
+    PickleshardError,
+    UnreadableFileError,
+)
+from .formats.files import NO_SPACE, atomic_write_bytes
 from .safety import UnpicklePolicy
 from .scan import ScanResult
+from .sources import check_regular_file
 from .splitsource import open_source
 
 __all__ = ["DEFAULT_MEMORY_BYTES", "MANIFEST", "SplitReport", "split"]
@@ -104,9 +113,7 @@ def _identity(path: Path, max_bytes: int | None, max_samples: int | None) -> dic
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
+    atomic_write_bytes(path, json.dumps(obj, indent=1).encode())
 
 
 def _chunk_names(stem: str, count: int) -> list[str]:
@@ -136,6 +143,8 @@ def split(
     source version; without it that raises :class:`OutputExistsError`. ``scan`` is the file's
     :class:`~pickleshard.scan.ScanResult` if the caller has it (from an index): the scanner
     maps the whole file read-only, which needs address space (not memory) the size of the file.
+    ``src_file`` must be a regular file (:class:`NotRegularFileError` otherwise, before it is
+    opened); a full output disk raises :class:`OutputSpaceError` (rerun to resume).
     """
     if max_bytes is None and max_samples is None:
         raise ValueError("give max_bytes or max_samples")
@@ -149,8 +158,11 @@ def split(
         trusted=trusted, allow_globals=allow_globals, encoding=encoding
     )
     try:
+        check_regular_file(src_file)  # before anything opens it: a FIFO would block
         ident = _identity(path, max_bytes, max_samples)
     except OSError as exc:
+        if isinstance(exc, UnreadableFileError):
+            raise
         raise UnreadableFileError(path, f"cannot read: {exc.strerror or exc}") from None
     manifest_path = out / MANIFEST
     old = _read_manifest(manifest_path)
@@ -174,10 +186,31 @@ def split(
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OutputPathError(out, f"cannot create: {exc.strerror or exc}") from None
+    try:
+        limits = (max_bytes, max_samples)
+        return _split_into(path, out, ident, old, policy, memory_bytes, scan, limits, t0)
+    except OSError as exc:
+        if isinstance(exc, PickleshardError) or exc.errno not in NO_SPACE:
+            raise
+        raise _out_of_space(out, exc) from None
+
+
+def _split_into(
+    path: Path,
+    out: Path,
+    ident: dict[str, Any],
+    old: dict[str, Any] | None,
+    policy: UnpicklePolicy,
+    memory_bytes: int,
+    scan: ScanResult | None,
+    limits: tuple[int | None, int | None],
+    t0: float,
+) -> SplitReport:
+    manifest_path = out / MANIFEST
     src, shape, whole = open_source(path, policy, memory_bytes, scan)
     try:
         if old is None:
-            cuts = _boundaries(src.sizes(), max_bytes, max_samples)
+            cuts = _boundaries(src.sizes(), *limits)
             names = _chunk_names(path.stem, len(cuts) - 1)
             for name in names:
                 if (out / name).exists():
@@ -216,6 +249,27 @@ def split(
         written,
         time.perf_counter() - t0,
     )
+
+
+def _out_of_space(out: Path, exc: OSError) -> OutputSpaceError:
+    """The error for a full output file system: the chunks kept, and that a rerun resumes."""
+    try:
+        names = (_read_manifest(out / MANIFEST) or {}).get("chunks", [])
+    except OutputExistsError:
+        names = []
+    done = [out / n for n in names if (out / n).is_file()]
+    kept = sum(c.stat().st_size for c in done)
+    what = "no space left on device" if exc.errno == errno.ENOSPC else "disk quota exceeded"
+    progress = (
+        f"after writing {len(done)} of {len(names)} chunks ({kept / 1e6:.1f} MB)"
+        if names
+        else "before the first chunk"
+    )
+    err = OutputSpaceError(
+        out, f"{what} {progress}; free space and rerun the same command to resume"
+    )
+    err.errno = exc.errno
+    return err
 
 
 def _write_one(final: Path, src: SampleSource, shape: ChunkShape, a: int, b: int) -> int:

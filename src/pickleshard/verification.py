@@ -23,6 +23,7 @@ from .errors import ConvertedDatasetError, VerifyMismatchError
 from .formats import open_dataset
 from .formats.base import HASHES_NAME, Sample
 from .formats.encoding import sample_digest
+from .formats.npy import map_npy
 from .sources import Source
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ def _summary(value: Any) -> str:
 def _stored_hashes(root: Path, n: int) -> np.ndarray[Any, Any]:
     path = root / HASHES_NAME
     try:
-        hashes: np.ndarray[Any, Any] = np.load(path, mmap_mode="r")
+        hashes = map_npy(path)
     except (OSError, ValueError) as exc:
         raise ConvertedDatasetError(path, f"cannot read the stored digests: {exc}") from None
     if hashes.shape != (n, 16) or hashes.dtype != np.uint8:

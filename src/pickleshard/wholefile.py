@@ -40,6 +40,7 @@ from .opcodes import (
     F_LINE,
     F_LINE2,
     FORM,
+    OPNAME,
     STOP_OP,
 )
 from .safety import DEFAULT_POLICY, UnpicklePolicy, guard_misuse
@@ -107,7 +108,8 @@ def check_memo_ids(buf: Any, pos: int, size: int, name: str) -> int:
     ``buf`` holds the whole ``size``-byte file (bytes or mmap). A pickle of ``size`` bytes
     defines at most ``size`` memo entries, so a ``PUT``, ``BINPUT`` or ``LONG_BINPUT`` id above
     ``size`` is corrupt: raises :class:`CorruptPickleError` naming ``name``, the opcode's offset,
-    the id and the limit. The walk steps over fixed-size opcodes and payloads, reading only
+    the id and the limit; a payload length past the end of the file raises
+    :class:`TruncatedPickleError` the same way. The walk steps over fixed-size opcodes and payloads, reading only
     opcode bytes, lengths and memo ids. Returns the offset just after the pickle's STOP, or
     the offset of the first opcode it cannot read (unknown, or running past the end): what is
     wrong there is the unpickler's to report, with the same error it always gave.
@@ -126,14 +128,14 @@ def check_memo_ids(buf: Any, pos: int, size: int, name: str) -> int:
             if form == F_LEN1:
                 pos += 2 + buf[pos + 1]
             elif form == F_LEN4U:
-                pos += 5 + _U4(buf, pos + 1)[0]
+                pos = _payload_end(buf, pos, 5, _U4(buf, pos + 1)[0], size, name)
             elif form == F_LEN8U:
-                pos += 9 + _U8(buf, pos + 1)[0]
+                pos = _payload_end(buf, pos, 9, _U8(buf, pos + 1)[0], size, name)
             elif form == F_LEN4S:
                 n = _I4(buf, pos + 1)[0]
                 if n < 0:
                     return pos
-                pos += 5 + n
+                pos = _payload_end(buf, pos, 5, n, size, name)
             elif op == _BINPUT:
                 _check_id(buf[pos + 1], pos, size, name)
                 pos += 2
@@ -160,6 +162,20 @@ def check_memo_ids(buf: Any, pos: int, size: int, name: str) -> int:
     except (IndexError, struct.error):  # an argument runs past the end
         return pos
     return pos
+
+
+def _payload_end(buf: Any, pos: int, header: int, n: int, size: int, name: str) -> int:
+    """The end of the ``n``-byte payload of the opcode at ``pos``; refuse one the file cannot
+    hold before the unpickler allocates it (CPython sizes a BYTEARRAY8 to the declared length,
+    and a failed allocation of 2**62 bytes also prints a stray ``SystemError`` traceback)."""
+    if n > size - pos - header:
+        raise TruncatedPickleError(
+            name,
+            f"{OPNAME[buf[pos]]} declares a {n:,}-byte payload, but only {size - pos - header:,} "
+            "bytes of the file are left; refused before unpickling allocates it",
+            offset=pos,
+        )
+    return pos + header + n
 
 
 def _check_id(mid: int, pos: int, size: int, name: str) -> None:

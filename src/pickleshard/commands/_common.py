@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 
 from ..safety import UnpicklePolicy
 
-__all__ = ["add_safety_flags", "parse_size", "policy_from_args", "safety_kwargs"]
+__all__ = ["add_safety_flags", "parse_size", "policy_from_args", "safety_kwargs", "show_progress"]
 
 _UNITS = {
     "": 1,
@@ -70,3 +71,9 @@ def safety_kwargs(args: argparse.Namespace) -> dict[str, object]:
         "allow_globals": list(args.allow_global),
         "encoding": args.encoding,
     }
+
+
+def show_progress(args: argparse.Namespace) -> bool:
+    """Progress bars only for a person watching: not with ``--json``, not when stderr is a
+    file or a pipe (where a bar's redraws would bury the one-line error)."""
+    return not args.json and sys.stderr.isatty()

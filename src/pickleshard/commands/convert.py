@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from ._common import add_safety_flags, parse_size, safety_kwargs
+from ._common import add_safety_flags, parse_size, safety_kwargs, show_progress
 
 # pickleshard.formats.FORMAT_NAMES, spelled out so that the parser does not import torch.
 FORMATS = ("memmap", "lmdb", "webdataset")
@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
         to=args.to,
         jobs=args.jobs,
         verify=args.verify,
-        progress=not args.json,
+        progress=show_progress(args),
         overwrite=args.overwrite,
         **sizes,
         **safety_kwargs(args),  # type: ignore[arg-type]
@@ -44,11 +44,12 @@ def run(args: argparse.Namespace) -> int:
             "verified": report.verified,
         }
         print(json.dumps(summary, indent=1))
-    elif report.already_done:
-        print(f"{report.out} is already a complete {report.to} conversion of this source")
+        return 0
+    verified = f"; verified {report.verified} samples" if report.verified is not None else ""
+    if report.already_done:
+        print(f"{report.out} is already a complete {report.to} conversion of this source{verified}")
     else:
         reused = f" ({report.parts_reused} reused from an interrupted run)"
-        verified = f"; verified {report.verified} samples" if report.verified is not None else ""
         print(
             f"converted {report.num_samples} samples to {report.to} in {report.parts} parts"
             f"{reused if report.parts_reused else ''}, "

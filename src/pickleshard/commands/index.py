@@ -7,7 +7,7 @@ import json
 import time
 from typing import Any
 
-from ._common import add_safety_flags, policy_from_args
+from ._common import add_safety_flags, policy_from_args, show_progress
 
 
 def run(args: argparse.Namespace) -> int:
@@ -18,7 +18,7 @@ def run(args: argparse.Namespace) -> int:
         args.source,
         index=args.index,
         jobs=args.jobs,
-        progress=not args.json,
+        progress=show_progress(args),
         policy=policy_from_args(args),
         spans=not args.no_spans,
         skip_bad=args.skip_bad,

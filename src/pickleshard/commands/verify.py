@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from ._common import add_safety_flags, safety_kwargs
+from ._common import add_safety_flags, safety_kwargs, show_progress
 
 
 def run(args: argparse.Namespace) -> int:
@@ -20,7 +20,7 @@ def run(args: argparse.Namespace) -> int:
         out,
         sample=args.sample,
         seed=args.seed,
-        progress=not args.json,
+        progress=show_progress(args),
         **safety_kwargs(args),  # type: ignore[arg-type]
     )
     if args.json:

@@ -10,8 +10,10 @@ kind        extension     bytes
                           it: ``np.load(io.BytesIO(b), allow_pickle=False)``
 ``SCALAR``  ``scalar.npy`` a numpy scalar (``np.float32(1.5)``): ``np.save`` of the 0-d array;
                           the value is ``np.load(...)[()]``
-``CLS``     ``cls``       a Python ``int``: ASCII decimal (WebDataset's class label)
-``JSON``    ``json``      a value JSON represents exactly: ``None``, ``bool``, ``int``,
+``CLS``     ``cls``       a Python ``int`` of at most ``MAX_TEXT_INT_BITS`` bits: ASCII decimal
+                          (WebDataset's class label); a bigger one is ``PSS`` (exact bytes)
+``JSON``    ``json``      a value JSON represents exactly: ``None``, ``bool``, ``int`` (at most
+                          ``MAX_TEXT_INT_BITS`` bits),
                           ``float`` (``NaN``/``Infinity`` as Python's ``json`` writes them),
                           ``str``, and ``list``/``dict`` (string keys) of those; UTF-8
 ``PSS``     ``pss``       anything else :func:`encode_pss` can write (:mod:`~.pss`)
@@ -33,6 +35,7 @@ from .npy import decode_npy, encode_npy, raw_bytes
 from .pss import decode_pss, encode_pss, sample_digest
 
 __all__ = [
+    "MAX_TEXT_INT_BITS",
     "MemberKind",
     "decode_member",
     "decode_npy",
@@ -46,6 +49,10 @@ __all__ = [
 ]
 
 _MAX_DEPTH = 200
+# Ints as decimal text only while every Python reads them back: int('...') refuses more digits
+# than sys.get_int_max_str_digits() (4300 by default, 640 at the lowest setting); 2000 bits
+# is 603 digits. Bigger ints go to PSS, which stores their two's-complement bytes exactly.
+MAX_TEXT_INT_BITS = 2000
 
 
 class MemberKind(IntEnum):
@@ -77,7 +84,9 @@ _EXTENSIONS = {
 def is_json_exact(value: Any, depth: int = 0) -> bool:
     """True when ``json.loads(json.dumps(value))`` gives back the same types and values."""
     t = type(value)
-    if value is None or t is bool or t is int or t is float or t is str:
+    if t is int:
+        return bool(value.bit_length() <= MAX_TEXT_INT_BITS)
+    if value is None or t is bool or t is float or t is str:
         return True
     if depth > _MAX_DEPTH:
         return False
@@ -101,7 +110,7 @@ def encode_member(value: Any) -> tuple[MemberKind, bytes]:
     if isinstance(value, np.generic) and not value.dtype.hasobject:
         encode_npy(np.asarray(value), parts.append)
         return MemberKind.SCALAR, b"".join(parts)
-    if type(value) is int:
+    if type(value) is int and value.bit_length() <= MAX_TEXT_INT_BITS:
         return MemberKind.CLS, str(value).encode("ascii")
     if is_json_exact(value):
         try:

@@ -7,6 +7,7 @@ place, so a file that exists under its final name is complete. Copies stream thr
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -16,6 +17,7 @@ import numpy as np
 
 __all__ = [
     "COPY_CHUNK",
+    "NO_SPACE",
     "NpyWriter",
     "atomic_write_bytes",
     "atomic_write_json",
@@ -24,14 +26,19 @@ __all__ = [
 ]
 
 COPY_CHUNK = 8 << 20
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # the errnos of a full file system or quota
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file and a rename."""
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half file behind
+        raise
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
@@ -59,8 +66,9 @@ def copy_bytes(src: Path, dst: IO[bytes], offset: int = 0, length: int | None = 
                     if n == 0:
                         break
                     copied += n
-            except OSError:  # not supported between these files: copy through Python
-                pass
+            except OSError as exc:  # not supported between these files: copy through Python
+                if exc.errno in (*NO_SPACE, errno.EIO):
+                    raise  # a real write error, not a missing feature
         fh.seek(offset + copied)
         while length is None or copied < length:
             want = COPY_CHUNK if length is None else min(COPY_CHUNK, length - copied)

@@ -29,6 +29,7 @@ Needs ``pip install 'pickleshard[lmdb]'``.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -38,7 +39,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import IO, Any
 
-from ..errors import MissingDependencyError
+from ..errors import MissingDependencyError, OutputPathError
 from .base import (
     ConvertedDataset,
     Format,
@@ -50,6 +51,7 @@ from .base import (
     WriteOptions,
 )
 from .encoding import decode_member, encode_member
+from .files import NO_SPACE
 
 __all__ = ["LmdbDataset", "LmdbFormat", "pack_sample", "unpack_sample"]
 
@@ -180,26 +182,29 @@ class LmdbFormat(Format):
         build.mkdir()
         fields = [{"name": f} for f in options.fields]
         meta = {"num_samples": options.num_samples, "fields": list(options.fields)}
-        env = lmdb.open(
-            os.fspath(build),
-            map_size=self._map_size(parts),
-            subdir=True,
-            lock=False,
-            sync=False,
-            metasync=False,
-            readahead=False,
-        )
         try:
-            first = 0
-            for part in parts:
-                with open(part.dir / "records.bin", "rb", 1 << 20) as fh:
-                    while batch := _read_batch(fh, first, _BATCH_BYTES):
-                        _put(env, lmdb, batch)
-                        first += len(batch)
-            _put(env, lmdb, [(META_KEY, json.dumps(meta).encode())])
-            env.sync(True)
-        finally:
-            env.close()
+            env = lmdb.open(
+                os.fspath(build),
+                map_size=self._map_size(parts),
+                subdir=True,
+                lock=False,
+                sync=False,
+                metasync=False,
+                readahead=False,
+            )
+            try:
+                first = 0
+                for part in parts:
+                    with open(part.dir / "records.bin", "rb", 1 << 20) as fh:
+                        while batch := _read_batch(fh, first, _BATCH_BYTES):
+                            _put(env, lmdb, batch)
+                            first += len(batch)
+                _put(env, lmdb, [(META_KEY, json.dumps(meta).encode())])
+                env.sync(True)
+            finally:
+                env.close()
+        except lmdb.Error as exc:
+            raise _write_error(exc, build) from None
         if first != options.num_samples:
             raise ValueError(f"parts hold {first} samples, expected {options.num_samples}")
         os.replace(build / "data.mdb", staging / "data.mdb")
@@ -210,6 +215,21 @@ class LmdbFormat(Format):
         self, root: Path, descriptor: dict[str, Any], iterable: IterableOptions
     ) -> ConvertedDataset:
         return LmdbDataset(root, descriptor)
+
+
+def _write_error(exc: Exception, build: Path) -> OSError:
+    """An ``lmdb.Error`` from writing as an ``OSError``: ``ENOSPC`` for a full file system.
+
+    lmdb reports errors as text only, and a write cut short by a full disk as ``EIO``
+    (``mdb_page_flush``), so a full disk is also told by the space left where it writes.
+    """
+    text = str(exc)
+    fs = os.statvfs(build)
+    free = fs.f_bavail * fs.f_frsize
+    full = free < 2 * _BATCH_BYTES and os.strerror(errno.EIO) in text
+    if full or any(os.strerror(code) in text for code in NO_SPACE):
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fspath(build / "data.mdb"))
+    return OutputPathError(build / "data.mdb", f"LMDB could not write: {text}")
 
 
 def _put(env: Any, lmdb: ModuleType, batch: list[tuple[bytes, bytes]]) -> None:
@@ -224,6 +244,39 @@ def _put(env: Any, lmdb: ModuleType, batch: list[tuple[bytes, bytes]]) -> None:
 
 
 _ENVS: dict[str, tuple[int, tuple[int, int], Any]] = {}
+
+# LMDB's two meta pages (pages 0 and 1): after the 16-byte page header, u32 magic and version;
+# the page size in the free DB's md_pad at byte 40; the last page used at 136, the txn id at 144.
+_META_MAGIC = 0xBEEFC0DE
+_META_HEAD = struct.Struct("<II")
+_META_PAGESIZE = struct.Struct("<I")
+_META_LAST = struct.Struct("<QQ")
+
+
+def _cut_short(path: str, size: int) -> str | None:
+    """Why ``data.mdb`` of ``size`` bytes is shorter than its meta pages say, or None.
+
+    lmdb maps the file and reads the pages its meta pages name: a page past the end of a
+    truncated file is a ``SIGBUS`` that kills the process, not an error. (Pages are checked
+    against the meta's last page by lmdb itself, so a file that long is safe to map.)
+    """
+    need = 0
+    with open(path, "rb") as fh:
+        head = os.pread(fh.fileno(), 152, 0)
+        if len(head) < 152 or _META_HEAD.unpack_from(head, 16)[0] != _META_MAGIC:
+            return None  # not an LMDB file: lmdb.open says so
+        page = _META_PAGESIZE.unpack_from(head, 40)[0]
+        if page < 512 or page > 1 << 16 or page & (page - 1):
+            return f"data.mdb: meta page names an impossible page size {page}"
+        for meta in (head, os.pread(fh.fileno(), 152, page)):
+            if len(meta) == 152 and _META_HEAD.unpack_from(meta, 16)[0] == _META_MAGIC:
+                need = max(need, (_META_LAST.unpack_from(meta, 136)[0] + 1) * page)
+    if size < max(need, 2 * page):
+        return (
+            f"data.mdb holds {size:,} bytes, but its meta pages name {max(need, 2 * page):,} "
+            "(truncated?)"
+        )
+    return None
 
 
 def _read_env(root: Path, fail: Any) -> Any:
@@ -240,6 +293,9 @@ def _read_env(root: Path, fail: Any) -> Any:
         # Inherited through fork (a DataLoader worker), or the files were replaced: lmdb refuses
         # to open files that an environment it knows of still holds, so let that one go first.
         held[2].close()
+    short = _cut_short(os.path.join(key, "data.mdb"), st.st_size)
+    if short:
+        raise fail(short)
     lmdb = import_lmdb()
     try:
         env = lmdb.open(key, subdir=True, readonly=True, lock=False, readahead=False, meminit=False)

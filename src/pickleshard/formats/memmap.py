@@ -46,6 +46,7 @@ from .base import (
 )
 from .columns import ColumnWriter, dtype_from_json, merge_column
 from .encoding import decode_member
+from .npy import map_npy
 
 __all__ = ["MemmapDataset", "MemmapFormat"]
 
@@ -98,9 +99,7 @@ class MemmapFormat(Format):
 
 
 def _load(root: Path, name: str) -> np.ndarray[Any, Any]:
-    mm = np.load(root / name, mmap_mode="r", allow_pickle=False)
-    # A plain ndarray view of the map: indexing a np.memmap subclass costs more per call.
-    return np.asarray(mm).view(np.ndarray)
+    return map_npy(root / name)
 
 
 class _Column:

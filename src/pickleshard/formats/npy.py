@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import ast
 import io
+import os
+import tokenize
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-__all__ = ["decode_npy", "encode_npy", "npy_header", "raw_bytes"]
+__all__ = ["decode_npy", "encode_npy", "map_npy", "npy_header", "raw_bytes"]
 
 Write = Callable[[Any], object]
 
@@ -115,3 +117,24 @@ def _parse_header(
     for n in shape:
         count *= n
     return dtype, shape, offset, count
+
+
+# What numpy raises on a damaged .npy file: a short header is EOFError, a garbled one a
+# tokenize or syntax error from parsing the header's dict literal.
+_HEADER_ERRORS = (EOFError, SyntaxError, tokenize.TokenError, TypeError, KeyError)
+
+
+def map_npy(path: str | os.PathLike[str]) -> np.ndarray[Any, Any]:
+    """``np.load(path, mmap_mode="r", allow_pickle=False)`` as a plain ndarray view.
+
+    A damaged file raises ``ValueError`` (``OSError`` if it cannot be read), whatever numpy's
+    header parser ran into.
+    """
+    try:
+        mm = np.load(path, mmap_mode="r", allow_pickle=False)
+    except _HEADER_ERRORS as exc:
+        raise ValueError(
+            f"{os.fspath(path)}: not a valid .npy file: {type(exc).__name__}: {exc}"
+        ) from None
+    # A plain ndarray view of the map: indexing a np.memmap subclass costs more per call.
+    return np.asarray(mm).view(np.ndarray)

@@ -156,8 +156,10 @@ class Staging:
 
     def mark_done(self, spec: PartSpec, summary: dict[str, Any]) -> None:
         """Record part ``spec`` as final (its directory is already renamed into place)."""
-        self.done[str(spec.id)] = summary
-        atomic_write_json(self.path / MANIFEST_NAME, self._manifest())
+        manifest = self._manifest()
+        manifest["done"] = {**self.done, str(spec.id): summary}
+        atomic_write_json(self.path / MANIFEST_NAME, manifest)
+        self.done = manifest["done"]  # only once on disk: a full disk must not count it done
 
     def publish(self) -> None:
         """Drop parts and manifest, then rename the staging directory to ``out``."""

@@ -52,6 +52,7 @@ from .base import (
 )
 from .encoding import decode_member, encode_member
 from .files import NpyWriter, iter_raw_chunks
+from .npy import map_npy
 
 _T = TypeVar("_T")
 
@@ -240,7 +241,7 @@ class WebDatasetReader(ConvertedDataset, _IterableBase[Sample]):
         counts = np.array([s["count"] for s in self.shards], dtype=np.int64)
         self.shard_starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         try:
-            self.index = np.load(root / descriptor["index"], mmap_mode="r").view(np.ndarray)
+            self.index = map_npy(root / descriptor["index"])
         except (OSError, ValueError) as exc:
             raise self._corrupt(f"cannot open index.npy: {exc}") from None
         if len(self.index) != len(self) or int(self.shard_starts[-1]) != len(self):

@@ -164,6 +164,12 @@ class FormatTests:
         labels = [k if k % 3 else str(k) for k in range(len(rows))]
         self.round_trip(tmp_path, [(rows[:7], labels[:7]), (rows[7:], labels[7:])], jobs=2)
 
+    def test_huge_ints_round_trip_exactly(self, tmp_path: Path) -> None:
+        # decimal text of a 2 MB int exceeds int()'s 4300-digit limit: it must be stored as bytes
+        huge = (1 << (8 * 2_000_000)) - 12345
+        values = [huge, -huge, 7, 1 << 64, [huge, 1], {"k": -huge}, 10**700]
+        self.round_trip(tmp_path, [(list(range(len(values))), values)], jobs=1)
+
     def test_every_dtype(self, tmp_path: Path) -> None:
         rng = np.random.default_rng(3)
         names = [d for d in DTYPES if np.dtype(d).str not in self.unsupported_dtypes]
