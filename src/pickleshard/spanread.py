@@ -307,6 +307,20 @@ class SpanReader:
             )
         self._check_same(None)
 
+    def read_raw(self, offset: int, n: int) -> bytes:
+        """Up to ``n`` bytes at ``offset``, by this reader's descriptor (opened with the file's
+        identity checked, as for any read): bytes used raw (an array row's) are checked after
+        the reads by :meth:`check_identity`."""
+        return self._read_at(offset, n)
+
+    def check_identity(self, samples: Sequence[int]) -> None:
+        """Raise :class:`FileChangedError` naming ``samples`` if the file is no longer the one
+        indexed (``fstat``; nothing unless ``verify``): after raw reads, a write that raced
+        them has stamped the file by now."""
+        if self.verify:
+            self._fileno()
+            self._check_same(samples)
+
     def _check_same(self, samples: Sequence[int] | None) -> None:
         """Raise :class:`FileChangedError` if the open file is no longer the one indexed;
         ``samples`` (labels) are those just read, named in the error."""
