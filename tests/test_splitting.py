@@ -443,3 +443,30 @@ def test_split_refuses_a_file_changed_while_it_splits(
     with pytest.raises(FileChangedError, match=r"rows\.pkl"):
         split(path, tmp_path / "out", max_samples=7)
     assert not list((tmp_path / "out").glob("*.pickle"))
+
+
+def test_split_refuses_a_dtype_edited_in_sample_0_while_later_samples_refer_to_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per-sample arrays name their dtype by a memo GET of the one sample 0 defines: an edit
+    there (``f4`` -> ``i4``, size and mtime kept) after the reader settled would turn every later
+    sample into float32 bytes where ``pickle.load`` now reads int32. The file's identity (its
+    ctime moved) refuses it."""
+    path = tmp_path / "items.pkl"
+    xs = [np.full((8, 8), i, np.float32) for i in range(40)]
+    path.write_bytes(pickle.dumps((xs, list(range(40))), 5))
+    real_value, reads = SpanSource.value, []
+
+    def value_then_edit(self: SpanSource, f: int, i: int) -> Any:
+        reads.append(i)
+        if len(reads) == 20:
+            raw = bytearray(path.read_bytes())
+            at = raw.index(b"f4")
+            raw[at : at + 2] = b"i4"
+            _rewrite_keeping_size_and_mtime(path, bytes(raw))
+        return real_value(self, f, i)
+
+    monkeypatch.setattr(SpanSource, "value", value_then_edit)
+    with pytest.raises(FileChangedError, match=r"items\.pkl.*ctime"):
+        split(path, tmp_path / "out", max_samples=40)
+    assert len(reads) == 20  # the first read after the edit
