@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import mmap
 import pickle
-import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from picklegen import build, datasets, dumps, values
 from pickleshard import _cscan, spanread
 from pickleshard import opcodes as oc
 from pickleshard import scan as scan_module
+from pickleshard.memo import MemoIdPastSpan
 from pickleshard.opcodes import Walked
 from pickleshard.scan import ScanResult, scan_bytes, scan_file
 from pickleshard.spanread import SpanReader
@@ -347,13 +347,17 @@ def test_rewrite_twins_on_edge_cases(
     [
         (b"K\x01q\x00", 5, 0, pickle.UnpicklingError),  # a PUT below the span's first id
         (b"K\x01r\x00\x00\x00\x00", 3, 1, pickle.UnpicklingError),
-        (b"K\x01r\xff\xff\xff\xff", 0, 10, struct.error),  # a local id past 32 bits
-        (b"K\x01r\x00\x01\x00\x00", 0, 0, None),  # LONG_BINPUT 256: stays long
+        # an id past the 7 ids a 7-byte span can define (also past 32 bits: never encoded)
+        (b"K\x01r\xff\xff\xff\xff", 0, 10, MemoIdPastSpan),
+        (b"K\x01r\x06\x00\x00\x00", 0, 0, None),  # the last id it can define: renumbered
+        (b"K\x01r\x07\x00\x00\x00", 0, 0, MemoIdPastSpan),  # the next: refused
+        (b"K\x01" + b"N0" * 127 + b"r\x00\x01\x00\x00", 0, 0, None),  # LONG_BINPUT 256: stays long
         (b"K\x01q\x07h\x07", 7, 0, None),  # a PUT and a GET renumbered from 0
         (b"K\x01p100\n", 100, 0, None),  # a text id as long as a 4-byte binary one
         (b"K\x01p7\ng7\n", 7, 0, None),  # text ids as long as 1-byte binary ones
         (b"K\x01g\n", 0, 0, ValueError),  # an empty text id
-        (b"K\x01h\xff", -(2**62 - 1), 2**62 - 1, struct.error),  # 64-bit sums would overflow
+        # 64-bit sums would overflow: an id past the span, in Python ints
+        (b"K\x01h\xff", -(2**62 - 1), 2**62 - 1, MemoIdPastSpan),
     ],
 )
 def test_rewrite_twins_renumber_memo_ids_alike(

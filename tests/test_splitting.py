@@ -15,14 +15,17 @@ from hypothesis import strategies as st
 
 from picklegen import assert_same, build, datasets, oracle, write
 from pickleshard.errors import (
+    FileChangedError,
     NotSpanIndexableError,
     OutputExistsError,
     UnsafePickleError,
     UnsupportedLayoutError,
 )
 from pickleshard.layouts import decode_layout
+from pickleshard.safety import UnpicklePolicy
 from pickleshard.scan import scan_file
-from pickleshard.spanread import SpanReader
+from pickleshard.spanread import FileIdentity, SpanReader
+from pickleshard.splitsource import SpanSource
 from pickleshard.splitting import MANIFEST, split
 
 pytestmark = pytest.mark.filterwarnings("ignore:numpy.core:DeprecationWarning")
@@ -381,3 +384,89 @@ def test_datetime_array_field_splits_at_protocol_5(tmp_path: Path) -> None:
             got.append(pickle.load(fh)[1])
     np.testing.assert_array_equal(np.concatenate(got), column)
     assert all(g.dtype == column.dtype for g in got)
+
+
+# -- array rows are copied raw: the file's identity is checked after them (issue 12) -----------
+
+
+def _rows_file(tmp_path: Path, base: float) -> bytes:
+    x = np.arange(40 * 64, dtype=np.float32).reshape(40, 64) + np.float32(base)
+    return pickle.dumps({"x": x}, 4)
+
+
+def _rewrite_keeping_size_and_mtime(path: Path, data: bytes) -> None:
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # ctime moves, at least one tick
+    path.write_bytes(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size
+
+
+def test_array_rows_copied_from_a_file_changed_since_its_scan_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "rows.pkl"
+    path.write_bytes(_rows_file(tmp_path, 0.0))
+    scan = scan_file(path)
+    assert scan.kinds == ("array_row",)
+    st = path.stat()
+    identity = FileIdentity(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    src = SpanSource(scan, UnpicklePolicy(), identity)
+    try:
+        got = bytearray()
+        src.rows(0, 0, 10).fill(got.extend)
+        assert bytes(got) == pickle.loads(path.read_bytes())["x"][:10].tobytes()
+        _rewrite_keeping_size_and_mtime(path, _rows_file(tmp_path, 0.5))
+        with pytest.raises(FileChangedError) as info:
+            src.rows(0, 10, 20).fill(bytearray().extend)
+        assert info.value.path == str(path)
+        assert "after reading samples 10, 11" in str(info.value)
+    finally:
+        src.close()
+
+
+def test_split_refuses_a_file_changed_while_it_splits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that lands after the scan (same size, mtime put back): the rows it would copy are
+    neither the scanned data nor checked; split names the file instead."""
+    import pickleshard.splitsource as splitsource
+
+    path = tmp_path / "rows.pkl"
+    path.write_bytes(_rows_file(tmp_path, 0.0))
+    real_scan = splitsource.scan_file
+
+    def scan_then_write(*args: Any, **kwargs: Any) -> Any:
+        scan = real_scan(*args, **kwargs)
+        _rewrite_keeping_size_and_mtime(path, _rows_file(tmp_path, 0.5))
+        return scan
+
+    monkeypatch.setattr(splitsource, "scan_file", scan_then_write)
+    with pytest.raises(FileChangedError, match=r"rows\.pkl"):
+        split(path, tmp_path / "out", max_samples=7)
+    assert not list((tmp_path / "out").glob("*.pickle"))
+
+
+def test_split_refuses_a_dtype_edited_in_sample_0_while_later_samples_refer_to_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per-sample arrays name their dtype by a memo GET of the one sample 0 defines: an edit
+    there (``f4`` -> ``i4``, size and mtime kept) after the reader settled would turn every later
+    sample into float32 bytes where ``pickle.load`` now reads int32. The file's identity (its
+    ctime moved) refuses it."""
+    path = tmp_path / "items.pkl"
+    xs = [np.full((8, 8), i, np.float32) for i in range(40)]
+    path.write_bytes(pickle.dumps((xs, list(range(40))), 5))
+    real_value, reads = SpanSource.value, []
+
+    def value_then_edit(self: SpanSource, f: int, i: int) -> Any:
+        reads.append(i)
+        if len(reads) == 20:
+            raw = bytearray(path.read_bytes())
+            at = raw.index(b"f4")
+            raw[at : at + 2] = b"i4"
+            _rewrite_keeping_size_and_mtime(path, bytes(raw))
+        return real_value(self, f, i)
+
+    monkeypatch.setattr(SpanSource, "value", value_then_edit)
+    with pytest.raises(FileChangedError, match=r"items\.pkl.*ctime"):
+        split(path, tmp_path / "out", max_samples=40)
+    assert len(reads) == 20  # the first read after the edit

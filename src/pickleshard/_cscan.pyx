@@ -627,6 +627,7 @@ cdef object _head = None  # spanread's _head, _GETS, _PUTS, _encode_get, _encode
 cdef list _gets = None, _puts = None
 cdef dict _heads = {}  # (protocol, n_ext) -> _head(protocol, n_ext), for n_ext < 64
 cdef object _encode_get = None, _encode_put = None
+cdef object _past_span = None  # spanrewrite.MemoIdPastSpan (first call)
 
 
 cdef int _put_bytes(bytearray out, bytes b) except -1:
@@ -720,14 +721,15 @@ cdef tuple _rewrite(
 ):
     """:func:`rewrite_span` once ``data``, the first window (``read_at(start, min(end - start,
     WINDOW))``), is read."""
-    global _head, _gets, _puts, _encode_get, _encode_put
+    global _head, _gets, _puts, _encode_get, _encode_put, _past_span
     if _head is None:
-        from .spanrewrite import _GETS, _PUTS
+        from .spanrewrite import _GETS, _PUTS, MemoIdPastSpan
         from .spanrewrite import _encode_get as eg
         from .spanrewrite import _encode_put as ep
         from .spanrewrite import _head as make_head
 
         _gets, _puts, _encode_get, _encode_put, _head = _GETS, _PUTS, eg, ep, make_head
+        _past_span = MemoIdPastSpan
     cdef Py_ssize_t n_ext = len(externals)
     cdef dict local = {k: j for j, k in enumerate(externals)} if n_ext else {}
     if head is None:
@@ -750,6 +752,8 @@ cdef tuple _rewrite(
     )
     cdef int64_t c_base = memo_base if fast_ids else 0, c_shift = shift if fast_ids else 0
     cdef int64_t ckey, cnew
+    # a span's own ids: fewer than its bytes (see spanrewrite.MemoIdPastSpan)
+    cdef int64_t c_limit = n_ext + (end - start)
     cdef Py_ssize_t here = start, blen, i = 0, mark = 0, need, nxt, nl
     cdef uint64_t n
     cdef int32_t sn
@@ -844,6 +848,8 @@ cdef tuple _rewrite(
                         f"{oc.OPNAME[op]} at byte {here + i} stores memo id {ckey - c_shift} "
                         "below the span's"
                     )
+                if cnew >= c_limit:
+                    raise _past_span(op, here + i, ckey - c_shift, start, end)
                 _put_id(out, (BINGET_OP if act == A_GET else BINPUT_OP), cnew)
             elif act != A_FRAME:
                 if form == F_LINE or form == F_LINE2:  # a text id may be as long as a binary one
@@ -858,6 +864,8 @@ cdef tuple _rewrite(
                     raise pickle.UnpicklingError(
                         f"{oc.OPNAME[op]} at byte {here + i} stores memo id {ident} below the span's"
                     )
+                if new >= c_limit:
+                    raise _past_span(op, here + i, ident, start, end)
                 if new < 256:
                     _put_bytes(out, gets[new] if act == A_GET else puts[new])
                 else:

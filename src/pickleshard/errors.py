@@ -18,6 +18,7 @@ __all__ = [
     "FieldLengthMismatchError",
     "FileChangedError",
     "IndexFormatError",
+    "MemoIdError",
     "NoPickleFilesError",
     "NotAPickleError",
     "NotRegularFileError",
@@ -145,6 +146,12 @@ class NotAPickleError(CorruptPickleError):
 
 class TruncatedPickleError(CorruptPickleError):
     """The pickle stream ends before its STOP opcode or inside a payload."""
+
+
+class MemoIdError(CorruptPickleError):
+    """A span names a memo id that its own bytes cannot have defined (a span of ``L`` bytes
+    defines at most ``L``): the data file and its index do not belong together (a crafted file
+    or index). Refused before the unpickler would grow its memo to that id."""
 
 
 class UnsupportedLayoutError(FileProblem, ValueError):

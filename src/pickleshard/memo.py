@@ -29,16 +29,32 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .opcodes import FRAME_OP, I4, MEMOIZE_OP, U4, U8
+from .opcodes import FRAME_OP, I4, MEMOIZE_OP, OPNAME, U4, U8
 
 __all__ = ["ArraySpec", "ElementTable", "InspectUnpickler", "Opaque", "Payload", "SharedTable"]
-__all__ += ["SpanFile", "SpanUnpickler"]
+__all__ += ["MemoIdPastSpan", "SpanFile", "SpanUnpickler"]
 
 WINDOW = 64 * 1024
 ReadAt = Callable[[int, int], bytes]
 ReadIntoAt = Callable[[int, memoryview], int]
 Resolve = Callable[[int], Any]
 FindClass = Callable[[str, str], Any]
+
+
+class MemoIdPastSpan(pickle.UnpicklingError):
+    """A span's ``PUT``/``GET`` names a memo id its own bytes cannot have defined: the span's ids
+    run on densely from its memo base, one per defining opcode (``MEMOIZE``, ``PUT``: at least one
+    byte each), so a span of ``L`` bytes defines at most ``L`` of them. Refused before the C
+    unpickler sees it, which would grow its memo to the id (up to 2**32 entries, 32 GB).
+    ``offset`` is the opcode's file offset; :mod:`pickleshard.spanread` turns this into
+    :class:`~pickleshard.errors.MemoIdError` naming the file and sample."""
+
+    def __init__(self, op: int, offset: int, ident: int, start: int, end: int) -> None:
+        self.offset = offset
+        super().__init__(
+            f"{OPNAME[op]} at byte {offset} names memo id {ident}, past the ids the span "
+            f"[{start}, {end}) can define ({end - start} at most from its memo base)"
+        )
 
 
 class SpanFile:
@@ -61,6 +77,7 @@ class SpanFile:
         readinto_at: ReadIntoAt | None = None,
         window: int = WINDOW,
     ) -> None:
+        self.start, self.end = start, end  # the span (``_end`` moves on a short read)
         self._read_at = read_at
         self._readinto_at = readinto_at
         self._window = window
@@ -187,6 +204,7 @@ class SpanUnpickler(pickle._Unpickler):
         self.span = file
         self.memo: ExternalMemo = ExternalMemo(resolve)
         self._next_id = first_id
+        self._id_limit = first_id + file.end - file.start  # see MemoIdPastSpan
         self._find_class_hook = find_class
 
     def find_class(self, module: str, name: str) -> Any:
@@ -198,22 +216,28 @@ class SpanUnpickler(pickle._Unpickler):
         self.memo[self._next_id] = self.stack[-1]
         self._next_id += 1
 
-    def _put(self, memo_id: int) -> None:
+    def _put(self, memo_id: int, op: int, offset: int) -> None:
+        """``PUT`` (opcode ``op`` at file ``offset``) of ``memo_id``."""
         if memo_id < 0:
             raise ValueError("negative PUT argument")
+        if memo_id >= self._id_limit:  # as the fast path refuses it (no reader's paths differ)
+            raise MemoIdPastSpan(op, offset, memo_id, self.span.start, self.span.end)
         self.memo[memo_id] = self.stack[-1]
         # The scanner admits only ids stored in order, so a MEMOIZE after this PUT (as C's
         # unpickler counts, len(memo)) stores at the next id.
         self._next_id = memo_id + 1
 
     def load_put(self) -> None:
-        self._put(int(self.readline()[:-1]))
+        at = self.span.offset - 1  # the opcode's, read already
+        self._put(int(self.readline()[:-1]), pickle.PUT[0], at)
 
     def load_binput(self) -> None:
-        self._put(self.read(1)[0])
+        at = self.span.offset - 1
+        self._put(self.read(1)[0], pickle.BINPUT[0], at)
 
     def load_long_binput(self) -> None:
-        self._put(U4(self.read(4))[0])
+        at = self.span.offset - 1
+        self._put(U4(self.read(4))[0], pickle.LONG_BINPUT[0], at)
 
     def load_frame(self) -> None:
         self.read(8)

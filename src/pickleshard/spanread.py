@@ -67,12 +67,13 @@ from . import opcodes as oc
 from .errors import (
     CorruptPickleError,
     FileChangedError,
+    MemoIdError,
     PickleshardError,
     ReadMemoryError,
     TruncatedPickleError,
     UnreadableFileError,
 )
-from .memo import SpanFile, SpanUnpickler
+from .memo import MemoIdPastSpan, SpanFile, SpanUnpickler
 from .safety import GUARD_TYPES, AllowlistFindClass, guard_misuse
 from .scan import ArrayItem, IntItem, ScanResult
 from .spanrewrite import (
@@ -306,6 +307,20 @@ class SpanReader:
             )
         self._check_same(None)
 
+    def read_raw(self, offset: int, n: int) -> bytes:
+        """Up to ``n`` bytes at ``offset``, by this reader's descriptor (opened with the file's
+        identity checked, as for any read): bytes used raw (an array row's) are checked after
+        the reads by :meth:`check_identity`."""
+        return self._read_at(offset, n)
+
+    def check_identity(self, samples: Sequence[int]) -> None:
+        """Raise :class:`FileChangedError` naming ``samples`` if the file is no longer the one
+        indexed (``fstat``; nothing unless ``verify``): after raw reads, a write that raced
+        them has stamped the file by now."""
+        if self.verify:
+            self._fileno()
+            self._check_same(samples)
+
     def _check_same(self, samples: Sequence[int] | None) -> None:
         """Raise :class:`FileChangedError` if the open file is no longer the one indexed;
         ``samples`` (labels) are those just read, named in the error."""
@@ -500,8 +515,10 @@ class SpanReader:
         capture: int,
         *,
         literal: bool = True,
+        name: int | None = None,
     ) -> Any:
-        """Unpickle one span; if ``capture >= 0`` keep its memo as that of shared element ``capture``."""
+        """Unpickle one span; if ``capture >= 0`` keep its memo as that of shared element ``capture``;
+        errors name sample ``name``."""
         shift = self._one_shift if self._one_shift is not None else self._shift(start)
         memo: dict[int, Any] | None = None
         try:
@@ -538,7 +555,7 @@ class SpanReader:
         except PickleshardError:
             raise
         except Exception as exc:  # bad bytes make the unpickler and numpy raise many types
-            raise _damaged(self.path, start, exc) from None
+            raise self._bad_span(start, exc, name) from None
         if memo is not None:
             memos[capture] = memo
         return value
@@ -604,7 +621,8 @@ class SpanReader:
         stats = replace(self.stats)
         settled = True
         try:
-            want = self._span(start, end, int(scan.memo_base[t, f]), ext.tolist(), {}, -1)
+            base = int(scan.memo_base[t, f])
+            want = self._span(start, end, base, ext.tolist(), {}, -1, name=t)
             got = self._item(spec, start, end, t)
             same = (
                 type(want) is np.ndarray
@@ -759,7 +777,8 @@ class SpanReader:
             except Exception as exc:  # bad bytes make the unpickler raise many types
                 if self._plan_span < 0:  # only the span can meet bad bytes
                     raise
-                raise _damaged(self.path, int(self.scan.starts[i, self._plan_span]), exc) from None
+                start = int(self.scan.starts[i, self._plan_span])
+                raise self._bad_span(start, exc, i if label is None else label) from None
             if got is not _SLOW:
                 return got  # type: ignore[no-any-return]
         scan = self.scan
@@ -782,21 +801,23 @@ class SpanReader:
                 continue
             spans.append(f)
         if spans:
-            self._read_spans(out, i, starts, spans)
+            self._read_spans(out, i, starts, spans, i if label is None else label)
         if not self._planned and self._loader is not None:
             self._plan()
         if check:
             self._check_same([i if label is None else label])
         return tuple(out)
 
-    def _read_spans(self, out: list[Any], i: int, starts: list[int], fields: list[int]) -> None:
-        """Read ``fields`` of sample ``i`` by span into ``out``."""
+    def _read_spans(
+        self, out: list[Any], i: int, starts: list[int], fields: list[int], name: int
+    ) -> None:
+        """Read ``fields`` of sample ``i`` by span into ``out``; errors name sample ``name``."""
         if len(fields) == 1 and starts[fields[0]] not in self._definers:
-            out[fields[0]] = self._lone_span(i, fields[0], starts[fields[0]])
+            out[fields[0]] = self._lone_span(i, fields[0], starts[fields[0]], name)
         else:
-            self._spans_into(out, i, starts, fields)
+            self._spans_into(out, i, starts, fields, name)
 
-    def _lone_span(self, i: int, f: int, s: int) -> Any:
+    def _lone_span(self, i: int, f: int, s: int, name: int) -> Any:
         """Field ``f`` of sample ``i``, the one field of it read by span (what
         :meth:`_spans_into` does for one field, with none of its cross-field bookkeeping)."""
         fd = self._fd if self._pid == os.getpid() else self._fileno()
@@ -806,14 +827,17 @@ class SpanReader:
             except PickleshardError:
                 raise
             except Exception as exc:  # bad bytes make the unpickler and numpy raise many types
-                raise _damaged(self.path, s, exc) from None
+                raise self._bad_span(s, exc, name) from None
             if value is not _SLOW:
                 return value
         scan = self.scan
         ext = scan.externals(i, f).tolist()
-        return self._span(s, scan.ends.item(i, f), scan.memo_base.item(i, f), ext, {}, -1)
+        base = scan.memo_base.item(i, f)
+        return self._span(s, scan.ends.item(i, f), base, ext, {}, -1, name=name)
 
-    def _spans_into(self, out: list[Any], i: int, starts: list[int], fields: list[int]) -> None:
+    def _spans_into(
+        self, out: list[Any], i: int, starts: list[int], fields: list[int], name: int
+    ) -> None:
         """Read ``fields`` of sample ``i`` by span into ``out``, in file order."""
         scan, nf = self.scan, len(starts)
         ends, bases = scan.ends[i].tolist(), scan.memo_base[i].tolist()
@@ -830,8 +854,9 @@ class SpanReader:
         for f, ext in zip(fields, exts, strict=True):
             s = starts[f]
             literal = not shared or all(sum(k in other for other in exts) == 1 for k in ext)
+            capture = self._definers.get(s, -1)
             out[f] = self._span(
-                s, ends[f], bases[f], ext, memos, self._definers.get(s, -1), literal=literal
+                s, ends[f], bases[f], ext, memos, capture, literal=literal, name=name
             )
 
     def read_samples(
@@ -906,7 +931,9 @@ class SpanReader:
                 continue
             row = [c[k] if c is not None else None for c in cols]
             if starts_l is not None:
-                self._read_spans(row, i, starts_l[k], list(spans))
+                self._read_spans(
+                    row, i, starts_l[k], list(spans), labels[k] if labels is not None else i
+                )
             out[k] = tuple(row)
         return out
 
@@ -930,8 +957,9 @@ class SpanReader:
             except Exception as exc:  # bad bytes make the unpickler raise many types
                 if self._plan_span < 0:  # only the span can meet bad bytes
                     raise
-                start = int(self.scan.starts[items[self._loader.at], self._plan_span])
-                raise _damaged(self.path, start, exc) from None
+                at = self._loader.at
+                start = int(self.scan.starts[items[at], self._plan_span])
+                raise self._bad_span(start, exc, names[at]) from None
         else:
             got = [self._labelled(i, name) for i, name in zip(items, names, strict=True)]
             if self.verify:
@@ -989,6 +1017,23 @@ class SpanReader:
         if spec.readonly:
             rows.flags.writeable = False  # before the views are taken: each keeps its own flag
         return [rows[k, ...] for k in range(len(idx))]
+
+    def _bad_span(self, start: int, exc: Exception, name: int | None) -> Exception:
+        """The error for the span at ``start`` that raised ``exc`` read for sample ``name``."""
+        if not isinstance(exc, MemoIdPastSpan):
+            return _damaged(self.path, start, exc)
+        # a file rewritten since its scan is the likelier cause, but only fstat can say so
+        mine = self._fd >= 0 and self._pid == os.getpid()
+        what = self.identity.differs(os.fstat(self._fd)) if self.verify and mine else None
+        samples = None if name is None else [name]
+        if what is not None:
+            return self._changed(what, exc.offset, samples)
+        return MemoIdError(
+            self.path,
+            f"{exc}: the data file does not match its index (a crafted file or index)",
+            offset=exc.offset,
+            sample=name,
+        )
 
 
 def _framing(spec: ArrayItem) -> Any:

@@ -19,9 +19,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import opcodes as oc
-from .memo import WINDOW
+from .memo import WINDOW, MemoIdPastSpan
 
-__all__ = ["BIG", "FindClass", "HookedUnpickler", "literal_head", "rewrite_span"]
+__all__ = [
+    "BIG",
+    "FindClass",
+    "HookedUnpickler",
+    "MemoIdPastSpan",
+    "literal_head",
+    "rewrite_span",
+]
 
 BIG = 64 * 1024
 _LENGTH_LIMIT = 1 << 62  # a payload length beyond any span (what the compiled twin's ints hold)
@@ -90,6 +97,7 @@ def rewrite_span(
     """
     n_ext = len(externals)
     local = {k: j for j, k in enumerate(externals)} if n_ext else {}
+    limit = n_ext + end - start  # a span's own ids: fewer than its bytes (see MemoIdPastSpan)
     out = bytearray(_head(protocol, n_ext) if head is None else head)
     buffers: list[Any] = []
     finds = 0
@@ -207,6 +215,8 @@ def rewrite_span(
                     raise pickle.UnpicklingError(
                         f"{oc.OPNAME[op]} at byte {here + i} stores memo id {ident} below the span's"
                     )
+                if new >= limit:
+                    raise MemoIdPastSpan(op, here + i, ident, start, end)
                 table = gets if act == A_GET else puts
                 out += (
                     table[new]

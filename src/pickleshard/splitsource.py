@@ -26,7 +26,7 @@ from .errors import NotSpanIndexableError, UnsupportedLayoutError
 from .layouts import decode_layout, default_field_names
 from .safety import UnpicklePolicy
 from .scan import ScanResult, scan_file
-from .spanread import SpanReader
+from .spanread import FileIdentity, SpanReader
 from .wholefile import load_records
 
 __all__ = [
@@ -44,19 +44,21 @@ WHOLE_FILE_FACTOR = 3  # unpickled data takes 2-3x its file size
 
 class SpanSource(SampleSource):
     """Reads through :class:`SpanReader`; one reader per field, over a one-field view of the
-    scan, so writing a column reads only that column."""
+    scan, so writing a column reads only that column. Every read, raw array rows too, relies on
+    the file still being ``identity`` (default: of the scan's size)."""
 
-    def __init__(self, scan: ScanResult, policy: UnpicklePolicy) -> None:
+    def __init__(
+        self, scan: ScanResult, policy: UnpicklePolicy, identity: FileIdentity | None = None
+    ) -> None:
         self.scan, self.num_samples, self.protocol = scan, scan.num_samples, scan.protocol
         self.policy = policy
         find = policy.find_class(scan.path)
-        kw: dict[str, Any] = {"encoding": policy.encoding, "find_class": find}
+        kw: dict[str, Any] = {"encoding": policy.encoding, "find_class": find, "identity": identity}
         self.reader = SpanReader(scan, **kw)
         self.field_readers = [
             SpanReader(_field_view(scan, f), **kw) if k == "pickle" else None
             for f, k in enumerate(scan.kinds)
         ]
-        self._fd = os.open(scan.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
 
     def value(self, f: int, i: int) -> Any:
         r = self.field_readers[f]
@@ -79,16 +81,17 @@ class SpanSource(SampleSource):
         spec = self.scan.arrays[f]
         assert spec is not None
         start, n = int(self.scan.starts[a, f]) if b > a else 0, (b - a) * spec.nbytes
-        fd, path = self._fd, self.scan.path
+        reader, path = self.reader, self.scan.path
 
         def fill(write: Callable[[Any], Any]) -> None:
             done = 0
             while done < n:
-                block = os.pread(fd, min(COPY_BLOCK, n - done), start + done)
+                block = reader.read_raw(start + done, min(COPY_BLOCK, n - done))
                 if not block:
                     raise NotSpanIndexableError(path, "file ends inside an array field")
                 write(block)
                 done += len(block)
+            reader.check_identity(range(a, b))  # raw bytes: no framing says they are the old
 
         return RowPayload(n, fill)
 
@@ -99,7 +102,6 @@ class SpanSource(SampleSource):
         for r in (self.reader, *self.field_readers):
             if r is not None:
                 r.close()
-        os.close(self._fd)
 
 
 class LoadedSource(SampleSource):
@@ -235,9 +237,10 @@ def open_source(
     path: Path, policy: UnpicklePolicy, memory_bytes: int, scan: ScanResult | None
 ) -> tuple[SampleSource, ChunkShape, bool]:
     try:
+        st = path.stat()  # before the scan: a change during it shows in every read after
         if scan is None:
             scan = scan_file(path, encoding=policy.encoding)
-        elif scan.size != path.stat().st_size:
+        elif scan.size != st.st_size:
             raise ValueError(f"scan= is of a file of {scan.size} bytes, not of {path}")
     except NotSpanIndexableError as exc:
         need = WHOLE_FILE_FACTOR * path.stat().st_size
@@ -251,7 +254,9 @@ def open_source(
             ) from None
         columns, shape = _load_whole(path, policy)
         return LoadedSource(columns, _protocol_of(path), path, policy), shape, True
-    src = SpanSource(scan, policy)
+    src = SpanSource(
+        scan, policy, FileIdentity(scan.size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    )
     try:
         return src, shape_from_scan(scan), False
     except BaseException:
