@@ -39,7 +39,6 @@ from typing import Any
 
 import numpy as np
 
-from . import opcodes as oc
 from .errors import IndexFormatError
 from .indexfiles import SPAN_ARRAYS, FileEntry
 from .scan import _MAX_TEMPLATE
@@ -341,8 +340,9 @@ _PAYLOAD_HEADS = tuple(
 def _template(it: dict[str, Any], at: str, prefix: int, shape: tuple[int, ...], nbytes: int) -> int:
     """Check an item's stored framing template (``head``, ``tail``, masked ranges, FRAME
     bounds) against its prefix, shape and payload size; return the tail's length. (Its dtype
-    is a memo reference the template cannot resolve alone: the reader's check of one sample
-    against a real unpickling settles it, and the framing check makes every sample alike.)"""
+    and shape are settled by the reader's check of one sample against a real unpickling, and
+    the framing check makes every sample alike: decoding them here would be a second, partial
+    unpickler, stricter than the scanner on valid files that encode ints or tuples otherwise.)"""
     try:
         head, tail = (
             bytes.fromhex(_str(it["head"], f"{at}.head")),
@@ -376,53 +376,7 @@ def _template(it: dict[str, Any], at: str, prefix: int, shape: tuple[int, ...], 
             f"{at}: its template declares a payload of {sorted(declared)} bytes, "
             f"its dtype and shape read {nbytes}",
         )
-    # and it pushes the shape the item reads (numpy pickles it as a tuple of ints)
-    shapes = _int_tuples(head) | _int_tuples(tail)
-    if shape not in shapes:
-        raise IndexProblem(
-            "index.json",
-            f"{at}: its template builds an array of shape {sorted(shapes)}, the item says {shape}",
-        )
     return len(tail)
-
-
-_INTS = {pickle.BININT1[0]: 1, pickle.BININT2[0]: 2, pickle.BININT[0]: 4}
-_TUPLES = {pickle.TUPLE1[0]: 1, pickle.TUPLE2[0]: 2, pickle.TUPLE3[0]: 3}
-_KEEP = {op[0] for op in (pickle.BINPUT, pickle.LONG_BINPUT, pickle.MEMOIZE, pickle.FRAME)}
-
-
-def _int_tuples(code: bytes) -> set[tuple[int, ...]]:
-    """The tuples of ints that opcodes ``code`` push (``()`` included), walking until an
-    opcode that does not end inside ``code`` (the payload's, at the end of a head)."""
-    found: set[tuple[int, ...]] = set()
-    ints: list[int] = []  # ints pushed since the last other opcode
-    mark = -1  # where in ``ints`` a MARK stood, -1: none since the last other opcode
-    i = 0
-    while i < len(code):
-        op = code[i]
-        try:
-            end = oc.opcode_end(code, i)
-        except Exception:  # not an opcode, or its argument runs past the template
-            break
-        if not i < end <= len(code):
-            break
-        if op in _INTS:
-            ints.append(int.from_bytes(code[i + 1 : end], "little", signed=op == pickle.BININT[0]))
-        elif op in _TUPLES and len(ints) >= _TUPLES[op]:
-            found.add(tuple(ints[len(ints) - _TUPLES[op] :]))
-            ints, mark = [], -1
-        elif op == pickle.TUPLE[0] and mark >= 0:
-            found.add(tuple(ints[mark:]))
-            ints, mark = [], -1
-        elif op == pickle.EMPTY_TUPLE[0]:
-            found.add(())
-            ints, mark = [], -1
-        elif op == pickle.MARK[0]:
-            ints, mark = [], 0
-        elif op not in _KEEP:
-            ints, mark = [], -1
-        i = end
-    return found
 
 
 def _shared(sh: dict[str, Any], at: str, size: int) -> None:
