@@ -63,7 +63,6 @@ def run_bounded(args: list[str], timeout: float) -> subprocess.CompletedProcess[
     """Run ``args`` in a new session; past ``timeout``, kill the whole process group (the
     workers a hung command forked too) and fail: a regression must fail, not hang or leak."""
     env = {**os.environ, "PYTHONPATH": str(SRC)}
-    env.pop("PICKLESHARD_DEBUG", None)
     proc = subprocess.Popen(
         args,
         stdout=subprocess.PIPE,
@@ -519,7 +518,6 @@ def test_unexpected_exceptions_are_one_line(
         raise exc
 
     monkeypatch.setattr(index_cmd, "run", fail)
-    monkeypatch.delenv("PICKLESHARD_DEBUG", raising=False)
     assert main(["index", str(tmp_path / "data")]) == code
     line = one_line(capsys.readouterr().err, words)
     if not isinstance(exc, OSError):
@@ -537,9 +535,6 @@ def test_debug_shows_the_traceback(
     monkeypatch.setattr(index_cmd, "run", fail)
     with pytest.raises(ZeroDivisionError):
         main(["--debug", "index", str(tmp_path)])
-    monkeypatch.setenv("PICKLESHARD_DEBUG", "1")
-    with pytest.raises(ZeroDivisionError):
-        main(["index", str(tmp_path)])
 
 
 def test_no_progress_bar_when_stderr_is_not_a_terminal(

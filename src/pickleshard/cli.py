@@ -2,7 +2,8 @@
 
 Every failure ends in one line on stderr, ``pickleshard: error: <file>: <what>``, and a nonzero
 exit status: 1 for an error, 130 when interrupted (Ctrl-C). A traceback is a bug; ``--debug``
-(or ``PICKLESHARD_DEBUG=1``) shows the traceback of an unexpected error instead of the line.
+shows the traceback of an unexpected error instead of the line (a flag, not an environment
+variable: no module of the package reads the environment).
 """
 
 from __future__ import annotations
@@ -18,11 +19,10 @@ from concurrent.futures.process import BrokenProcessPool
 from .commands import COMMANDS
 from .errors import PickleshardError
 
-__all__ = ["DEBUG_ENV", "EXIT_ERROR", "EXIT_INTERRUPTED", "main"]
+__all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "main"]
 
 Handler = Callable[[argparse.Namespace], int]
 
-DEBUG_ENV = "PICKLESHARD_DEBUG"
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 _SPACE = (errno.ENOSPC, errno.EDQUOT)
@@ -37,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--debug",
         action="store_true",
-        help=f"show the traceback of an unexpected error (also: {DEBUG_ENV}=1)",
+        help="show the traceback of an unexpected error",
     )
     sub = p.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
@@ -78,7 +78,7 @@ def _describe(exc: BaseException, subject: str) -> str:
         return f"{subject}: data nested too deeply for Python's recursion limit ({exc})"
     return (
         f"{subject}: internal error: {type(exc).__name__}: {exc} "
-        f"(a bug: rerun with --debug or {DEBUG_ENV}=1 for the traceback, and report it)"
+        "(a bug: rerun with --debug for the traceback, and report it)"
     )
 
 
@@ -91,14 +91,14 @@ def _error(text: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args: argparse.Namespace | None = None
-    debug = os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    debug = False
     try:
         if argv[:1] == ["bench"]:
             from .commands.bench import run_bench
 
             return run_bench(argv[1:])
         args = _parser().parse_args(argv)
-        debug = debug or args.debug
+        debug = args.debug
         handler: Handler = args.handler
         return handler(args)
     except PickleshardError as exc:
