@@ -48,6 +48,7 @@ class CorpusReport:
     seconds: float = 0.0
     cpu_seconds: float = 0.0  # of the workers, all together
     outcomes: dict[str, dict[str, str]] = field(default_factory=dict)
+    details: dict[str, str] = field(default_factory=dict)  # fault runs: what each one ended in
     seconds_by_case: dict[str, float] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
@@ -247,6 +248,8 @@ def _collect(
         done.add(rec["case"])
         report.outcomes[rec["case"]] = rec["outcomes"]
         report.seconds_by_case[rec["case"]] = rec["seconds"]
+        if "detail" in rec:
+            report.details[rec["case"]] = rec["detail"]
         report.problems += [f"{rec['case']}: {p}" for p in rec["problems"]]
     tail = err.read_text(errors="replace")[-600:] if err.exists() else ""
     left = [n for n, _ in todo if n not in done]
@@ -258,9 +261,10 @@ def _collect(
     how = "was killed after no answer" if hung else f"died (exit {rc})"
     if faults:
         ep = culprit.split("::")[-1]
-        fatal = [ln for ln in tail.splitlines() if ln.startswith("Fatal Python error")]
+        text = err.read_text(errors="replace") if err.exists() else ""
+        fatal = [ln for ln in text.splitlines() if ln.startswith("Fatal Python error")][-1:]
         report.outcomes[culprit] = {ep: _death(rc, hung)}
-        report.problems.append(f"{culprit}: {_death(rc, hung)}: the worker {how}: {fatal[:1]}")
+        report.problems.append(f"{culprit}: {_death(rc, hung)}: the worker {how}: {fatal}")
     else:
         report.outcomes[culprit] = {"worker": f"died rc={rc}"}
         report.problems.append(f"{culprit}: the worker {how} on this case: {tail}")
@@ -273,9 +277,10 @@ def fault_counts(report: CorpusReport) -> Counter[str]:
     return Counter(c for per_run in report.outcomes.values() for c in per_run.values())
 
 
-def fault_table(report: CorpusReport) -> str:
+def fault_table(report: CorpusReport, *, verbose: bool = False) -> str:
     """The fault corpus' outcome table: cases, runs, runs per class overall and per entry point,
-    and every run that is not ok (WRONG, CRASH, HANG, FOREIGN) with what happened."""
+    the cases with a run that is not ok (WRONG, CRASH, HANG, FOREIGN) and each such run with
+    what happened; ``verbose`` adds every run (the messages of the ok-errors, to judge)."""
     cases = {name.split("::")[0] for name in report.outcomes}
     counts = fault_counts(report)
     lines = [
@@ -293,9 +298,25 @@ def fault_table(report: CorpusReport) -> str:
         lines.append(f"  {ep:<{width}}  " + " ".join(f"{by_ep[ep][c]:>10}" for c in CLASSES))
     bad = [p for p in report.problems if any(f": {c}: " in p for c in NOT_OK)]
     other = [p for p in report.problems if p not in bad]
+    by_case: dict[str, Counter[str]] = {}
+    for name, per_run in report.outcomes.items():
+        by_case.setdefault(name.split("::")[0], Counter()).update(per_run.values())
+    lines.append(
+        "  cases with a run not ok: "
+        + ", ".join(
+            f"{case} ({sum(c[k] for k in NOT_OK)})"
+            for case, c in sorted(by_case.items())
+            if any(c[k] for k in NOT_OK)
+        )
+    )
     lines.append(f"  not ok: {len(bad)}")
     lines += [f"    {p[:600]}" for p in sorted(bad)]
     lines += [f"  other problem: {p}" for p in other]
+    if verbose:
+        lines.append("  every run:")
+        for name, per_run in sorted(report.outcomes.items()):
+            for c in per_run.values():
+                lines.append(f"    {name}: {c}: {report.details.get(name, '')[:300]}")
     return "\n".join(lines)
 
 
@@ -314,6 +335,7 @@ def _summary_main(argv: Sequence[str]) -> int:
     p.add_argument("--only", default="", help="fault cases whose name contains this text")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--hang-seconds", type=float, default=RUN_SECONDS, help="wall clock per run")
+    p.add_argument("--verbose", action="store_true", help="list every run and its message")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="pickleshard-corpus-") as tmp:
         canary = os.path.join(tmp, "canary")
@@ -329,7 +351,7 @@ def _summary_main(argv: Sequence[str]) -> int:
                 cpu_seconds=3600,
                 run_seconds=args.hang_seconds,
             )
-            print(fault_table(report))
+            print(fault_table(report, verbose=args.verbose))
             return 1 if report.problems else 0
         report = run_corpus(generate(canary), Path(tmp), canary)
     print(report.summary())

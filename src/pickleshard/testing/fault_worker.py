@@ -120,7 +120,9 @@ class _Run:
             self.rewriter.__exit__()
 
     def names_file(self, message: str) -> bool:
-        where = [f"{self.data}{os.sep}", os.path.realpath(self.path)]
+        """Whether ``message`` names a file of the case: one in its data folder (the index
+        too), where ``data.pkl`` points, or the CLI's output folder."""
+        where = [f"{self.data}{os.sep}", os.path.realpath(self.path), os.fspath(self.out)]
         return any(w in message for w in where)
 
     def order(self, n: int) -> list[int]:
@@ -317,16 +319,17 @@ def _classify_cli(run: _Run, ep: str, res: CliResult) -> tuple[str, str]:
     if res.rc == 0:
         if ep == "cli:inspect-strict" and run.meta["expect"] == "refuse":
             return "WRONG", "inspect --strict exits 0 on a case the loader must refuse"
-        if ep in ("cli:convert-memmap", "cli:convert-lmdb", "cli:convert-webdataset", "cli:split"):
+        writes = ("cli:convert-memmap", "cli:convert-lmdb", "cli:convert-webdataset", "cli:split")
+        if run.meta["expect"] == "refuse" and (ep in writes or ep == "cli:verify"):
+            return "WRONG", f"{ep[4:]} exits 0 on a case that must be refused"
+        if ep in writes:
             return _check_samples(run, res.samples, f"{ep} wrote", res.versions)
-        if ep == "cli:verify" and run.meta["expect"] == "refuse":
-            return "WRONG", "verify exits 0 on a case that must be refused"
         return "ok-correct", ""
     if ep == "cli:inspect-strict" and res.rc == 3:
-        return "ok-error", ""
+        return "ok-error", f"exit 3: {_one_line(res.err)}"
     if len(lines) == 1 and lines[0].startswith("pickleshard: error: "):
         if run.names_file(lines[0]):
-            return "ok-error", ""
+            return "ok-error", f"exit {res.rc}: {_one_line(lines[0])}"
         return "FOREIGN", f"exit {res.rc}, the error does not name the file: {lines[0][:300]}"
     return "FOREIGN", f"exit {res.rc}, stderr is not one error line: {res.err[-400:]!r}"
 
@@ -337,7 +340,7 @@ def _classify_exception(run: _Run, exc: BaseException) -> tuple[str, str]:
     text = str(exc)
     if isinstance(exc, PickleshardError):
         if run.names_file(text):
-            return "ok-error", ""
+            return "ok-error", f"{type(exc).__name__}: {_one_line(text)}"
         return "FOREIGN", f"{type(exc).__name__} does not name the file: {text[:300]}"
     where = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
     at = f" at {where[0].filename}:{where[0].lineno}" if where else ""
@@ -417,7 +420,13 @@ class FaultWorker:
         shutil.rmtree(run_dir, ignore_errors=True)
         problems = [f"{cls}: {detail}"] if cls in NOT_OK else []
         took = round(time.perf_counter() - t0, 4)
-        rec = {"case": name, "outcomes": {ep: cls}, "problems": problems, "seconds": took}
+        rec = {
+            "case": name,
+            "outcomes": {ep: cls},
+            "problems": problems,
+            "seconds": took,
+            "detail": detail,
+        }
         out.write(json.dumps(rec) + "\n")
         out.flush()
 

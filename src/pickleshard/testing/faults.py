@@ -78,7 +78,7 @@ class _Reduce:
         return (self.func, self.args)
 
 
-def _in_layout(evil: Any, protocol: int = 2) -> bytes:
+def _in_layout(evil: Any, protocol: int = 4) -> bytes:
     """A two-sample ``(x, y)`` columns layout whose first ``x`` element is ``evil``."""
     return pickle.dumps(([evil, b"fine"], [0, 1]), protocol)
 
