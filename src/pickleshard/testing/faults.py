@@ -97,7 +97,7 @@ def _codecs_chain(steps: int) -> Any:
 
 def _deep_stack(n: int) -> bytes:
     """``([deep, 1], [0, 1])``, ``deep`` nested ``n`` lists, built on an ``n``-deep stack."""
-    return b"\x80\x04]" + b"]" * n + b"a" * (n - 1) + b"K\x01e](K\x00K\x01e\x86."
+    return b"\x80\x04](" + b"]" * n + b"a" * (n - 1) + b"K\x01e](K\x00K\x01e\x86."
 
 
 def _deep_memo(n: int) -> bytes:
