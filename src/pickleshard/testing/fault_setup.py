@@ -149,14 +149,16 @@ def _escape_file(data: Path, index: Path) -> None:
 
 
 def _escape_array(data: Path, index: Path) -> None:
-    """``starts`` named by a path outside the index: a copy with rows 2 and 3 swapped."""
+    """``starts``, ``ends`` and ``memo_base`` named by paths outside the index: copies with rows
+    2 and 3 swapped (consistent with each other: followed, they give other samples silently)."""
     header = _header(index)
-    starts = np.load(index / header["arrays"]["starts"])
-    starts[[2, 3]] = starts[[3, 2]]
     outside = data.parent / "outside"
     outside.mkdir(exist_ok=True)
-    np.save(outside / "starts.npy", starts)
-    header["arrays"]["starts"] = os.path.relpath(outside / "starts.npy", index)
+    for name in ("starts", "ends", "memo_base"):
+        rows = np.load(index / header["arrays"][name])
+        rows[[2, 3]] = rows[[3, 2]]
+        np.save(outside / f"{name}.npy", rows)
+        header["arrays"][name] = os.path.relpath(outside / f"{name}.npy", index)
     _save_header(index, header)
 
 
