@@ -60,6 +60,10 @@ class Case:
 
     ``original`` (truncated and bit-flipped cases) is the valid file they were made from: the
     runner also scans it and reads its spans from ``data``, as for a file changed after indexing.
+    The fault corpus (:mod:`pickleshard.testing.faults`) also sets ``expect`` (``"data"``: the
+    value of ``pickle.load`` or a package error is right; ``"refuse"``: only an error is),
+    ``setup`` (what the worker makes of the bytes first: a FIFO, a tampered index...) and
+    ``extra`` (more files of the case, ``(name, bytes)``).
     """
 
     name: str
@@ -67,6 +71,9 @@ class Case:
     data: bytes
     suffix: str = ".pkl"
     original: bytes | None = None
+    expect: str = "data"
+    setup: str = ""
+    extra: tuple[tuple[str, bytes], ...] = ()
 
 
 def _columns(n: int = 2) -> dict[str, list[Any]]:

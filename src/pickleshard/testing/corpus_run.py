@@ -6,7 +6,14 @@ checks) that limit their own memory and CPU time, and gathers their per-case out
 :class:`CorpusReport`. A worker that dies on a case (crash, CPU limit, hang past the wall-clock
 limit) makes that case a problem, and a fresh worker goes on with the cases after it.
 
-``python -m pickleshard.testing.corpus_run summary`` runs the whole corpus and prints the counts.
+``suite="faults"`` runs the fault corpus (:mod:`pickleshard.testing.faults`) instead: one run per
+(case, entry point of :data:`~pickleshard.testing.fault_worker.ENTRY_POINTS`), each classified
+by :mod:`pickleshard.testing.fault_worker`; a worker that answers nothing for ``run_seconds`` is
+killed and its run is a HANG, one that dies of another signal a CRASH.
+
+``python -m pickleshard.testing.corpus_run summary`` runs the whole corpus and prints the counts;
+``python -m pickleshard.testing.corpus_run faults [--only TEXT]`` runs the fault corpus and prints
+its outcome table (:func:`fault_table`). Either exits 1 when anything is wrong.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -24,10 +32,12 @@ from pathlib import Path
 
 from .corpus import Case
 from .corpus_worker import ORIGINAL
+from .fault_worker import CLASSES, ENTRY_POINTS, META, NOT_OK, RUN_SECONDS
 
-__all__ = ["CorpusReport", "run_corpus"]
+__all__ = ["CorpusReport", "fault_table", "run_corpus"]
 
 MEMORY_LIMIT = 2 << 30
+FAULT_MEMORY_LIMIT = 6 << 30  # the 1.5 GB amplifiers must really load, to show they are not refused
 
 
 @dataclass
@@ -38,6 +48,7 @@ class CorpusReport:
     seconds: float = 0.0
     cpu_seconds: float = 0.0  # of the workers, all together
     outcomes: dict[str, dict[str, str]] = field(default_factory=dict)
+    details: dict[str, str] = field(default_factory=dict)  # fault runs: what each one ended in
     seconds_by_case: dict[str, float] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
@@ -63,7 +74,7 @@ class CorpusReport:
         return "\n".join(lines)
 
 
-def _write_cases(cases: Sequence[Case], root: Path) -> list[tuple[str, str]]:
+def _write_cases(cases: Sequence[Case], root: Path, faults: bool) -> list[tuple[str, str]]:
     out = []
     for k, case in enumerate(cases):
         folder = root / f"{k:05d}"
@@ -71,15 +82,40 @@ def _write_cases(cases: Sequence[Case], root: Path) -> list[tuple[str, str]]:
         (folder / f"f{case.suffix}").write_bytes(case.data)
         if case.original is not None:
             (folder / ORIGINAL).write_bytes(case.original)  # not a pickle name: never indexed
+        if faults:
+            for name, data in case.extra:
+                (folder / name).write_bytes(data)
+            meta = {
+                "family": case.family,
+                "expect": case.expect,
+                "setup": case.setup,
+                "suffix": case.suffix,
+                "extra": [name for name, _ in case.extra],
+            }
+            (folder / META).write_text(json.dumps(meta))
         out.append((case.name, os.fspath(folder)))
     return out
 
 
 def _run_worker(
-    todo: list[tuple[str, str]], work: Path, canary: str, memory: int, cpu: int, tag: str
+    todo: list[tuple[str, str]],
+    work: Path,
+    canary: str,
+    memory: int,
+    cpu: int,
+    tag: str,
+    suite: str,
+    run_seconds: float,
 ) -> subprocess.Popen[bytes]:
     manifest = work / f"manifest-{tag}.json"
-    spec = {"cases": todo, "index_dir": os.fspath(work / f"index-{tag}"), "canary": canary}
+    spec = {
+        "cases": todo,
+        "index_dir": os.fspath(work / f"index-{tag}"),
+        "canary": canary,
+        "suite": suite,
+        "work_dir": os.fspath(work / f"runs-{tag}"),
+        "run_seconds": run_seconds,
+    }
     manifest.write_text(json.dumps(spec))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     cmd = [
@@ -99,15 +135,28 @@ def run_corpus(
     canary: str,
     *,
     workers: int = 2,
-    memory: int = MEMORY_LIMIT,
+    memory: int | None = None,
     cpu_seconds: int = 600,
     wall_seconds: float = 900,
+    suite: str = "bad-input",
+    entry_points: Sequence[str] = ENTRY_POINTS,
+    run_seconds: float = RUN_SECONDS,
 ) -> CorpusReport:
-    """Run ``cases`` in ``workers`` limited subprocesses (files written under ``work``)."""
+    """Run ``cases`` in ``workers`` limited subprocesses (files written under ``work``).
+
+    ``suite="faults"``: one run per case and entry point of ``entry_points``, each a HANG after
+    ``run_seconds`` of wall clock; a worker silent for twice that plus 30 s is killed.
+    """
     t0 = time.perf_counter()
+    faults = suite == "faults"
+    if memory is None:
+        memory = FAULT_MEMORY_LIMIT if faults else MEMORY_LIMIT
+    idle = 2 * run_seconds + 30 if faults else None
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    written = _write_cases(cases, Path(work) / "cases")
+    written = _write_cases(cases, Path(work) / "cases", faults)
     report = CorpusReport(cases=len(cases))
+    if faults:
+        written = [(f"{name}::{ep}", folder) for name, folder in written for ep in entry_points]
     queues = [written[k::workers] for k in range(workers)]
     runs = 0
     while any(queues):
@@ -119,18 +168,22 @@ def run_corpus(
                     (
                         k,
                         f"{k}-{runs}",
-                        _run_worker(todo, work, canary, memory, cpu_seconds, f"{k}-{runs}"),
+                        _run_worker(
+                            todo,
+                            work,
+                            canary,
+                            memory,
+                            cpu_seconds,
+                            f"{k}-{runs}",
+                            suite,
+                            run_seconds,
+                        ),
                     )
                 )
         for k, tag, proc in procs:
-            try:
-                rc = proc.wait(timeout=max(1.0, wall_seconds - (time.perf_counter() - t0)))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                rc = proc.wait()
-            queues[k] = _collect(
-                queues[k], work / f"out-{tag}.jsonl", rc, report, work / f"err-{tag}.txt"
-            )
+            out = work / f"out-{tag}.jsonl"
+            rc, hung = _wait(proc, out, t0 + wall_seconds, idle)
+            queues[k] = _collect(queues[k], out, rc, report, work / f"err-{tag}.txt", hung, faults)
         if time.perf_counter() - t0 > wall_seconds:
             for todo in queues:
                 report.problems += [
@@ -145,8 +198,42 @@ def run_corpus(
     return report
 
 
+def _wait(
+    proc: subprocess.Popen[bytes], out: Path, deadline: float, idle: float | None
+) -> tuple[int, bool]:
+    """Wait for ``proc`` until ``deadline`` (``perf_counter``); with ``idle``, kill it when
+    ``out`` has not grown for that long. Return its exit code and whether it was killed idle."""
+    size, since = -1, time.perf_counter()
+    while True:
+        now = time.perf_counter()
+        try:
+            return proc.wait(timeout=0.25 if idle else max(1.0, deadline - now)), False
+        except subprocess.TimeoutExpired:
+            pass
+        grown = out.stat().st_size if out.exists() else 0
+        if grown != size:
+            size, since = grown, now
+        if now > deadline or (idle is not None and now - since > idle):
+            proc.kill()
+            return proc.wait(), bool(idle is not None and now - since > idle)
+
+
+def _death(rc: int, hung: bool) -> str:
+    """The fault class of a worker's death on a run: killed silent or at its CPU limit is a
+    hang, any other death a crash."""
+    if hung or rc in (-signal.SIGXCPU, -signal.SIGKILL):
+        return "HANG"
+    return "CRASH"
+
+
 def _collect(
-    todo: list[tuple[str, str]], out: Path, rc: int, report: CorpusReport, err: Path
+    todo: list[tuple[str, str]],
+    out: Path,
+    rc: int,
+    report: CorpusReport,
+    err: Path,
+    hung: bool = False,
+    faults: bool = False,
 ) -> list[tuple[str, str]]:
     """Record the worker's results; return the cases it did not get to (after a crash)."""
     started: str | None = None
@@ -161,6 +248,8 @@ def _collect(
         done.add(rec["case"])
         report.outcomes[rec["case"]] = rec["outcomes"]
         report.seconds_by_case[rec["case"]] = rec["seconds"]
+        if "detail" in rec:
+            report.details[rec["case"]] = rec["detail"]
         report.problems += [f"{rec['case']}: {p}" for p in rec["problems"]]
     tail = err.read_text(errors="replace")[-600:] if err.exists() else ""
     left = [n for n, _ in todo if n not in done]
@@ -169,21 +258,101 @@ def _collect(
             report.problems.append(f"a worker exited with {rc} after its last case: {tail}")
         return []
     culprit = started or left[0]
-    report.outcomes[culprit] = {"worker": f"died rc={rc}"}
-    report.problems.append(f"{culprit}: the worker died (exit {rc}) on this case: {tail}")
+    how = "was killed after no answer" if hung else f"died (exit {rc})"
+    if faults:
+        ep = culprit.split("::")[-1]
+        text = err.read_text(errors="replace") if err.exists() else ""
+        fatal = [ln for ln in text.splitlines() if ln.startswith("Fatal Python error")][-1:]
+        report.outcomes[culprit] = {ep: _death(rc, hung)}
+        report.problems.append(f"{culprit}: {_death(rc, hung)}: the worker {how}: {fatal}")
+    else:
+        report.outcomes[culprit] = {"worker": f"died rc={rc}"}
+        report.problems.append(f"{culprit}: the worker {how} on this case: {tail}")
     done.add(culprit)
     return [(n, f) for n, f in todo if n not in done]
 
 
-def _summary_main() -> int:
+def fault_counts(report: CorpusReport) -> Counter[str]:
+    """Runs per class (:data:`~pickleshard.testing.fault_worker.CLASSES`) of a fault run."""
+    return Counter(c for per_run in report.outcomes.values() for c in per_run.values())
+
+
+def fault_table(report: CorpusReport, *, verbose: bool = False) -> str:
+    """The fault corpus' outcome table: cases, runs, runs per class overall and per entry point,
+    the cases with a run that is not ok (WRONG, CRASH, HANG, FOREIGN) and each such run with
+    what happened; ``verbose`` adds every run (the messages of the ok-errors, to judge)."""
+    cases = {name.split("::")[0] for name in report.outcomes}
+    counts = fault_counts(report)
+    lines = [
+        f"fault corpus: {len(cases)} cases, {sum(counts.values())} entry-point runs in "
+        f"{report.seconds:.1f} s ({report.cpu_seconds:.1f} CPU seconds in the workers)",
+        "  " + ", ".join(f"{c} {counts[c]}" for c in CLASSES),
+    ]
+    by_ep: dict[str, Counter[str]] = {}
+    for per_run in report.outcomes.values():
+        for ep, c in per_run.items():
+            by_ep.setdefault(ep, Counter())[c] += 1
+    width = max(len(ep) for ep in by_ep) if by_ep else 0
+    lines.append(f"  {'entry point':<{width}}  " + " ".join(f"{c:>10}" for c in CLASSES))
+    for ep in [e for e in ENTRY_POINTS if e in by_ep]:
+        lines.append(f"  {ep:<{width}}  " + " ".join(f"{by_ep[ep][c]:>10}" for c in CLASSES))
+    bad = [p for p in report.problems if any(f": {c}: " in p for c in NOT_OK)]
+    other = [p for p in report.problems if p not in bad]
+    by_case: dict[str, Counter[str]] = {}
+    for name, per_run in report.outcomes.items():
+        by_case.setdefault(name.split("::")[0], Counter()).update(per_run.values())
+    lines.append(
+        "  cases with a run not ok: "
+        + ", ".join(
+            f"{case} ({sum(c[k] for k in NOT_OK)})"
+            for case, c in sorted(by_case.items())
+            if any(c[k] for k in NOT_OK)
+        )
+    )
+    lines.append(f"  not ok: {len(bad)}")
+    lines += [f"    {p[:600]}" for p in sorted(bad)]
+    lines += [f"  other problem: {p}" for p in other]
+    if verbose:
+        lines.append("  every run:")
+        for name, per_run in sorted(report.outcomes.items()):
+            for c in per_run.values():
+                lines.append(f"    {name}: {c}: {report.details.get(name, '')[:300]}")
+    return "\n".join(lines)
+
+
+def _summary_main(argv: Sequence[str]) -> int:
     """``python -m pickleshard.testing.corpus_run summary``: run the whole corpus in a temporary
-    folder, print the outcome counts and every problem; exit 1 if there is any."""
+    folder, print the outcome counts and every problem; exit 1 if there is any.
+    ``... faults [--only TEXT]``: the fault corpus (the cases whose name holds TEXT), its table."""
+    import argparse
     import tempfile
 
     from .corpus import generate
+    from .faults import fault_cases
 
+    p = argparse.ArgumentParser(prog="python -m pickleshard.testing.corpus_run")
+    p.add_argument("suite", nargs="?", choices=("summary", "faults"), default="summary")
+    p.add_argument("--only", default="", help="fault cases whose name contains this text")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--hang-seconds", type=float, default=RUN_SECONDS, help="wall clock per run")
+    p.add_argument("--verbose", action="store_true", help="list every run and its message")
+    args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="pickleshard-corpus-") as tmp:
         canary = os.path.join(tmp, "canary")
+        if args.suite == "faults":
+            cases = [c for c in fault_cases(canary) if args.only in c.name]
+            report = run_corpus(
+                cases,
+                Path(tmp),
+                canary,
+                suite="faults",
+                workers=args.workers,
+                wall_seconds=3600,
+                cpu_seconds=3600,
+                run_seconds=args.hang_seconds,
+            )
+            print(fault_table(report, verbose=args.verbose))
+            return 1 if report.problems else 0
         report = run_corpus(generate(canary), Path(tmp), canary)
     print(report.summary())
     print("\n".join(report.problems))
@@ -191,4 +360,4 @@ def _summary_main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_summary_main())
+    sys.exit(_summary_main(sys.argv[1:]))

@@ -305,7 +305,14 @@ def _worker_main(manifest: str, out_path: str, memory: int, cpu: int) -> None:
 
     faulthandler.enable()
     spec = json.loads(Path(manifest).read_text())
-    worker = _Worker(spec["index_dir"], spec["canary"])
+    worker: Any
+    if spec.get("suite") == "faults":
+        from .fault_worker import FaultWorker
+
+        worker = FaultWorker(spec["work_dir"], spec["canary"], spec["run_seconds"])
+        from .. import cli, conversion, splitting, verification  # noqa: F401 - before the limits
+    else:
+        worker = _Worker(spec["index_dir"], spec["canary"])
     from .. import dataset, index, scan, spanread, wholefile  # noqa: F401 - imported before the limits
 
     _limit(memory, cpu)
