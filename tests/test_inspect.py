@@ -520,3 +520,54 @@ def test_cli_bad_file_exits_1_with_the_error(
     err = capsys.readouterr().err
     assert err.startswith(f"pickleshard: error: {path} at byte 0: ")
     assert main(["inspect", str(tmp_path / "missing.pkl")]) == 1
+
+
+def _deep_memo(n: int) -> bytes:
+    """``([deep, 1], [0, 1])``, ``deep`` nested ``n`` lists built through the memo with a stack
+    of two (``L_k = [L_{k-1}]``), so no opcode pass sees the depth on its stack."""
+    p4 = struct.Struct("<I").pack
+    body = [b"\x80\x04]r" + p4(0) + b"0"]
+    body += [b"]r" + p4(k) + b"j" + p4(k - 1) + b"a0" for k in range(1, n)]
+    return b"".join(body) + b"](j" + p4(n - 1) + b"K\x01e](K\x00K\x01e\x86."
+
+
+def test_check_all_evaluates_a_whole_file_past_the_opcode_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sample nested past max_depth in a file too long to preview: only ``check_all``
+    (``--strict``) evaluates it, and then notes the refusal the loader would raise."""
+    import pickleshard.inspection as inspection
+
+    path = tmp_path / "deep.pkl"
+    path.write_bytes(_deep_memo(300))
+    assert pickle.loads(path.read_bytes())[1] == [0, 1]  # a valid pickle
+    monkeypatch.setattr(inspection, "WHOLE_FILE_OPCODES", 100)
+    assert not inspect_file(path).refusals  # over the budget: not evaluated
+    refusals = inspect_file(path, check_all=True).refusals
+    assert any("deeper than max_depth" in r for r in refusals), refusals
+    assert main(["inspect", "--strict", str(path)]) == 3
+
+
+def test_check_all_evaluates_span_samples_past_the_preview(tmp_path: Path) -> None:
+    """An amplifying call in sample 7 of a span-indexable file: the preview of 3 samples does
+    not reach it, ``--strict`` does."""
+    xs = [bytes([65 + i]) * 4 for i in range(10)]
+    path = tmp_path / "late.pkl"
+    data = pickle.dumps((xs, list(range(10))), 4)
+    # sample 7's x: bytes(10**9) by REDUCE, spliced in place of its b"HHHH"
+    evil = b"\x8c\x08builtins\x8c\x05bytes\x93J" + struct.pack("<i", 10**9) + b"\x85R"
+    at = data.index(b"C\x04HHHH")
+    path.write_bytes(data[:at] + evil + data[at + 6 :])
+    assert inspect_file(path, samples=3).span_indexable
+    assert not inspect_file(path, samples=3).refusals
+    assert any("bytes" in r for r in inspect_file(path, samples=3, check_all=True).refusals)
+
+
+def test_strict_refuses_newobj_on_a_guarded_global(tmp_path: Path) -> None:
+    """``bytes.__new__(bytes, 10**9)`` by NEWOBJ: the loader refuses it, so does --strict."""
+    newobj = b"cbuiltins\nbytes\nJ" + struct.pack("<I", 10**9) + b"\x85\x81"
+    path = tmp_path / "newobj.pkl"
+    path.write_bytes(b"\x80\x02](" + newobj + b"K\x01e](K\x00K\x01e\x86.")
+    refusals = inspect_file(path, check_all=True).refusals
+    assert any("NEWOBJ" in r for r in refusals), refusals
+    assert main(["inspect", "--strict", str(path)]) == 3

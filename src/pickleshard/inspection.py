@@ -73,6 +73,9 @@ class Stand:
         obj.key, obj.sink = None, None
         if isinstance(cls, Stand):  # NEWOBJ: ``cls.__new__(cls, *args)`` on a stand-in class
             obj.qualname, obj.args, obj.made = cls.qualname, args, True
+            if cls.sink is not None and len(cls.sink) < _MAX_REFUSALS:
+                # the loader hands out a guard, not a class, for a global with an argument check
+                cls.sink.append(f"{cls.qualname}: NEWOBJ on a global that a pickle may only call")
         return obj
 
     def __init__(self, qualname: str = "?", args: tuple[Any, ...] = (), made: bool = False):
@@ -482,8 +485,14 @@ def inspect_file(
     encoding: str = "ASCII",
     allow_globals: Iterable[str] = (),
     samples: int = 3,
+    check_all: bool = False,
 ) -> FileReport:
     """Inspect one pickle file without loading it; see the module docstring.
+
+    ``check_all`` (``inspect --strict``) evaluates every sample inertly, not only the ``samples``
+    previewed, and a file read whole however many opcodes it has: a refusal the loader would
+    raise for any sample (an amplifying call, nesting past ``max_depth``) is then in
+    :attr:`FileReport.refusals`. It costs a pure-Python pass over every opcode.
 
     ``allow_globals`` (``"module.name"`` strings, as everywhere) turns those globals' verdicts
     to "allowed". ``encoding`` decodes Python 2 ``str`` as :func:`pickle.load` does. Raises the
@@ -498,7 +507,7 @@ def inspect_file(
     try:
         audit = audit_buffer(buf, size, name)
         reader = _Reader(buf, audit.protocol, encoding)
-        report = _report(name, buf, audit, reader, encoding, max(samples, 0))
+        report = _report(name, buf, audit, reader, encoding, max(samples, 0), check_all)
     finally:
         if not isinstance(buf, bytes):
             buf.close()
@@ -515,7 +524,13 @@ def inspect_file(
 
 
 def _report(
-    name: str, buf: Any, audit: Audit, reader: _Reader, encoding: str, samples: int
+    name: str,
+    buf: Any,
+    audit: Audit,
+    reader: _Reader,
+    encoding: str,
+    samples: int,
+    check_all: bool = False,
 ) -> FileReport:
     report = FileReport(
         path=name,
@@ -554,8 +569,12 @@ def _report(
         report.preview = {
             f: [preview.sample(i, j) for i in range(n)] for j, f in enumerate(scan.fields)
         }
+        if check_all:  # the rest only for their refusals
+            for i in range(n, scan.num_samples):
+                for j in range(len(scan.fields)):
+                    preview.sample(i, j)
         return report
-    if audit.opcodes > WHOLE_FILE_OPCODES:
+    if audit.opcodes > WHOLE_FILE_OPCODES and not check_all:
         report.layout += f" (over {WHOLE_FILE_OPCODES:,} opcodes to evaluate)"
         return report
     try:

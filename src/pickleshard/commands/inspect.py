@@ -103,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
                 encoding=args.encoding,
                 allow_globals=args.allow_global,
                 samples=args.samples,
+                check_all=args.strict,
             )
         except PickleshardError as exc:
             if not several:
@@ -144,7 +145,9 @@ def register(sub: Any) -> None:
     s.add_argument(
         "--strict",
         action="store_true",
-        help="exit 3 when any global is not allowed or dangerous (they are listed on stderr)",
+        help="exit 3 when any global is not allowed or dangerous, or a sample would be refused "
+        "(an amplifying call, nesting too deep, BUILD on a global; listed on stderr); evaluates "
+        "every sample inertly, so it reads all opcodes",
     )
     s.add_argument(
         "--samples", type=int, default=3, metavar="K", help="samples summarised per field"
