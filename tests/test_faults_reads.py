@@ -477,3 +477,37 @@ def test_a_file_refused_on_open_is_refused_again(tmp_path: Path) -> None:
         with pytest.raises(FileChangedError, match="mtime"):
             reader.read_sample(0)
     assert reader._fd == -1
+
+
+def test_whole_mode_refuses_a_file_rewritten_after_it_was_indexed(tmp_path: Path) -> None:
+    """Whole mode loads the file at its first sample: new content with the same size and mtime
+    (ctime moved) is refused by name, not decoded as if the index still held."""
+    path, _old, new = _dataset_file(tmp_path)
+    ds = PickleDataset(path.parent, mode="whole")
+    write_keeping_times(path, new)
+    with pytest.raises(FileChangedError, match="changed since it was indexed") as info:
+        ds[0]
+    assert str(path) in str(info.value)
+
+
+def test_whole_mode_refuses_a_file_written_while_it_is_loaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that lands while the whole file is being unpickled (here: half of it, between
+    the open and the load) gives FileChangedError after the load, never a mixed file."""
+    import pickleshard.wholefile as wholefile
+
+    path, old, new = _dataset_file(tmp_path)
+    ds = PickleDataset(path.parent, mode="whole")
+    real = wholefile._load_one
+
+    def torn(fh: Any, where: str, size: int, policy: Any) -> Any:
+        with open(where, "r+b") as out:  # the second half of the file becomes the new one's
+            out.seek(len(old) // 2)
+            out.write(new[len(old) // 2 :])
+        return real(fh, where, size, policy)
+
+    monkeypatch.setattr(wholefile, "_load_one", torn)
+    with pytest.raises(FileChangedError, match="while it was read") as info:
+        ds[0]
+    assert str(path) in str(info.value)

@@ -23,6 +23,7 @@ except ImportError:  # pragma: no cover - exercised only without torch
 
 from .bounds import DEFAULT_MAX_DEPTH, DEFAULT_MAX_SAMPLE_BYTES, check_sample
 from .errors import NotSpanIndexableError
+from .fileidentity import FileIdentity
 from .index import Rebuild, SkippedFilesWarning, open_index
 from .layouts import DecodedLayout
 from .safety import UnpicklePolicy
@@ -129,6 +130,7 @@ class PickleDataset(_DatasetBase[Any]):
         self.cache_bytes = cache_bytes
         self.transform = transform
         self._paths = [os.fspath(self.source.absolute(f.path)) for f in self.index.files]
+        self._positions = {path: pos for pos, path in enumerate(self._paths)}
         if mode == "span":
             for f, path in zip(self.index.files, self._paths, strict=True):
                 if f.mode != "span":
@@ -161,7 +163,10 @@ class PickleDataset(_DatasetBase[Any]):
         return self.index.num_samples
 
     def _load(self, path: str) -> DecodedLayout:
-        return load_layout(path, self.policy)
+        # the file as indexed, checked before and after the load (a rewrite during an epoch)
+        f = self.index.files[self._positions[path]]
+        identity = FileIdentity(f.size, f.mtime_ns, f.ctime_ns, f.ino)
+        return load_layout(path, self.policy, identity=identity)
 
     @property
     def cache(self) -> WholeFileCache:

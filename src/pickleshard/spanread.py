@@ -73,6 +73,7 @@ from .errors import (
     TruncatedPickleError,
     UnreadableFileError,
 )
+from .fileidentity import FileIdentity
 from .memo import MemoIdPastSpan, SpanFile, SpanUnpickler
 from .safety import GUARD_TYPES, AllowlistFindClass, guard_misuse
 from .scan import ArrayItem, IntItem, ScanResult
@@ -91,29 +92,6 @@ _SPAN, _ROW, _ITEM, _INT = range(4)  # how a field is read: see SpanReader.read_
 _MAX_HEADS = 4096  # literal prologues kept per reader, one per distinct tuple of externals
 BATCH_READ_MIN = 16  # samples of one file that read_samples reads as a batch (fewer: one by one)
 _INT_REGION = 1 << 20  # an int field's values are decoded at once from at most this many bytes
-
-
-@dataclass(frozen=True)
-class FileIdentity:
-    """What a file must still be for the spans indexed from it to hold (``os.fstat`` fields,
-    as the index's files table records them); None: not recorded, not compared."""
-
-    size: int
-    mtime_ns: int | None = None
-    ctime_ns: int | None = None
-    ino: int | None = None
-
-    def differs(self, st: os.stat_result) -> str | None:
-        """What of ``st`` differs from this identity, or None when nothing does."""
-        if st.st_size != self.size:
-            return f"it is {st.st_size} bytes, {self.size} when indexed"
-        for name, want in (("mtime", self.mtime_ns), ("ctime", self.ctime_ns)):
-            got = getattr(st, f"st_{name}_ns")
-            if want is not None and got != want:
-                return f"its {name} is {got} ns, {want} when indexed"
-        if self.ino is not None and st.st_ino != self.ino:
-            return f"it is inode {st.st_ino}, {self.ino} when indexed (another file)"
-        return None
 
 
 @dataclass

@@ -22,11 +22,13 @@ import numpy as np
 from .errors import (
     CorruptPickleError,
     EmptyPickleError,
+    FileChangedError,
     NotAPickleError,
     PickleshardError,
     TruncatedPickleError,
     UnreadableFileError,
 )
+from .fileidentity import FileIdentity
 from .layouts import DecodedLayout, decode_records
 from .opcodes import (
     A_PUT,
@@ -96,10 +98,14 @@ def load_records(
     policy: UnpicklePolicy = DEFAULT_POLICY,
     *,
     check_memo: bool = False,
+    identity: FileIdentity | None = None,
 ) -> list[Any]:
     """Every pickle of ``path`` in file order (one per ``pickle.dump`` call that wrote it);
-    ``check_memo`` as in :func:`load_file`."""
-    return _load(path, policy, every=True, check_memo=check_memo)
+    ``check_memo`` as in :func:`load_file`. With ``identity`` (what the index recorded), the
+    open file is compared with it before and after the load (``fstat``): a file changed since
+    it was indexed, or while it was read, raises :class:`FileChangedError` instead of giving
+    samples that are neither the old nor the new data."""
+    return _load(path, policy, every=True, check_memo=check_memo, identity=identity)
 
 
 def check_memo_ids(buf: Any, pos: int, size: int, name: str) -> int:
@@ -189,7 +195,12 @@ def _check_id(mid: int, pos: int, size: int, name: str) -> None:
 
 
 def _load(
-    path: str | os.PathLike[str], policy: UnpicklePolicy, *, every: bool, check_memo: bool
+    path: str | os.PathLike[str],
+    policy: UnpicklePolicy,
+    *,
+    every: bool,
+    check_memo: bool,
+    identity: FileIdentity | None = None,
 ) -> list[Any]:
     where = os.fspath(path)
     try:
@@ -202,6 +213,8 @@ def _load(
             size = os.fstat(fh.fileno()).st_size
         except OSError as exc:
             raise UnreadableFileError(where, f"cannot read: {exc.strerror or exc}") from None
+        if identity is not None:
+            _check_identity(fh, where, identity, "")
         if not head:
             raise EmptyPickleError(where, "file is empty; expected a pickle stream", offset=0)
         fh.seek(0)
@@ -213,10 +226,21 @@ def _load(
                     check_memo_ids(buf, fh.tell(), size, where)
                 records.append(_load_one(fh, where, size, policy))
                 if not every or fh.tell() >= size:
+                    if identity is not None:  # a write that raced the load has stamped it
+                        _check_identity(fh, where, identity, " while it was read")
                     return records
         finally:
             if isinstance(buf, mmap.mmap):
                 buf.close()
+
+
+def _check_identity(fh: IO[bytes], where: str, identity: FileIdentity, when: str) -> None:
+    try:
+        what = identity.differs(os.fstat(fh.fileno()))
+    except OSError as exc:
+        raise UnreadableFileError(where, f"cannot stat: {exc.strerror or exc}") from None
+    if what is not None:
+        raise FileChangedError(where, f"file changed since it was indexed{when}: {what}")
 
 
 def _map(fh: IO[bytes], where: str) -> mmap.mmap:
@@ -277,11 +301,13 @@ def load_layout(
     policy: UnpicklePolicy = DEFAULT_POLICY,
     *,
     check_memo: bool = False,
+    identity: FileIdentity | None = None,
 ) -> DecodedLayout:
     """Unpickle every pickle of ``path`` and return its samples as columns (see
     :func:`pickleshard.layouts.decode_records`: one pickle, or several appended ones);
-    ``check_memo`` as in :func:`load_file`."""
-    return decode_records(load_records(path, policy, check_memo=check_memo), path)
+    ``check_memo`` and ``identity`` as in :func:`load_records`."""
+    records = load_records(path, policy, check_memo=check_memo, identity=identity)
+    return decode_records(records, path)
 
 
 def estimate_nbytes(obj: object, _depth: int = 0) -> int:
