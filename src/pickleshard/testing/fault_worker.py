@@ -196,6 +196,10 @@ def _loader(run: _Run, workers: int) -> Samples:
         try:
             flat = [s for batch in it for s in batch]
         finally:
+            # join the workers now: one still shutting down could print into the next run
+            shutdown = getattr(it, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
             del it
         got += list(zip(order, flat, strict=False))
         if len(flat) != len(order):
