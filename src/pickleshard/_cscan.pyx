@@ -24,7 +24,17 @@ import array as pyarray
 from . import opcodes as oc
 from .errors import CorruptPickleError
 
-__all__ = ["SLOW", "Framing", "SpanLoader", "gather", "rewrite_span", "walk_record"]
+__all__ = [
+    "MEASURE_FALLBACK",
+    "SLOW",
+    "Framing",
+    "SpanLoader",
+    "gather",
+    "leaf_total",
+    "measure_tree",
+    "rewrite_span",
+    "walk_record",
+]
 
 cdef enum:
     F_BAD, F_FIXED, F_LEN1, F_LEN4S, F_LEN4U, F_LEN8U, F_LINE, F_LINE2
@@ -1327,3 +1337,240 @@ def gather(object buf, const int64_t[:] at, const int64_t[:] rel, object release
     if release is not None:
         release(at[od[n - 1]] + top + 1)
     return out
+
+
+# -- per-sample bounds: the compiled twin of pickleshard.bounds.measure ---------------------------
+#
+# bounds._measure_py (and its _leaf, _children, _Walk, _iterative) is the reference: the same
+# leaves with the same sizes, containers walked in the same order (a dict: its keys, then its
+# values), each distinct container once (by id; a shared one adds its memoized size and height
+# again), and the same bound checks at the same points, so the same (bytes, depth) or the same
+# _Exceeded(what, value). Only exact list, tuple and dict are walked here, only exact int, str,
+# bytes, bytearray, float, bool, None, complex, range, slice and non-object numpy arrays are
+# leaves; at any other value the whole sample is answered MEASURE_FALLBACK and the reference walks
+# it. The walk keeps its own stack of frames (no C recursion, whatever the depth).
+
+from cpython.dict cimport PyDict_Next
+from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_FromVoidPtr
+from cpython.ref cimport PyObject
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
+from libc.stdlib cimport free, realloc
+
+cdef extern from "Python.h":
+    Py_ssize_t PyUnicode_GET_LENGTH(object)
+    Py_ssize_t PyBytes_GET_SIZE(object)
+    Py_ssize_t PyByteArray_GET_SIZE(object)
+
+MEASURE_FALLBACK = object()  # measure_tree's answer for a sample the reference must walk
+
+cdef enum:
+    M_REF = 8  # bytes per reference (bounds._REF)
+    M_CONTAINER = -1
+    M_OTHER = -2
+    K_LIST = 0
+    K_TUPLE = 1
+    K_KEYS = 2
+    K_VALUES = 3
+
+cdef object _ndarray = np.ndarray
+cdef object _NoneType = type(None)
+
+
+cdef int64_t _leaf_c(object v) except -3:
+    """bounds._leaf for the types named above; M_CONTAINER for exact list, tuple and dict,
+    M_OTHER for anything else (an object array too: the reference walks its elements)."""
+    cdef type t = type(v)
+    cdef int overflow = 0
+    if t is int:
+        PyLong_AsLongLongAndOverflow(v, &overflow)  # exact int: no __index__ runs
+        if overflow == 0:  # within [-2**63, 2**63): a small int
+            return M_REF
+        return <int64_t>(v.bit_length() >> 3)
+    if t is str:
+        return PyUnicode_GET_LENGTH(v)
+    if t is float or t is bool or t is _NoneType:
+        return M_REF
+    if t is list or t is tuple or t is dict:
+        return M_CONTAINER
+    if t is bytes:
+        return PyBytes_GET_SIZE(v)
+    if t is _ndarray:
+        if v.dtype.hasobject:
+            return M_OTHER
+        return <int64_t>v.nbytes
+    if t is bytearray:
+        return PyByteArray_GET_SIZE(v)
+    if t is complex:
+        return 2 * M_REF
+    if t is range:
+        return 6 * M_REF
+    if t is slice:
+        return 3 * M_REF
+    return M_OTHER
+
+
+cdef _exceeded(str what, object value):
+    from .bounds import _Exceeded  # here, not at import: bounds imports this module
+
+    raise _Exceeded(what, value)
+
+
+cdef struct _MFrame:
+    PyObject* obj  # borrowed: `held` keeps a reference while the frame lives
+    Py_ssize_t pos  # the next child: an index, or PyDict_Next's position
+    int kind
+    int64_t total
+    int64_t height
+
+
+cdef object _walk_tree(object sample, int64_t limit, int64_t deepest, bint recursive):
+    """bounds._Walk.container(sample, 1) when ``recursive``, else bounds._iterative: they
+    differ only at a new container met on the path past the depth bound (the recursive walk
+    checks the depth first and reports a cycle at the child's depth, the iterative one checks
+    for a cycle first and reports it at the parent's). MEASURE_FALLBACK at a value it does not
+    know."""
+    cdef _MFrame* frames = NULL
+    cdef _MFrame* f
+    cdef _MFrame* tmp
+    cdef Py_ssize_t n = 0, cap = 0
+    cdef int64_t size, h
+    cdef PyObject* k
+    cdef PyObject* val
+    cdef bint has, push = True
+    cdef object child = sample, key, got, obj
+    cdef type t
+    cdef dict done = {}  # id -> (bytes, height) of the containers walked
+    cdef set on_path = set()
+    cdef list held = []
+    try:
+        while True:
+            if push:  # `child`, a list, tuple or dict not walked yet, gets a frame
+                push = False
+                if n == cap:
+                    cap = cap * 2 if cap else 16
+                    tmp = <_MFrame*>realloc(frames, cap * sizeof(_MFrame))
+                    if tmp == NULL:
+                        raise MemoryError()
+                    frames = tmp
+                f = &frames[n]
+                n += 1
+                held.append(child)
+                on_path.add(PyLong_FromVoidPtr(<PyObject*>child))
+                f.obj = <PyObject*>child
+                f.pos = 0
+                f.height = 0
+                t = type(child)
+                if t is dict:
+                    f.kind = K_KEYS
+                    f.total = 2 * M_REF * len(<dict>child)
+                elif t is list:
+                    f.kind = K_LIST
+                    f.total = M_REF * PyList_GET_SIZE(child)
+                else:
+                    f.kind = K_TUPLE
+                    f.total = M_REF * PyTuple_GET_SIZE(child)
+            f = &frames[n - 1]
+            obj = <object>f.obj
+            has = False
+            if f.kind == K_LIST:
+                if f.pos < PyList_GET_SIZE(obj):  # read each time: the list is not ours
+                    child = <object>PyList_GET_ITEM(obj, f.pos)
+                    f.pos += 1
+                    has = True
+            elif f.kind == K_TUPLE:
+                if f.pos < PyTuple_GET_SIZE(obj):
+                    child = <object>PyTuple_GET_ITEM(obj, f.pos)
+                    f.pos += 1
+                    has = True
+            elif f.kind == K_KEYS:
+                if PyDict_Next(obj, &f.pos, &k, &val):
+                    child = <object>k
+                    has = True
+                else:  # the keys are done: the values (itertools.chain(v, v.values()))
+                    f.kind = K_VALUES
+                    f.pos = 0
+                    continue
+            elif PyDict_Next(obj, &f.pos, &k, &val):
+                child = <object>val
+                has = True
+            if has:
+                size = _leaf_c(child)
+                if size == M_OTHER:
+                    return MEASURE_FALLBACK
+                if size == M_CONTAINER:
+                    key = PyLong_FromVoidPtr(<PyObject*>child)
+                    got = done.get(key)
+                    if got is None:
+                        if recursive:
+                            if n + 1 > deepest:
+                                _exceeded("depth", n + 1)
+                            if key in on_path:
+                                _exceeded("cycle", n + 1)
+                        else:
+                            if key in on_path:
+                                _exceeded("cycle", n)
+                            if n >= deepest:
+                                _exceeded("depth", n + 1)
+                        push = True
+                        continue
+                    h = (<tuple>got)[1]
+                    if n + h > deepest:
+                        _exceeded("depth", n + h)
+                    size = (<tuple>got)[0]
+                    if h > f.height:
+                        f.height = h
+                if size > limit - f.total:  # total + size > limit, without overflow
+                    _exceeded("bytes", f.total + <object>size)
+                f.total += size
+                continue
+            # no children left: the container is done
+            size = f.total
+            h = f.height + 1
+            on_path.discard(PyLong_FromVoidPtr(f.obj))
+            n -= 1
+            if n == 0:
+                return (size, h)
+            done[PyLong_FromVoidPtr(f.obj)] = (size, h)
+            held.pop()
+            f = &frames[n - 1]
+            if h > f.height:
+                f.height = h
+            if size > limit - f.total:
+                _exceeded("bytes", f.total + <object>size)
+            f.total += size
+    finally:
+        free(frames)
+
+
+def measure_tree(object sample, int64_t limit, int64_t deepest, bint recursive):
+    """bounds._measure_py(sample, ...) with both bounds given (at most 2**62; "no bound" is
+    2**62) and the walk it would take (``recursive``: the depth bound is at most
+    bounds._RECURSE_MAX): ``(bytes, depth)``, or bounds._Exceeded raised, or MEASURE_FALLBACK
+    when the sample holds a value this walk does not know (the reference must walk it)."""
+    cdef int64_t size = _leaf_c(sample)
+    if size == M_OTHER:
+        return MEASURE_FALLBACK
+    if size >= 0:
+        if size > limit:
+            _exceeded("bytes", size)
+        return (size, 0)
+    if recursive and deepest < 1:
+        _exceeded("depth", 1)
+    return _walk_tree(sample, limit, deepest, recursive)
+
+
+def leaf_total(tuple sample):
+    """check_sample's quick answer for a tuple of leaves: the sum of their sizes; -1 when it
+    holds a container (measure it), MEASURE_FALLBACK at a value this module does not know."""
+    cdef int64_t total = 0, size
+    cdef Py_ssize_t i
+    for i in range(PyTuple_GET_SIZE(sample)):
+        size = _leaf_c(<object>PyTuple_GET_ITEM(sample, i))
+        if size == M_OTHER:
+            return MEASURE_FALLBACK
+        if size < 0:
+            return -1
+        if size > (1 << 62) - total:  # a sum C cannot hold: the reference adds it
+            return MEASURE_FALLBACK
+        total += size
+    return total
