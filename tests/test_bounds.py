@@ -5,6 +5,7 @@ reference; plus hand-computed sizes, the exact bounds and a 10**6-deep sample.""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -266,3 +267,21 @@ def test_a_list_of_small_ints_is_bounded() -> None:
     assert _compiled([1, 2, 3], 10, 100) == ("exceeded", "bytes", 32)
     with pytest.raises(SampleTooLargeError, match="at least 32"):
         bounds.check_sample([1, 2, 3], "f.pkl", 0, 10, 100)
+
+
+def test_the_compiled_walk_keeps_reference_counts() -> None:
+    inner = [1, "a"]
+    loop: list[Any] = [inner]
+    loop.append(loop)
+    samples: list[Any] = [
+        (inner, {"k": inner}),  # answered
+        [inner, {1, 2}],  # declined at the set
+        loop,  # a cycle: raised
+        [[inner] * 3, b"x" * 100],  # past the byte bound: raised
+    ]
+    for sample in samples:
+        before = sys.getrefcount(sample), sys.getrefcount(inner)
+        for _ in range(100):
+            _compiled(sample, 50, 100)
+            _compiled(sample, 50, None)
+        assert (sys.getrefcount(sample), sys.getrefcount(inner)) == before
