@@ -148,8 +148,11 @@ def test_compiled_walk_equals_the_reference(sample: Any, max_bytes: Any, max_dep
         assert got is cscan.MEASURE_FALLBACK or got == expected
 
 
-@settings(max_examples=300, deadline=None)
-@given(_samples(), _limits, _depths)
+_leaf_tuples = st.lists(st.one_of(_leaves, _leaves, _odd), max_size=5).map(tuple)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(_samples(), _leaf_tuples), _limits, _depths)
 def test_check_sample_errors_equal_the_reference(
     sample: Any, max_bytes: Any, max_depth: Any
 ) -> None:
@@ -163,7 +166,7 @@ def test_check_sample_errors_equal_the_reference(
     compiled = check()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(bounds, "_measure_tree", None)
-        mp.setattr(bounds, "_leaf_total_c", None)
+        mp.setattr(bounds, "_check_tree", None)
         assert check() == compiled
 
 
@@ -249,6 +252,15 @@ def test_other_values_go_to_the_reference() -> None:
     assert cscan.leaf_total((np.float32(1), 2)) is cscan.MEASURE_FALLBACK
     assert cscan.leaf_total((np.zeros(10), 5, "ab")) == 80 + 8 + 2
     assert cscan.leaf_total((np.zeros(10), [5])) == -1
+    assert cscan.check_tree((np.zeros(10), 5), 88, 1, True) is None  # leaves: no reference bytes
+    with pytest.raises(bounds._Exceeded) as exc:
+        cscan.check_tree((np.zeros(10), 5), 87, 1, True)
+    assert (exc.value.what, exc.value.value) == ("bytes", 88)
+    assert cscan.check_tree((np.zeros(10), np.float32(1)), 87, 1, True) is cscan.MEASURE_FALLBACK
+    assert cscan.check_tree(([obj],), 87, 5, True) is cscan.MEASURE_FALLBACK
+    assert cscan.check_tree(([1],), 24, 2, True) is None  # 8 + (8 + 8)
+    with pytest.raises(bounds._Exceeded):
+        cscan.check_tree(([1],), 24, 1, True)
     # a bound past C's integers: the reference answers
     assert bounds.measure([b"ab"], 2**70, 2**70) == (10, 1)
 

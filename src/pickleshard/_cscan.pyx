@@ -30,6 +30,7 @@ __all__ = [
     "Framing",
     "SpanLoader",
     "gather",
+    "check_tree",
     "leaf_total",
     "measure_tree",
     "rewrite_span",
@@ -1609,9 +1610,7 @@ def measure_tree(object sample, int64_t limit, int64_t deepest, bint recursive):
     return _walk_tree(<PyObject*>sample, limit, deepest, recursive)
 
 
-def leaf_total(tuple sample):
-    """check_sample's quick answer for a tuple of leaves: the sum of their sizes; -1 when it
-    holds a container (measure it), MEASURE_FALLBACK at a value this module does not know."""
+cdef object _leaf_total(tuple sample):
     cdef int64_t total = 0, size
     cdef Py_ssize_t i
     for i in range(PyTuple_GET_SIZE_P(<PyObject*>sample)):
@@ -1624,3 +1623,27 @@ def leaf_total(tuple sample):
             return MEASURE_FALLBACK
         total += size
     return total
+
+
+def leaf_total(tuple sample):
+    """bounds._leaf_total_py: the sum of the sizes of a tuple of leaves; -1 when it holds a
+    container, MEASURE_FALLBACK at a value this module does not know."""
+    return _leaf_total(sample)
+
+
+def check_tree(object sample, int64_t limit, int64_t deepest, bint recursive):
+    """bounds.check_sample's test in one call (bounds as for :func:`measure_tree`): a tuple of
+    leaves against the byte bound alone (their sum, as check_sample), any other sample
+    measured. None when it passes, bounds._Exceeded raised when not, MEASURE_FALLBACK when the
+    reference must decide."""
+    cdef object total
+    if type(sample) is tuple:
+        total = _leaf_total(<tuple>sample)
+        if total is MEASURE_FALLBACK:
+            return total
+        if <int64_t>total >= 0:
+            if <int64_t>total > limit:
+                _exceeded("bytes", total)
+            return None
+    got = measure_tree(sample, limit, deepest, recursive)
+    return got if got is MEASURE_FALLBACK else None

@@ -249,15 +249,25 @@ def check_sample(
 ) -> None:
     """Raise :class:`~pickleshard.errors.SampleTooLargeError` or
     :class:`~pickleshard.errors.SampleTooDeepError` naming ``path`` and ``sample_index`` when
-    ``sample`` passes ``max_bytes`` or ``max_depth`` (None: no bound)."""
-    if type(sample) is tuple:  # the common sample: a tuple of arrays and scalars
-        total = _leaf_total(sample)
-        if total >= 0:
-            if max_bytes is not None and total > max_bytes:
-                raise _too_large(path, sample_index, total, max_bytes)
-            return
+    ``sample`` passes ``max_bytes`` or ``max_depth`` (None: no bound).
+
+    A tuple of leaves (the common sample: arrays and scalars) is held to the byte bound alone,
+    by the sum of its leaves; any other sample is measured. The compiled test
+    (``pickleshard._cscan.check_tree``, one call) decides when it can; else this module does."""
     try:
-        measure(sample, max_bytes, max_depth)
+        if _check_tree is not None:
+            limit = max_bytes if max_bytes is not None else _NO_BOUND
+            deepest = max_depth if max_depth is not None else _NO_BOUND
+            fits = limit <= _NO_BOUND and deepest <= _NO_BOUND  # C integers hold them
+            if fits and _check_tree(sample, limit, deepest, deepest <= _RECURSE_MAX) is None:
+                return
+        if type(sample) is tuple:
+            total = _leaf_total_py(sample)
+            if total >= 0:
+                if max_bytes is not None and total > max_bytes:
+                    raise _Exceeded("bytes", total)
+                return
+        _measure_py(sample, max_bytes, max_depth)
     except _Exceeded as exc:
         if exc.what == "bytes":
             raise _too_large(path, sample_index, exc.value, max_bytes) from None
@@ -285,15 +295,6 @@ def _leaf_total_py(sample: tuple[Any, ...]) -> int:
     return total
 
 
-def _leaf_total(sample: tuple[Any, ...]) -> int:
-    """:func:`_leaf_total_py`, compiled when the extension is built and knows every value."""
-    if _leaf_total_c is not None:
-        got = _leaf_total_c(sample)
-        if got is not _FALLBACK:
-            return got  # type: ignore[no-any-return]
-    return _leaf_total_py(sample)
-
-
 def _too_large(
     path: str, sample_index: int | None, size: int, max_bytes: int | None
 ) -> SampleTooLargeError:
@@ -308,10 +309,10 @@ def _too_large(
 
 _FALLBACK: object = object()
 _measure_tree: Any = None
-_leaf_total_c: Any = None
+_check_tree: Any = None
 try:  # the compiled walk, optional: without the extension the reference above does it all
     from ._cscan import MEASURE_FALLBACK as _FALLBACK
-    from ._cscan import leaf_total as _leaf_total_c
+    from ._cscan import check_tree as _check_tree
     from ._cscan import measure_tree as _measure_tree
 except ImportError:
     pass
