@@ -24,7 +24,18 @@ import array as pyarray
 from . import opcodes as oc
 from .errors import CorruptPickleError
 
-__all__ = ["SLOW", "Framing", "SpanLoader", "gather", "rewrite_span", "walk_record"]
+__all__ = [
+    "MEASURE_FALLBACK",
+    "SLOW",
+    "Framing",
+    "SpanLoader",
+    "gather",
+    "check_tree",
+    "leaf_total",
+    "measure_tree",
+    "rewrite_span",
+    "walk_record",
+]
 
 cdef enum:
     F_BAD, F_FIXED, F_LEN1, F_LEN4S, F_LEN4U, F_LEN8U, F_LINE, F_LINE2
@@ -1327,3 +1338,312 @@ def gather(object buf, const int64_t[:] at, const int64_t[:] rel, object release
     if release is not None:
         release(at[od[n - 1]] + top + 1)
     return out
+
+
+# -- per-sample bounds: the compiled twin of pickleshard.bounds.measure ---------------------------
+#
+# bounds._measure_py (and its _leaf, _children, _Walk, _iterative) is the reference: the same
+# leaves with the same sizes, containers walked in the same order (a dict: its keys, then its
+# values), each distinct container once (by id; a shared one adds its memoized size and height
+# again), and the same bound checks at the same points, so the same (bytes, depth) or the same
+# _Exceeded(what, value). Only exact list, tuple and dict are walked here, only exact int, str,
+# bytes, bytearray, float, bool, None, complex, range, slice and non-object numpy arrays are
+# leaves; at any other value the whole sample is answered MEASURE_FALLBACK and the reference walks
+# it. The walk keeps its own stack of frames (no C recursion, whatever the depth).
+#
+# Values are read through borrowed pointers (no reference counting per leaf); each container on
+# the stack holds a reference of the walk's own, so nothing it walks can be freed under it. A
+# container referenced by its parent alone (reference count 1 when met) can be met only once
+# and cannot be on the path (a container on the path also holds the walk's reference), so only
+# the others are remembered by id, for sharing and cycles: most containers of a sample never
+# cost a dict or set operation.
+
+from cpython.ref cimport PyObject
+from libc.stdlib cimport free, malloc
+
+cdef extern from "Python.h":
+    ctypedef struct PyTypeObject
+    PyTypeObject* Py_TYPE_P "Py_TYPE"(PyObject*)
+    Py_ssize_t Py_REFCNT_P "Py_REFCNT"(PyObject*)
+    void Py_INCREF_P "Py_INCREF"(PyObject*)
+    void Py_DECREF_P "Py_DECREF"(PyObject*)
+    Py_ssize_t PyList_GET_SIZE_P "PyList_GET_SIZE"(PyObject*)
+    PyObject* PyList_GET_ITEM_P "PyList_GET_ITEM"(PyObject*, Py_ssize_t)
+    Py_ssize_t PyTuple_GET_SIZE_P "PyTuple_GET_SIZE"(PyObject*)
+    PyObject* PyTuple_GET_ITEM_P "PyTuple_GET_ITEM"(PyObject*, Py_ssize_t)
+    Py_ssize_t PyDict_GET_SIZE_P "PyDict_GET_SIZE"(PyObject*)
+    bint PyDict_Next_P "PyDict_Next"(PyObject*, Py_ssize_t*, PyObject**, PyObject**)
+    Py_ssize_t PyUnicode_GET_LENGTH_P "PyUnicode_GET_LENGTH"(PyObject*)
+    Py_ssize_t PyBytes_GET_SIZE_P "PyBytes_GET_SIZE"(PyObject*)
+    Py_ssize_t PyByteArray_GET_SIZE_P "PyByteArray_GET_SIZE"(PyObject*)
+    long long PyLong_AsLongLongAndOverflow_P "PyLong_AsLongLongAndOverflow"(PyObject*, int*)
+    object PyLong_FromVoidPtr(void*)
+
+MEASURE_FALLBACK = object()  # measure_tree's answer for a sample the reference must walk
+
+cdef enum:
+    M_REF = 8  # bytes per reference (bounds._REF)
+    M_CONTAINER = -1
+    M_OTHER = -2
+    K_LIST = 0
+    K_TUPLE = 1
+    K_KEYS = 2
+    K_VALUES = 3
+    M_LOCAL_FRAMES = 64
+
+cdef PyTypeObject* T_INT = <PyTypeObject*>int
+cdef PyTypeObject* T_STR = <PyTypeObject*>str
+cdef PyTypeObject* T_FLOAT = <PyTypeObject*>float
+cdef PyTypeObject* T_BOOL = <PyTypeObject*>bool
+cdef PyTypeObject* T_NONE = Py_TYPE_P(<PyObject*>None)
+cdef PyTypeObject* T_LIST = <PyTypeObject*>list
+cdef PyTypeObject* T_TUPLE = <PyTypeObject*>tuple
+cdef PyTypeObject* T_DICT = <PyTypeObject*>dict
+cdef PyTypeObject* T_BYTES = <PyTypeObject*>bytes
+cdef PyTypeObject* T_BYTEARRAY = <PyTypeObject*>bytearray
+cdef PyTypeObject* T_COMPLEX = <PyTypeObject*>complex
+cdef PyTypeObject* T_RANGE = <PyTypeObject*>range
+cdef PyTypeObject* T_SLICE = <PyTypeObject*>slice
+cdef object _ndarray = np.ndarray  # held here: T_NDARRAY stays valid
+cdef PyTypeObject* T_NDARRAY = <PyTypeObject*>_ndarray
+
+
+cdef int64_t _leaf_c(PyObject* p) except -3:
+    """bounds._leaf for the types named above; M_CONTAINER for exact list, tuple and dict,
+    M_OTHER for anything else (an object array too: the reference walks its elements)."""
+    cdef PyTypeObject* t = Py_TYPE_P(p)
+    cdef int overflow = 0
+    if t == T_INT:
+        PyLong_AsLongLongAndOverflow_P(p, &overflow)  # an exact int: no __index__, no error
+        if overflow == 0:  # within [-2**63, 2**63): a small int
+            return M_REF
+        return <int64_t>((<object>p).bit_length() >> 3)
+    if t == T_STR:
+        return PyUnicode_GET_LENGTH_P(p)
+    if t == T_FLOAT or t == T_BOOL or t == T_NONE:
+        return M_REF
+    if t == T_LIST or t == T_TUPLE or t == T_DICT:
+        return M_CONTAINER
+    if t == T_BYTES:
+        return PyBytes_GET_SIZE_P(p)
+    if t == T_NDARRAY:
+        if (<object>p).dtype.hasobject:
+            return M_OTHER
+        return <int64_t>(<object>p).nbytes
+    if t == T_BYTEARRAY:
+        return PyByteArray_GET_SIZE_P(p)
+    if t == T_COMPLEX:
+        return 2 * M_REF
+    if t == T_RANGE:
+        return 6 * M_REF
+    if t == T_SLICE:
+        return 3 * M_REF
+    return M_OTHER
+
+
+cdef _exceeded(str what, object value):
+    from .bounds import _Exceeded  # here, not at import: bounds imports this module
+
+    raise _Exceeded(what, value)
+
+
+cdef struct _MFrame:
+    PyObject* obj  # a reference of the walk's own, dropped when the frame is
+    Py_ssize_t pos  # the next child: an index, or PyDict_Next's position
+    int kind
+    bint tracked  # remembered by id: in `on_path` now, in `done` once walked
+    int64_t total
+    int64_t height
+
+
+cdef object _walk_tree(PyObject* sample, int64_t limit, int64_t deepest, bint recursive):
+    """bounds._Walk.container(sample, 1) when ``recursive``, else bounds._iterative: they
+    differ only at a new container met on the path past the depth bound (the recursive walk
+    checks the depth first and reports a cycle at the child's depth, the iterative one checks
+    for a cycle first and reports it at the parent's). MEASURE_FALLBACK at a value it does not
+    know."""
+    cdef _MFrame local[M_LOCAL_FRAMES]
+    cdef _MFrame* frames = local
+    cdef _MFrame* f
+    cdef _MFrame* grown
+    cdef Py_ssize_t n = 0, cap = M_LOCAL_FRAMES, i
+    cdef int64_t size, h
+    cdef PyObject* k
+    cdef PyObject* val
+    cdef PyObject* obj
+    cdef PyObject* child = sample
+    cdef PyTypeObject* t
+    cdef bint push = True, tracked = True  # the sample: its caller holds it too
+    cdef object key, got
+    cdef dict done = None  # id -> (bytes, height) of the tracked containers walked
+    cdef set on_path = None  # the ids of the tracked containers on the path
+    try:
+        while True:
+            if push:  # `child`, a list, tuple or dict not walked yet, gets a frame
+                push = False
+                if n == cap:
+                    grown = <_MFrame*>malloc(2 * cap * sizeof(_MFrame))
+                    if grown == NULL:
+                        raise MemoryError()
+                    for i in range(n):
+                        grown[i] = frames[i]
+                    if frames != local:
+                        free(frames)
+                    frames = grown
+                    cap *= 2
+                f = &frames[n]
+                Py_INCREF_P(child)
+                f.obj = child
+                n += 1
+                f.pos = 0
+                f.height = 0
+                f.tracked = tracked
+                if tracked:
+                    if on_path is None:
+                        on_path = set()
+                    on_path.add(PyLong_FromVoidPtr(child))
+                t = Py_TYPE_P(child)
+                if t == T_DICT:
+                    f.kind = K_KEYS
+                    f.total = 2 * M_REF * PyDict_GET_SIZE_P(child)
+                elif t == T_LIST:
+                    f.kind = K_LIST
+                    f.total = M_REF * PyList_GET_SIZE_P(child)
+                else:
+                    f.kind = K_TUPLE
+                    f.total = M_REF * PyTuple_GET_SIZE_P(child)
+            f = &frames[n - 1]
+            obj = f.obj
+            child = NULL
+            if f.kind == K_LIST:
+                if f.pos < PyList_GET_SIZE_P(obj):  # read each time: the list is not ours
+                    child = PyList_GET_ITEM_P(obj, f.pos)
+                    f.pos += 1
+            elif f.kind == K_TUPLE:
+                if f.pos < PyTuple_GET_SIZE_P(obj):
+                    child = PyTuple_GET_ITEM_P(obj, f.pos)
+                    f.pos += 1
+            elif f.kind == K_KEYS:
+                if PyDict_Next_P(obj, &f.pos, &k, &val):
+                    child = k
+                else:  # the keys are done: the values (itertools.chain(v, v.values()))
+                    f.kind = K_VALUES
+                    f.pos = 0
+                    continue
+            elif PyDict_Next_P(obj, &f.pos, &k, &val):
+                child = val
+            if child != NULL:
+                size = _leaf_c(child)
+                if size == M_OTHER:
+                    return MEASURE_FALLBACK
+                if size == M_CONTAINER:
+                    tracked = Py_REFCNT_P(child) > 1  # else only `obj` refers to it
+                    got = None
+                    if tracked:
+                        key = PyLong_FromVoidPtr(child)
+                        if done is not None:
+                            got = done.get(key)
+                    if got is None:
+                        if recursive:
+                            if n + 1 > deepest:
+                                _exceeded("depth", n + 1)
+                            if tracked and on_path is not None and key in on_path:
+                                _exceeded("cycle", n + 1)
+                        else:
+                            if tracked and on_path is not None and key in on_path:
+                                _exceeded("cycle", n)
+                            if n >= deepest:
+                                _exceeded("depth", n + 1)
+                        push = True
+                        continue
+                    h = (<tuple>got)[1]
+                    if n + h > deepest:
+                        _exceeded("depth", n + h)
+                    size = (<tuple>got)[0]
+                    if h > f.height:
+                        f.height = h
+                if size > limit - f.total:  # total + size > limit, without overflow
+                    _exceeded("bytes", f.total + <object>size)
+                f.total += size
+                continue
+            # no children left: the container is done
+            size = f.total
+            h = f.height + 1
+            if f.tracked and n > 1:  # (the sample itself is done with the walk)
+                key = PyLong_FromVoidPtr(obj)
+                on_path.discard(key)
+                if done is None:
+                    done = {}
+                done[key] = (size, h)
+            n -= 1
+            f.obj = NULL
+            Py_DECREF_P(obj)
+            if n == 0:
+                return (size, h)
+            f = &frames[n - 1]
+            if h > f.height:
+                f.height = h
+            if size > limit - f.total:
+                _exceeded("bytes", f.total + <object>size)
+            f.total += size
+    finally:
+        for i in range(n):
+            Py_DECREF_P(frames[i].obj)
+        if frames != local:
+            free(frames)
+
+
+def measure_tree(object sample, int64_t limit, int64_t deepest, bint recursive):
+    """bounds._measure_py(sample, ...) with both bounds given (at most 2**62; "no bound" is
+    2**62) and the walk it would take (``recursive``: the depth bound is at most
+    bounds._RECURSE_MAX): ``(bytes, depth)``, or bounds._Exceeded raised, or MEASURE_FALLBACK
+    when the sample holds a value this walk does not know (the reference must walk it)."""
+    cdef int64_t size = _leaf_c(<PyObject*>sample)
+    if size == M_OTHER:
+        return MEASURE_FALLBACK
+    if size >= 0:
+        if size > limit:
+            _exceeded("bytes", size)
+        return (size, 0)
+    if recursive and deepest < 1:
+        _exceeded("depth", 1)
+    return _walk_tree(<PyObject*>sample, limit, deepest, recursive)
+
+
+cdef object _leaf_total(tuple sample):
+    cdef int64_t total = 0, size
+    cdef Py_ssize_t i
+    for i in range(PyTuple_GET_SIZE_P(<PyObject*>sample)):
+        size = _leaf_c(PyTuple_GET_ITEM_P(<PyObject*>sample, i))
+        if size == M_OTHER:
+            return MEASURE_FALLBACK
+        if size < 0:
+            return -1
+        if size > (1 << 62) - total:  # a sum C cannot hold: the reference adds it
+            return MEASURE_FALLBACK
+        total += size
+    return total
+
+
+def leaf_total(tuple sample):
+    """bounds._leaf_total_py: the sum of the sizes of a tuple of leaves; -1 when it holds a
+    container, MEASURE_FALLBACK at a value this module does not know."""
+    return _leaf_total(sample)
+
+
+def check_tree(object sample, int64_t limit, int64_t deepest, bint recursive):
+    """bounds.check_sample's test in one call (bounds as for :func:`measure_tree`): a tuple of
+    leaves against the byte bound alone (their sum, as check_sample), any other sample
+    measured. None when it passes, bounds._Exceeded raised when not, MEASURE_FALLBACK when the
+    reference must decide."""
+    cdef object total
+    if type(sample) is tuple:
+        total = _leaf_total(<tuple>sample)
+        if total is MEASURE_FALLBACK:
+            return total
+        if <int64_t>total >= 0:
+            if <int64_t>total > limit:
+                _exceeded("bytes", total)
+            return None
+    got = measure_tree(sample, limit, deepest, recursive)
+    return got if got is MEASURE_FALLBACK else None

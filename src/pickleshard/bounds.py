@@ -148,8 +148,7 @@ class _Walk:
             t = type(child)  # the common leaves inline: this loop is the cost of a check
             if t is int and -_SMALL_INT <= child < _SMALL_INT:
                 total += _REF
-                continue
-            if t is str:
+            elif t is str:
                 total += len(child)
             else:
                 n = _leaf(child)
@@ -171,7 +170,24 @@ _RECURSE_MAX = 200  # depth bounds up to this walk by recursion (fast); deeper o
 def measure(sample: Any, max_bytes: int | None, max_depth: int | None) -> tuple[int, int]:
     """``(bytes, depth)`` of ``sample`` as a tree (see the module notes). Raises
     :class:`_Exceeded` (internal; :func:`check_sample` names the file) past a bound: ``what``
-    is ``"bytes"``, ``"depth"`` or ``"cycle"``."""
+    is ``"bytes"``, ``"depth"`` or ``"cycle"``.
+
+    The compiled walk (``pickleshard._cscan.measure_tree``) answers when the extension is
+    built, the bounds fit its C integers and the sample holds only the common types; otherwise,
+    and whenever it declines, :func:`_measure_py` (the reference) does."""
+    if _measure_tree is not None:
+        limit = max_bytes if max_bytes is not None else _NO_BOUND
+        deepest = max_depth if max_depth is not None else _NO_BOUND
+        if limit <= _NO_BOUND and deepest <= _NO_BOUND:
+            got = _measure_tree(sample, limit, deepest, deepest <= _RECURSE_MAX)
+            if got is not _FALLBACK:
+                return got  # type: ignore[no-any-return]
+    return _measure_py(sample, max_bytes, max_depth)
+
+
+def _measure_py(sample: Any, max_bytes: int | None, max_depth: int | None) -> tuple[int, int]:
+    """:func:`measure` in Python: the reference of the compiled walk, and the walk of the
+    samples it declines (sets, subclasses, tensors, numpy scalars, objects with attributes)."""
     limit = max_bytes if max_bytes is not None else _NO_BOUND
     deepest = max_depth if max_depth is not None else _NO_BOUND
     size = _leaf(sample)
@@ -233,20 +249,25 @@ def check_sample(
 ) -> None:
     """Raise :class:`~pickleshard.errors.SampleTooLargeError` or
     :class:`~pickleshard.errors.SampleTooDeepError` naming ``path`` and ``sample_index`` when
-    ``sample`` passes ``max_bytes`` or ``max_depth`` (None: no bound)."""
-    if type(sample) is tuple:  # the common sample: a tuple of arrays and scalars
-        total = 0
-        for v in sample:
-            size = _leaf(v)
-            if size < 0:
-                break
-            total += size
-        else:
-            if max_bytes is not None and total > max_bytes:
-                raise _too_large(path, sample_index, total, max_bytes)
-            return
+    ``sample`` passes ``max_bytes`` or ``max_depth`` (None: no bound).
+
+    A tuple of leaves (the common sample: arrays and scalars) is held to the byte bound alone,
+    by the sum of its leaves; any other sample is measured. The compiled test
+    (``pickleshard._cscan.check_tree``, one call) decides when it can; else this module does."""
     try:
-        measure(sample, max_bytes, max_depth)
+        if _check_tree is not None:
+            limit = max_bytes if max_bytes is not None else _NO_BOUND
+            deepest = max_depth if max_depth is not None else _NO_BOUND
+            fits = limit <= _NO_BOUND and deepest <= _NO_BOUND  # C integers hold them
+            if fits and _check_tree(sample, limit, deepest, deepest <= _RECURSE_MAX) is None:
+                return
+        if type(sample) is tuple:
+            total = _leaf_total_py(sample)
+            if total >= 0:
+                if max_bytes is not None and total > max_bytes:
+                    raise _Exceeded("bytes", total)
+                return
+        _measure_py(sample, max_bytes, max_depth)
     except _Exceeded as exc:
         if exc.what == "bytes":
             raise _too_large(path, sample_index, exc.value, max_bytes) from None
@@ -263,6 +284,17 @@ def check_sample(
         ) from None
 
 
+def _leaf_total_py(sample: tuple[Any, ...]) -> int:
+    """The sum of the sizes of ``sample``'s values when all are leaves, else -1."""
+    total = 0
+    for v in sample:
+        size = _leaf(v)
+        if size < 0:
+            return -1
+        total += size
+    return total
+
+
 def _too_large(
     path: str, sample_index: int | None, size: int, max_bytes: int | None
 ) -> SampleTooLargeError:
@@ -273,3 +305,14 @@ def _too_large(
         "if samples this large are meant",
         sample=sample_index,
     )
+
+
+_FALLBACK: object = object()
+_measure_tree: Any = None
+_check_tree: Any = None
+try:  # the compiled walk, optional: without the extension the reference above does it all
+    from ._cscan import MEASURE_FALLBACK as _FALLBACK
+    from ._cscan import check_tree as _check_tree
+    from ._cscan import measure_tree as _measure_tree
+except ImportError:
+    pass
