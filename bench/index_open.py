@@ -21,7 +21,6 @@ import argparse
 import json
 import shlex
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,19 +34,11 @@ from pickleshard.indexfiles import SPAN_ARRAYS, FileEntry
 from pickleshard.synth import write_synthetic
 
 from .report import describe_machine, report_head, save_results
+from .scan import best_of
 
 __all__ = ["main"]
 
 HERE = Path(__file__).resolve().parent
-
-
-def _best(fn: Callable[[], Any], repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def _bare_open(where: Path) -> None:
@@ -105,11 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     header_bytes = (where / "index.json").stat().st_size
     head, load, content = _parts(where)
     rows = {
-        "bare open (json + np.load mmap, no checks)": _best(lambda: _bare_open(where), args.repeat),
-        "checked open (DatasetIndex.open)": _best(lambda: DatasetIndex.open(where), args.repeat),
-        "  header checks (index.json)": _best(head, args.repeat),
-        "  arrays mapped + CRC-32": _best(load, args.repeat),
-        "  content checks": _best(content, args.repeat),
+        "bare open (json + np.load mmap, no checks)": best_of(
+            lambda: _bare_open(where), args.repeat
+        ),
+        "checked open (DatasetIndex.open)": best_of(lambda: DatasetIndex.open(where), args.repeat),
+        "  header checks (index.json)": best_of(head, args.repeat),
+        "  arrays mapped + CRC-32": best_of(load, args.repeat),
+        "  content checks": best_of(content, args.repeat),
     }
     machine = describe_machine(
         shlex.join([sys.executable, "-m", "bench", "index-open", *(argv or [])])

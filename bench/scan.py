@@ -102,7 +102,7 @@ class Row:
     bytes_read: int
 
 
-def _best(fn: Callable[[], Any], repeat: int) -> float:
+def best_of(fn: Callable[[], Any], repeat: int) -> float:
     best = float("inf")
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -151,12 +151,12 @@ def _measure(ds: DataSet, root: Path, repeat: int) -> Row:
         files=ds.files,
         samples=sum(s.num_samples for s in scans),
         megabytes=sum(p.stat().st_size for p in paths) / MB,
-        load_s=_best(lambda: _load_all(paths), repeat),
-        scan_python_s=_best(lambda: [scan_file(p, engine="python") for p in paths], repeat),
-        scan_compiled_s=_best(lambda: [scan_file(p, engine="compiled") for p in paths], repeat),
-        walk_python_s=_best(lambda: _walk_all(paths, "python"), repeat),
-        walk_compiled_s=_best(lambda: _walk_all(paths, "compiled"), repeat),
-        touch_s=_best(lambda: _touch_all(paths, spans), repeat),
+        load_s=best_of(lambda: _load_all(paths), repeat),
+        scan_python_s=best_of(lambda: [scan_file(p, engine="python") for p in paths], repeat),
+        scan_compiled_s=best_of(lambda: [scan_file(p, engine="compiled") for p in paths], repeat),
+        walk_python_s=best_of(lambda: _walk_all(paths, "python"), repeat),
+        walk_compiled_s=best_of(lambda: _walk_all(paths, "compiled"), repeat),
+        touch_s=best_of(lambda: _touch_all(paths, spans), repeat),
         bytes_read=sum(s.bytes_read for s in scans),
     )
     print(

@@ -192,18 +192,14 @@ def check_call(key: GlobalKey, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     return None if check is None else check(args, kwargs)
 
 
-class GuardedClass:
-    """A class a pickle may pass to a guarded rebuild function, which unwraps it; calling it
-    directly, or ``BUILD`` on it, is refused. Not a type: ``NEWOBJ`` on it fails too."""
+class _Guard:
+    """What every guard shares: the global it wraps (``__wrapped__``), its key, the owner that
+    names refusals; ``BUILD`` is refused, and pickling it again gives back the original."""
 
     __slots__ = ("__wrapped__", "_key", "_owner")
-
-    def __init__(self, wrapped: type, key: GlobalKey, owner: GuardOwner) -> None:
-        self.__wrapped__, self._key, self._owner = wrapped, key, owner
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        why = check_call(self._key, args, kwargs) or "a direct call of this class is refused"
-        raise self._owner.refuse(".".join(self._key), why)
+    __wrapped__: Any
+    _key: GlobalKey
+    _owner: GuardOwner
 
     def __setstate__(self, state: Any) -> None:
         raise self._owner.refuse(".".join(self._key), BUILD_WHY)
@@ -212,13 +208,27 @@ class GuardedClass:
         return (_original, self._key)
 
     def __eq__(self, other: object) -> bool:
-        return bool(self.__wrapped__ == _unwrap(other))
+        return bool(self.__wrapped__ == _unwrap_any(other))
 
     def __hash__(self) -> int:
         return hash(self.__wrapped__)
 
     def __repr__(self) -> str:
         return f"<guarded {self.__wrapped__!r}>"
+
+
+class GuardedClass(_Guard):
+    """A class a pickle may pass to a guarded rebuild function, which unwraps it; calling it
+    directly, or ``BUILD`` on it, is refused. Not a type: ``NEWOBJ`` on it fails too."""
+
+    __slots__ = ()
+
+    def __init__(self, wrapped: type, key: GlobalKey, owner: GuardOwner) -> None:
+        self.__wrapped__, self._key, self._owner = wrapped, key, owner
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        why = check_call(self._key, args, kwargs) or "a direct call of this class is refused"
+        raise self._owner.refuse(".".join(self._key), why)
 
 
 BUILD_WHY = "BUILD on a global: a data file may not change a function or class of the process"
@@ -228,11 +238,11 @@ def _unwrap(v: Any) -> Any:
     return v.__wrapped__ if type(v) is GuardedClass else v
 
 
-class GuardedCallable:
+class GuardedCallable(_Guard):
     """An allowlisted callable as a pickle sees it: calls are checked (:data:`CHECKS`) and
     forwarded with guarded classes among the arguments unwrapped; ``BUILD`` is refused."""
 
-    __slots__ = ("__wrapped__", "_check", "_key", "_owner", "_unwraps")
+    __slots__ = ("_check", "_unwraps")
 
     def __init__(self, wrapped: Callable[..., Any], key: GlobalKey, owner: GuardOwner) -> None:
         self.__wrapped__, self._key, self._owner = wrapped, key, owner
@@ -253,21 +263,6 @@ class GuardedCallable:
                 raise self._owner.refuse(".".join(self._key), why)
         return self.__wrapped__(*args, **kwargs)
 
-    def __setstate__(self, state: Any) -> None:
-        raise self._owner.refuse(".".join(self._key), BUILD_WHY)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_original, self._key)
-
-    def __eq__(self, other: object) -> bool:
-        return bool(self.__wrapped__ == _unwrap_any(other))
-
-    def __hash__(self) -> int:
-        return hash(self.__wrapped__)
-
-    def __repr__(self) -> str:
-        return f"<guarded {self.__wrapped__!r}>"
-
 
 _TAKES_NO_CLASS: frozenset[GlobalKey] = frozenset(
     {k for k in CHECKS if k[0] in _BUILTIN_MODULES}
@@ -277,7 +272,7 @@ _TAKES_NO_CLASS: frozenset[GlobalKey] = frozenset(
 
 
 def _unwrap_any(v: Any) -> Any:
-    return v.__wrapped__ if type(v) in (GuardedClass, GuardedCallable) else v
+    return v.__wrapped__ if isinstance(v, _Guard) else v
 
 
 def _original(module: str, name: str) -> Any:
