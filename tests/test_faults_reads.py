@@ -488,6 +488,7 @@ def test_whole_mode_refuses_a_file_rewritten_after_it_was_indexed(tmp_path: Path
     with pytest.raises(FileChangedError, match="changed since it was indexed") as info:
         ds[0]
     assert str(path) in str(info.value)
+    assert str(info.value).count("changed since it was indexed") == 1  # said once, not twice
 
 
 def test_whole_mode_refuses_a_file_written_while_it_is_loaded(

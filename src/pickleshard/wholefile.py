@@ -227,7 +227,7 @@ def _load(
                 records.append(_load_one(fh, where, size, policy))
                 if not every or fh.tell() >= size:
                     if identity is not None:  # a write that raced the load has stamped it
-                        _check_identity(fh, where, identity, " while it was read")
+                        _check_identity(fh, where, identity, " (it changed while it was read)")
                     return records
         finally:
             if isinstance(buf, mmap.mmap):
@@ -240,7 +240,8 @@ def _check_identity(fh: IO[bytes], where: str, identity: FileIdentity, when: str
     except OSError as exc:
         raise UnreadableFileError(where, f"cannot stat: {exc.strerror or exc}") from None
     if what is not None:
-        raise FileChangedError(where, f"file changed since it was indexed{when}: {what}")
+        # FileChangedError's message says "the file changed since it was indexed" itself
+        raise FileChangedError(where, f"{what}{when}")
 
 
 def _map(fh: IO[bytes], where: str) -> mmap.mmap:
