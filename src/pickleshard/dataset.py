@@ -164,9 +164,13 @@ class PickleDataset(_DatasetBase[Any]):
 
     def _load(self, path: str) -> DecodedLayout:
         # the file as indexed, checked before and after the load (a rewrite during an epoch)
-        f = self.index.files[self._positions[path]]
+        pos = self._positions[path]
+        f = self.index.files[pos]
         identity = FileIdentity(f.size, f.mtime_ns, f.ctime_ns, f.ino)
-        return load_layout(path, self.policy, identity=identity)
+        decoded = load_layout(path, self.policy, identity=identity)
+        # once per load, not per sample: the cache hands out only what passed it here
+        self.index.check_decoded(pos, path, decoded.num_samples, decoded.fields)
+        return decoded
 
     @property
     def cache(self) -> WholeFileCache:
@@ -189,9 +193,7 @@ class PickleDataset(_DatasetBase[Any]):
         return j
 
     def _file(self, pos: int) -> DecodedLayout:
-        decoded = self.cache.get(self._paths[pos], self.index.files[pos].decoded_nbytes)
-        self.index.check_decoded(pos, self._paths[pos], decoded.num_samples, decoded.fields)
-        return decoded
+        return self.cache.get(self._paths[pos], self.index.files[pos].decoded_nbytes)
 
     def _finish(self, sample: Sample, pos: int, index: int) -> Any:
         policy = self.policy
