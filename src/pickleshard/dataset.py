@@ -23,7 +23,6 @@ except ImportError:  # pragma: no cover - exercised only without torch
 
 from .bounds import DEFAULT_MAX_DEPTH, DEFAULT_MAX_SAMPLE_BYTES, check_sample
 from .errors import NotSpanIndexableError
-from .fileidentity import FileIdentity
 from .index import Rebuild, SkippedFilesWarning, open_index
 from .layouts import DecodedLayout
 from .safety import UnpicklePolicy
@@ -165,9 +164,7 @@ class PickleDataset(_DatasetBase[Any]):
     def _load(self, path: str) -> DecodedLayout:
         # the file as indexed, checked before and after the load (a rewrite during an epoch)
         pos = self._positions[path]
-        f = self.index.files[pos]
-        identity = FileIdentity(f.size, f.mtime_ns, f.ctime_ns, f.ino)
-        decoded = load_layout(path, self.policy, identity=identity)
+        decoded = load_layout(path, self.policy, identity=self.index.files[pos].identity)
         # once per load, not per sample: the cache hands out only what passed it here
         self.index.check_decoded(pos, path, decoded.num_samples, decoded.fields)
         return decoded

@@ -22,6 +22,7 @@ from typing import Any, Literal
 import numpy as np
 
 from .errors import NotSpanIndexableError, UnreadableFileError
+from .fileidentity import FileIdentity
 from .opcodes import open_buffer
 from .safety import DEFAULT_POLICY, UnpicklePolicy
 from .scan import ScanResult, scan_file
@@ -94,6 +95,11 @@ class FileEntry:
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> FileEntry:
         return cls(**{**obj, "fields": tuple(obj["fields"])})
+
+    @property
+    def identity(self) -> FileIdentity:
+        """What the file must still be for a read that relies on this row (span or whole)."""
+        return FileIdentity(self.size, self.mtime_ns, self.ctime_ns, self.ino)
 
 
 @dataclass(frozen=True)

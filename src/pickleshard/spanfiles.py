@@ -21,7 +21,7 @@ from typing import Any
 from .errors import CorruptPickleError, TruncatedPickleError, UnreadableFileError
 from .index import DatasetIndex
 from .safety import AllowlistFindClass, UnpicklePolicy
-from .spanread import FileIdentity, SpanReader
+from .spanread import SpanReader
 
 __all__ = ["DEFAULT_MAX_OPEN", "SpanFiles"]
 
@@ -90,7 +90,7 @@ class SpanFiles:
             self.index.scan(pos, path),
             encoding=self.policy.encoding,
             find_class=find_class,
-            identity=FileIdentity(entry.size, entry.mtime_ns, entry.ctime_ns, entry.ino),
+            identity=entry.identity,
             verify=self.verify,
         )
         while len(self._readers) >= self.max_open:
