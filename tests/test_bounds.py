@@ -297,3 +297,23 @@ def test_the_compiled_walk_keeps_reference_counts() -> None:
             _compiled(sample, 50, 100)
             _compiled(sample, 50, None)
         assert (sys.getrefcount(sample), sys.getrefcount(inner)) == before
+
+
+def test_a_structured_arrays_object_fields_are_bounded() -> None:
+    """A structured array's ``flat`` gives records (``np.void`` leaves of a few bytes): what
+    its object fields refer to must still count toward both bounds, on both walks."""
+    deep: Any = 1
+    for _ in range(20):
+        deep = [deep]
+    nested = np.zeros(2, [(("title", "a"), "i4"), ("o", "O"), ("s", [("p", "O")], (2,))])
+    nested["o"][0] = deep
+    nested["s"]["p"][1, 1] = np.zeros(5000, np.uint8)  # a titled field is counted once
+    size, height = bounds._measure_py(nested, None, None)
+    assert height == 21  # the array and 20 lists
+    assert 5000 < size < 6000  # the 5000-byte array once, not twice
+    for sample in (nested, (nested,)):
+        with pytest.raises(SampleTooDeepError):
+            bounds.check_sample(sample, "f.pkl", 0, None, 10)
+        with pytest.raises(SampleTooLargeError):
+            bounds.check_sample(sample, "f.pkl", 0, 4000, None)
+        bounds.check_sample(sample, "f.pkl", 0, 6000, 30)

@@ -106,9 +106,21 @@ def _children(v: Any) -> tuple[Iterable[Any], int]:
     if isinstance(v, (list, tuple, set, frozenset)):
         return v, _REF * len(v)
     if isinstance(v, np.ndarray):  # object dtype
-        return v.flat, _REF * v.size
+        return _objects(v), _REF * v.size
     attrs = vars(v)
     return attrs.values(), _REF * len(attrs)
+
+
+def _objects(v: np.ndarray) -> Iterable[Any]:
+    """The objects an array with object elements holds: its elements, or, in a structured
+    array, those of its object fields (its ``flat`` gives records, ``np.void`` scalars that
+    would be counted as leaves, hiding what the fields refer to from the bounds)."""
+    dtype = v.dtype
+    if dtype.names is None:
+        return v.flat
+    return itertools.chain.from_iterable(  # by name: ``fields`` lists a titled field twice
+        _objects(v[name]) for name in dtype.names if dtype[name].hasobject
+    )
 
 
 class _Exceeded(Exception):
