@@ -22,6 +22,7 @@ from pickleshard.errors import (
     FileChangedError,
     ReadMemoryError,
     StaleIndexError,
+    UnreadableFileError,
 )
 from pickleshard.scan import ArrayItem, scan_file
 from pickleshard.spanread import FileIdentity, SpanReader
@@ -512,3 +513,31 @@ def test_whole_mode_refuses_a_file_written_while_it_is_loaded(
     with pytest.raises(FileChangedError, match="while it was read") as info:
         ds[0]
     assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("call", ["pread", "preadv", "fstat"])
+def test_an_io_error_in_a_span_read_is_an_unreadable_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    """EIO or ESTALE (a file replaced on NFS) from a read or an fstat: UnreadableFileError
+    naming the file, not a bare OSError nor a span "that does not unpickle"."""
+    import errno
+
+    path = tmp_path / "mixed.pkl"
+    path.write_bytes(pickle.dumps([({"a": i}, np.zeros(3) + i) for i in range(20)], 5))
+    ds = PickleDataset(tmp_path, mode="span")
+    ds[0]  # opened and checked before the errors start
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.EIO, "Input/output error")
+
+    reads: list[Callable[[], Any]] = [lambda: ds[3]]
+    if call != "fstat":  # batches check identity in the compiled loader
+        reads.append(lambda: ds.__getitems__([1, 2, 5]))
+    for read in reads:
+        monkeypatch.setattr(os, call, failing)
+        with pytest.raises(UnreadableFileError, match="Input/output error") as info:
+            read()
+        monkeypatch.undo()
+        assert str(path) in str(info.value)
+        assert not isinstance(info.value, CorruptPickleError)

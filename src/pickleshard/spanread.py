@@ -276,7 +276,7 @@ class SpanReader:
         return self._fd
 
     def _check_opened(self) -> None:
-        size = os.fstat(self._fd).st_size
+        size = self._fstat().st_size
         if size < self.identity.size:  # as SpanFiles says it before it builds a reader
             raise TruncatedPickleError(
                 self.path,
@@ -302,9 +302,22 @@ class SpanReader:
     def _check_same(self, samples: Sequence[int] | None) -> None:
         """Raise :class:`FileChangedError` if the open file is no longer the one indexed;
         ``samples`` (labels) are those just read, named in the error."""
-        what = self.identity.differs(os.fstat(self._fd))
+        what = self.identity.differs(self._fstat())
         if what is not None:
             raise self._changed(what, None, samples)
+
+    def _fstat(self) -> os.stat_result:
+        try:
+            return os.fstat(self._fd)
+        except OSError as exc:  # ESTALE (a file replaced on NFS), EIO
+            raise self._unreadable("stat", exc, None) from None
+
+    def _unreadable(self, what: str, exc: OSError, offset: int | None) -> UnreadableFileError:
+        """An I/O error of this reader's file: an :class:`UnreadableFileError` (not a corrupt
+        span: the bytes were never read)."""
+        return UnreadableFileError(
+            self.path, f"cannot {what}: {exc.strerror or exc}", offset=offset
+        )
 
     def _changed(self, what: str, offset: int | None, samples: Sequence[int] | None) -> Exception:
         """The error for a file found changed while reading ``samples``."""
@@ -348,7 +361,7 @@ class SpanReader:
         """The compiled reads' error for a changed file: ``what`` changed (None: its identity,
         described here), at ``offset`` (-1: none), while reading ``samples``."""
         if what is None:
-            what = self.identity.differs(os.fstat(self._fd)) or "its identity changed"
+            what = self.identity.differs(self._fstat()) or "its identity changed"
         return self._changed(what, offset if offset >= 0 else None, samples)
 
     def _plan(self) -> None:
@@ -407,14 +420,24 @@ class SpanReader:
         return self._fast_unpickler(data, [], []).load()
 
     def _read_at(self, offset: int, n: int) -> bytes:
-        data = os.pread(self._fd if self._pid == os.getpid() else self._fileno(), n, offset)
+        fd = self._fd if self._pid == os.getpid() else self._fileno()
+        try:
+            data = os.pread(fd, n, offset)
+        except OSError as exc:
+            raise self._unreadable("read", exc, offset) from None
         self.stats.bytes_read += len(data)
         return data
+
+    def _preadv(self, fd: int, buffers: list[Any], offset: int) -> int:
+        try:
+            return os.preadv(fd, buffers, offset)
+        except OSError as exc:
+            raise self._unreadable("read", exc, offset) from None
 
     def _readinto_at(self, offset: int, view: memoryview) -> int:
         fd, got = self._fileno(), 0
         while got < len(view):
-            k = os.preadv(fd, [view[got:]], offset + got)
+            k = self._preadv(fd, [view[got:]], offset + got)
             if k <= 0:
                 break
             got += k
@@ -639,7 +662,7 @@ class SpanReader:
             raise self._changed("its span does not fit the array's framing", start, [label])
         tail = bytearray(after)
         total = spec.prefix + out.nbytes + after
-        got = os.preadv(fd, [head, out, tail], start)  # type: ignore[list-item]
+        got = self._preadv(fd, [head, out, tail], start)
         if got != total:  # a short read: the rest, or the file ended
             offset = start
             views: tuple[Any, ...] = (head, out.reshape(-1).view(np.uint8), tail)
@@ -657,7 +680,7 @@ class SpanReader:
             )
 
     def _fill_payload(self, fd: int, out: np.ndarray, offset: int, start: int) -> None:
-        got = os.preadv(fd, [out], offset) if out.nbytes else 0  # type: ignore[list-item]
+        got = self._preadv(fd, [out], offset) if out.nbytes else 0
         if got != out.nbytes:  # a short read: the rest, or the file ended
             view = memoryview(out.reshape(-1).view(np.uint8).data)
             got += self._readinto_at(offset + got, view[got:])
@@ -1002,7 +1025,7 @@ class SpanReader:
             return _damaged(self.path, start, exc)
         # a file rewritten since its scan is the likelier cause, but only fstat can say so
         mine = self._fd >= 0 and self._pid == os.getpid()
-        what = self.identity.differs(os.fstat(self._fd)) if self.verify and mine else None
+        what = self.identity.differs(self._fstat()) if self.verify and mine else None
         samples = None if name is None else [name]
         if what is not None:
             return self._changed(what, exc.offset, samples)
