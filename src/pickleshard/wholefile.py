@@ -267,6 +267,10 @@ def _load_one(fh: IO[bytes], where: str, size: int, policy: UnpicklePolicy) -> A
         return policy.unpickler(fh, where).load()
     except PickleshardError:
         raise
+    except OSError as exc:  # the file's own read failed (EIO, ESTALE): not its bytes' fault
+        raise UnreadableFileError(
+            where, f"cannot read: {exc.strerror or exc}", offset=fh.tell()
+        ) from None
     except MemoryError:
         raise CorruptPickleError(
             where,
