@@ -130,3 +130,13 @@ def test_errors_cross_a_process_pool() -> None:
             future.result()
     assert str(info.value) == "/d/bad.pkl: fields have different lengths: len(x) = 3, len(y) = 2"
     assert info.value.path == "/d/bad.pkl"
+
+
+def test_stale_index_error_keeps_its_relinked_note_through_pickling() -> None:
+    """An index worker's StaleIndexError crosses a process boundary by pickling: the note that
+    the changed files were only copied or relinked must survive it."""
+    err = StaleIndexError("/i", changed=["a.pkl"], relinked=["a.pkl"])
+    back = pickle.loads(pickle.dumps(err))
+    assert back.relinked == ("a.pkl",)
+    assert str(back) == str(err)
+    assert "new inode or ctime" in str(back)

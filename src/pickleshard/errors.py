@@ -209,13 +209,20 @@ class StaleIndexError(PickleshardError):
         )
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild_stale, (self.path, self.changed, self.removed, self.added))
+        return (
+            _rebuild_stale,
+            (self.path, self.changed, self.removed, self.added, self.relinked),
+        )
 
 
 def _rebuild_stale(
-    path: str, changed: tuple[str, ...], removed: tuple[str, ...], added: tuple[str, ...]
+    path: str,
+    changed: tuple[str, ...],
+    removed: tuple[str, ...],
+    added: tuple[str, ...],
+    relinked: tuple[str, ...] = (),
 ) -> StaleIndexError:
-    return StaleIndexError(path, changed=changed, removed=removed, added=added)
+    return StaleIndexError(path, changed=changed, removed=removed, added=added, relinked=relinked)
 
 
 class FileChangedError(StaleIndexError, CorruptPickleError):
