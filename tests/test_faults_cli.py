@@ -458,7 +458,9 @@ def test_a_real_full_tmpfs(tmp_path: Path, to: str, capsys: pytest.CaptureFixtur
     _mount_tmpfs(disk, "3m")
     try:
         out = disk / "out"
-        args = ["convert", str(src), str(out), "--to", to, "--jobs", "2"]
+        # one part at a time: with two writers racing for the last megabytes, both can fail
+        # before either finishes, and how many parts were kept is then up to the scheduler
+        args = ["convert", str(src), str(out), "--to", to, "--jobs", "1"]
         capsys.readouterr()
         assert main(args) == 1  # full while writing parts
         line = one_line(capsys.readouterr().err, str(out), "no space left on device", "rerun")
