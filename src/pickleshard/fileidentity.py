@@ -24,14 +24,26 @@ class FileIdentity:
     ctime_ns: int | None = None
     ino: int | None = None
 
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileIdentity:
+        """The identity ``st`` (an ``os.stat``/``fstat`` result) describes."""
+        return cls(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
     def differs(self, st: os.stat_result) -> str | None:
         """What of ``st`` differs from this identity, or None when nothing does."""
-        if st.st_size != self.size:
-            return f"it is {st.st_size} bytes, {self.size} when indexed"
-        for name, want in (("mtime", self.mtime_ns), ("ctime", self.ctime_ns)):
-            got = getattr(st, f"st_{name}_ns")
-            if want is not None and got != want:
+        return self.differs_from(FileIdentity.of(st))
+
+    def differs_from(self, now: FileIdentity) -> str | None:
+        """What of ``now`` (the file's identity today) differs from this recorded one, in
+        words, or None when nothing recorded here differs."""
+        if now.size != self.size:
+            return f"it is {now.size} bytes, {self.size} when indexed"
+        for name, want, got in (
+            ("mtime", self.mtime_ns, now.mtime_ns),
+            ("ctime", self.ctime_ns, now.ctime_ns),
+        ):
+            if want is not None and got is not None and got != want:
                 return f"its {name} is {got} ns, {want} when indexed"
-        if self.ino is not None and st.st_ino != self.ino:
-            return f"it is inode {st.st_ino}, {self.ino} when indexed (another file)"
+        if self.ino is not None and now.ino is not None and now.ino != self.ino:
+            return f"it is inode {now.ino}, {self.ino} when indexed (another file)"
         return None

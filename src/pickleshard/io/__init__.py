@@ -1,0 +1,25 @@
+"""Byte sources: the only code that touches storage (see :mod:`pickleshard.io.base`)."""
+
+from .base import (
+    COALESCE_GAP,
+    AccessPattern,
+    ByteSource,
+    open_source,
+    register_source,
+    registered_sources,
+)
+from .counters import storage_read_bytes
+from .local import LocalFile
+from .windowed import WindowedBuffer
+
+__all__ = [
+    "COALESCE_GAP",
+    "AccessPattern",
+    "ByteSource",
+    "LocalFile",
+    "WindowedBuffer",
+    "open_source",
+    "register_source",
+    "registered_sources",
+    "storage_read_bytes",
+]

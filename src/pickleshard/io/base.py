@@ -1,0 +1,161 @@
+"""The byte-source protocol: the one seam between pickleshard and storage.
+
+Everything above this layer (the scanner, the index builder, span and whole-file reads, split,
+inspect, convert, verify) asks a :class:`ByteSource` for bytes by range and never learns whether
+they came from a local ``pread``, an HTTP ``Range`` request or a decompressor's seek point.
+A new kind of storage is one subclass and one :func:`register_source` call; it passes the shared
+kit in :mod:`pickleshard.testing.sources`.
+
+Contract of every source:
+
+- ``name`` is what error messages call it (a path or a URL); ``size`` is fixed at open.
+- ``read_at(offset, n)`` returns exactly ``min(n, size - offset)`` bytes (fewer only at the end
+  of the source); a storage failure raises :class:`~pickleshard.errors.UnreadableFileError`
+  naming the source and the offset. Negative offsets or lengths are a ``ValueError``.
+- ``read_ranges`` reads many ``(offset, n)`` ranges at once, coalescing neighbours that lie
+  within ``gap`` bytes of each other into one storage read; results come back in the order asked.
+- ``identity()`` is what the source is *now* (size, and whatever the storage offers to tell a
+  rewrite: mtime/ctime/inode locally, an ETag remotely); ``changed_since(recorded)`` says in
+  words how it differs from an identity recorded earlier, or None.
+- ``advise(pattern)`` tells the storage how the bytes will be read: ``"sequential"`` (keep
+  readahead), ``"random"`` (fetch only what is asked: sparse scans and span reads) or
+  ``"normal"``. It is a hint; a source may ignore it.
+- ``fileno()`` is an OS descriptor the compiled core may ``pread``/``preadv`` directly, or None;
+  ``map()`` a read-only buffer over the whole source (an mmap advised like the source), or None
+  when the storage cannot be mapped; callers then use :class:`WindowedBuffer`.
+- A source pickles by name and reopens lazily in the process that unpickles it (a DataLoader
+  worker, a pool process): no descriptor or socket crosses a fork.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Literal
+
+from ..fileidentity import FileIdentity
+
+__all__ = [
+    "COALESCE_GAP",
+    "AccessPattern",
+    "ByteSource",
+    "open_source",
+    "register_source",
+    "registered_sources",
+]
+
+AccessPattern = Literal["normal", "sequential", "random"]
+
+COALESCE_GAP = 4096  # bytes between two ranges read as one (a page: a gap costs nothing locally)
+
+
+class ByteSource(ABC):
+    """A fixed-size sequence of bytes read by range (see the module docstring's contract)."""
+
+    #: the scheme this class serves (``"file"``), the key of :func:`register_source`
+    protocol: ClassVar[str]
+
+    name: str
+
+    @property
+    @abstractmethod
+    def size(self) -> int:
+        """The source's length in bytes, fixed when it was opened."""
+
+    @abstractmethod
+    def readinto_at(self, offset: int, view: memoryview) -> int:
+        """Fill ``view`` from ``offset``; return the bytes written (fewer only at the end)."""
+
+    @abstractmethod
+    def identity(self) -> FileIdentity:
+        """What the source is now: its size and the storage's stamps of a rewrite."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release descriptors, maps and connections; reads after close reopen."""
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        """Exactly ``min(n, size - offset)`` bytes at ``offset`` (``b""`` past the end)."""
+        _check_range(offset, n)
+        n = max(0, min(n, self.size - offset))
+        out = bytearray(n)
+        got = self.readinto_at(offset, memoryview(out)) if n else 0
+        return bytes(out) if got == n else bytes(out[:got])
+
+    def read_ranges(
+        self, ranges: Sequence[tuple[int, int]], gap: int = COALESCE_GAP
+    ) -> list[bytes]:
+        """The bytes of each ``(offset, n)`` of ``ranges``, in that order; neighbours within
+        ``gap`` bytes of each other are fetched by one read and sliced apart."""
+        for offset, n in ranges:
+            _check_range(offset, n)
+        order = sorted(range(len(ranges)), key=lambda k: ranges[k][0])
+        out: list[bytes] = [b""] * len(ranges)
+        k = 0
+        while k < len(order):
+            lo = ranges[order[k]][0]
+            hi = lo + ranges[order[k]][1]
+            j = k + 1
+            while j < len(order) and ranges[order[j]][0] <= hi + gap:
+                hi = max(hi, ranges[order[j]][0] + ranges[order[j]][1])
+                j += 1
+            block = self.read_at(lo, hi - lo)
+            for m in order[k:j]:
+                offset, n = ranges[m]
+                out[m] = block[offset - lo : offset - lo + n]
+            k = j
+        return out
+
+    def changed_since(self, recorded: FileIdentity) -> str | None:
+        """How the source now differs from ``recorded`` (in words), or None."""
+        return recorded.differs_from(self.identity())
+
+    def advise(self, pattern: AccessPattern) -> None:  # noqa: B027 - a hint: no-op by default
+        """Tell the storage how the next reads go; the default ignores the hint."""
+
+    def fileno(self) -> int | None:
+        """A descriptor the compiled core may ``pread`` directly, or None."""
+        return None
+
+    def map(self) -> Any | None:
+        """A read-only buffer over the whole source, or None when it cannot be mapped."""
+        return None
+
+    def __enter__(self) -> ByteSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+
+def _check_range(offset: int, n: int) -> None:
+    if offset < 0 or n < 0:
+        raise ValueError(f"a byte range needs offset >= 0 and length >= 0, got ({offset}, {n})")
+
+
+_REGISTRY: dict[str, Callable[[str], ByteSource]] = {}
+
+
+def register_source(protocol: str, opener: Callable[[str], ByteSource]) -> None:
+    """Make ``open_source("PROTOCOL://...")`` call ``opener(url)``; a plain path is ``"file"``."""
+    _REGISTRY[protocol] = opener
+
+
+def registered_sources() -> tuple[str, ...]:
+    """The protocols :func:`open_source` knows, sorted."""
+    return tuple(sorted(_REGISTRY))
+
+
+def open_source(where: str | os.PathLike[str]) -> ByteSource:
+    """The byte source for ``where``: a local path, or a URL whose scheme a source registered."""
+    text = os.fspath(where)
+    scheme, sep, _ = text.partition("://")
+    opener = _REGISTRY.get(scheme if sep else "file")
+    if opener is None:
+        known = ", ".join(f"{p}://" for p in registered_sources())
+        raise ValueError(f"{text}: no byte source for {scheme}:// (known: {known})")
+    return opener(text)
