@@ -18,6 +18,7 @@ from pickleshard.errors import (
     IndexFormatError,
     NoPickleFilesError,
     NotAPickleError,
+    NotSpanIndexableError,
     PickleshardError,
     ReadMemoryError,
     StaleIndexError,
@@ -84,10 +85,38 @@ def test_every_public_error_derives_from_the_root() -> None:
         (UnsupportedLayoutError, ValueError),
         (FieldLengthMismatchError, UnsupportedLayoutError),
         (IndexFormatError, ValueError),
+        (UnsafePickleError, pickle.UnpicklingError),
+        (NotSpanIndexableError, ValueError),
+        (StaleIndexError, ValueError),
     ],
 )
 def test_errors_also_derive_from_the_matching_builtin(cls: type, builtin: type) -> None:
     assert issubclass(cls, builtin)
+
+
+def test_all_lists_each_error_once() -> None:
+    assert len(errors.__all__) == len(set(errors.__all__))
+    defined = {
+        name
+        for name, value in vars(errors).items()
+        if isinstance(value, type)
+        and issubclass(value, PickleshardError)
+        and value.__module__ == errors.__name__
+    }
+    assert set(errors.__all__) == defined - {"FileProblem"}
+
+
+@pytest.mark.parametrize("name", [n for n in errors.__all__ if n != "PickleshardError"])
+def test_every_error_also_derives_from_a_builtin_besides_exception(name: str) -> None:
+    """The module's promise: ``except ValueError`` (or ``OSError``, or
+    ``pickle.UnpicklingError``...) works for callers that know nothing of pickleshard."""
+    ours = (errors.__name__,)
+    others = [
+        base
+        for base in getattr(errors, name).__mro__
+        if base.__module__ not in ours and base not in (Exception, BaseException, object)
+    ]
+    assert others, f"{name} derives from no builtin exception besides Exception"
 
 
 def test_file_problem_message_says_file_byte_and_sample() -> None:

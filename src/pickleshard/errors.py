@@ -9,9 +9,12 @@ about and says what was expected there.
 from __future__ import annotations
 
 import os
+import pickle
 from collections.abc import Iterable
 
 __all__ = [
+    "ConversionStateError",
+    "ConvertedDatasetError",
     "CorruptPickleError",
     "DatasetNotFoundError",
     "EmptyPickleError",
@@ -19,16 +22,26 @@ __all__ = [
     "FileChangedError",
     "IndexFormatError",
     "MemoIdError",
+    "MissingDependencyError",
     "NoPickleFilesError",
     "NotAPickleError",
     "NotRegularFileError",
+    "NotSpanIndexableError",
+    "OutputExistsError",
+    "OutputPathError",
+    "OutputSpaceError",
     "PickleshardError",
     "ReadMemoryError",
+    "SampleLimitError",
+    "SampleTooDeepError",
+    "SampleTooLargeError",
     "StaleIndexError",
     "TruncatedPickleError",
+    "UnencodableValueError",
     "UnreadableFileError",
     "UnsafePickleError",
     "UnsupportedLayoutError",
+    "VerifyMismatchError",
 ]
 
 
@@ -162,12 +175,16 @@ class FieldLengthMismatchError(UnsupportedLayoutError):
     """A columns layout whose fields have different lengths, e.g. ``len(x) != len(y)``."""
 
 
-class UnsafePickleError(FileProblem):
-    """The pickle references a global outside the allowlist."""
+class UnsafePickleError(FileProblem, pickle.UnpicklingError):
+    """The pickle references a global outside the allowlist (or uses an allowlisted one in a way
+    the allowlist refuses). Also a :class:`pickle.UnpicklingError`: what a restricted
+    ``find_class`` raises in the :mod:`pickle` documentation, and what
+    ``torch.load(weights_only=True)`` raises for the same refusal."""
 
 
-class StaleIndexError(PickleshardError):
-    """The index no longer describes the files on disk."""
+class StaleIndexError(PickleshardError, ValueError):
+    """The index no longer describes the files on disk (a ``ValueError``, like
+    :class:`FileChangedError`, its subclass for a file that changed under a read)."""
 
     def __init__(
         self,
@@ -331,20 +348,9 @@ class MissingDependencyError(PickleshardError, ImportError):
         return (type(self), (self.package, self.extra, self.purpose))
 
 
-__all__ += [
-    "ConversionStateError",
-    "ConvertedDatasetError",
-    "MissingDependencyError",
-    "OutputExistsError",
-    "OutputPathError",
-    "OutputSpaceError",
-    "UnencodableValueError",
-    "VerifyMismatchError",
-]
-
-
-class NotSpanIndexableError(FileProblem):
-    """The file is a valid pickle, but its samples cannot be read span by span.
+class NotSpanIndexableError(FileProblem, ValueError):
+    """The file is a valid pickle, but its samples cannot be read span by span (a
+    ``ValueError``, like :class:`UnsupportedLayoutError`).
 
     Not a defect of the file: ``reason`` says, for a person, what the scanner could not prove
     correct (protocol 0/1, a persistent id, a memo reference it cannot resolve, a layout it does
@@ -362,9 +368,6 @@ class NotSpanIndexableError(FileProblem):
         super().__init__(path, f"cannot read samples in place: {reason}", offset=offset)
 
 
-__all__ += ["NotSpanIndexableError"]
-
-
 class SampleLimitError(FileProblem, ValueError):
     """A sample exceeds a bound of the reader (``max_sample_bytes``, ``max_depth``): refused
     where it is handed out, before it is collated, converted or sent between processes."""
@@ -378,6 +381,3 @@ class SampleTooLargeError(SampleLimitError):
 class SampleTooDeepError(SampleLimitError):
     """A sample nests containers deeper than ``max_depth`` (or contains itself): pickling it
     again, collating or converting it would exhaust the recursion limit."""
-
-
-__all__ += ["SampleLimitError", "SampleTooDeepError", "SampleTooLargeError"]
