@@ -11,10 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pickleshard import open_dataset, write_synthetic
+from pickleshard import open_dataset
 from pickleshard.cli import main
 from pickleshard.commands._common import parse_size
 from pickleshard.formats import FORMAT_NAMES
+from pickleshard.synth import write_synthetic
 
 
 @pytest.mark.parametrize(

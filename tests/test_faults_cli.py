@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pickleshard import PickleDataset, write_synthetic
+from pickleshard import PickleDataset
 from pickleshard.cli import main
 from pickleshard.conversion import convert
 from pickleshard.errors import (
@@ -42,6 +42,7 @@ from pickleshard.errors import (
 from pickleshard.formats import get_format, open_dataset
 from pickleshard.formats.staging import Staging
 from pickleshard.splitting import split
+from pickleshard.synth import write_synthetic
 from pickleshard.testing.formats import tree_bytes
 
 FORMATS = ("memmap", "lmdb", "webdataset")

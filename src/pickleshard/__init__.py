@@ -5,7 +5,6 @@ from typing import TYPE_CHECKING, Any
 from ._version import __version__
 from .errors import PickleshardError, StaleIndexError
 from .index import DatasetIndex, build_index, open_index
-from .synth import write_synthetic
 
 if TYPE_CHECKING:
     from .conversion import ConvertReport, convert
@@ -14,6 +13,7 @@ if TYPE_CHECKING:
     from .inspection import FileReport, inspect_file
     from .sampling import BlockShuffleSampler
     from .shuffle import ShuffleSampler, sampler_state_from_loader
+    from .splitting import SplitReport, split
     from .verification import VerifyReport, verify
 
 # These import torch (when installed): load them on first use so `pickleshard index` and
@@ -31,7 +31,11 @@ _LAZY = {
     "inspect_file": "inspection",
     "VerifyReport": "verification",
     "verify": "verification",
+    "SplitReport": "splitting",
+    "split": "splitting",
 }
+# Old top-level names: still importable for one release, with a DeprecationWarning.
+_MOVED = {"write_synthetic": "synth"}
 
 
 def __getattr__(name: str) -> Any:
@@ -39,6 +43,17 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    if name in _MOVED:
+        import importlib
+        import warnings
+
+        where = f"{__name__}.{_MOVED[name]}"
+        warnings.warn(
+            f"{__name__}.{name} is deprecated; import it from {where}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(where), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -51,6 +66,7 @@ __all__ = [
     "PickleDataset",
     "PickleshardError",
     "ShuffleSampler",
+    "SplitReport",
     "StaleIndexError",
     "VerifyReport",
     "__version__",
@@ -60,6 +76,6 @@ __all__ = [
     "open_dataset",
     "open_index",
     "sampler_state_from_loader",
+    "split",
     "verify",
-    "write_synthetic",
 ]
