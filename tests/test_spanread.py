@@ -20,7 +20,7 @@ from pickleshard.errors import (
     UnsupportedLayoutError,
 )
 from pickleshard.scan import ScanResult, scan_file
-from pickleshard.spanread import SpanReader, rewrite_span
+from pickleshard.spanread import BATCH_READ_MIN, SpanReader, rewrite_span
 from rewrites import write_keeping_times
 
 # pickles written with numpy 1.x module paths load through numpy's deprecated numpy.core shims
@@ -552,16 +552,29 @@ def test_array_items_of_every_shape_read_one_by_one_and_in_batches(
 
 
 def test_batch_reads_keep_read_only_arrays_read_only(tmp_path: Path) -> None:
-    xs = [np.arange(i, i + 8, dtype=np.float64) for i in range(20)]
+    n = BATCH_READ_MIN + 4
+    xs = [np.arange(i, i + 8, dtype=np.float64) for i in range(n)]
     for x in xs:
         x.flags.writeable = False
     path = tmp_path / "ro.pkl"
-    path.write_bytes(pickle.dumps((xs, list(range(20))), protocol=5))
+    path.write_bytes(pickle.dumps((xs, list(range(n))), protocol=5))
     with open(path, "rb") as fh:
         want, _ = pickle.load(fh)
+    # enough samples for the batch read, out of offset order; not sample 0, whose span also
+    # defines the globals every later array refers to (read alone, by read_sample)
+    order = list(range(n - 1, n - 1 - BATCH_READ_MIN, -1))
     with SpanReader(scan_file(path)) as reader:
-        for (x, _), i in zip(reader.read_samples([3, 19, 1]), [3, 19, 1], strict=True):
+        got = reader.read_samples(order)
+        for (x, _), i in zip(got, order, strict=True):
             _same_array(x, want[i])
+        # the batch path ran: every array is a row of one (len(order), 8) array read from the
+        # payloads, which the one-by-one path never builds
+        assert reader.stats.array_items == len(order)
+        rows = got[0][0].base
+        assert rows is not None
+        assert rows.shape == (len(order), 8)
+        assert all(x.base is rows for x, _ in got)
+        assert not rows.flags.writeable
 
 
 def test_a_value_two_fields_share_stays_one_object(tmp_path: Path) -> None:
