@@ -155,7 +155,7 @@ def _identity(ds: PickleDataset, fmt: Format, shard_bytes: int) -> dict[str, Any
         "options": {
             "to": fmt.name,
             "format": fmt.options_key(),
-            "shard_bytes": shard_bytes if fmt.name == "webdataset" else None,
+            "shard_bytes": shard_bytes if fmt.uses_shard_bytes else None,
             "encoding": ds.policy.encoding,
         },
     }
@@ -386,7 +386,7 @@ def convert(
     source: Source | PickleDataset,
     out: str | os.PathLike[str],
     *,
-    to: str | Format = "memmap",
+    to: str | Format | type[Format] = "memmap",
     jobs: int | None = None,
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     memory_bytes: int = DEFAULT_MEMORY_BYTES,
@@ -403,7 +403,9 @@ def convert(
     or a PickleDataset (its ``trusted``/``allow_globals``/``encoding`` then apply; samples are
     what it returns, after its ``transform``, which the manifest cannot tell apart: resume with
     the same one). ``to`` is ``"memmap"``, ``"lmdb"``,
-    ``"webdataset"`` or a :class:`~pickleshard.formats.Format`. ``jobs`` processes write parts
+    ``"webdataset"``, the name of another registered format, or a registered
+    :class:`~pickleshard.formats.Format` class or instance (an unregistered one raises
+    ``ValueError``: :func:`~pickleshard.formats.open_dataset` could not open it). ``jobs`` processes write parts
     (default: CPUs, at most 8). ``shard_bytes`` caps WebDataset shards. ``memory_bytes`` is the
     read budget across jobs. ``verify=True`` then reads every sample of the output back and
     compares its content hash with the digest taken of the source sample as it was converted

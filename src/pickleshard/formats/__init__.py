@@ -3,13 +3,14 @@
 :func:`open_dataset` opens any converted directory as a dataset with PickleDataset's interface.
 The interface every format implements is in :mod:`pickleshard.formats.base`; each format's
 on-disk layout is in its module's docstring (:mod:`~pickleshard.formats.memmap`,
-:mod:`~pickleshard.formats.lmdb`, :mod:`~pickleshard.formats.webdataset`). Backends are imported
-only when used: LMDB needs ``pip install 'pickleshard[lmdb]'``.
+:mod:`~pickleshard.formats.lmdb`, :mod:`~pickleshard.formats.webdataset`). Formats are found by
+name in a registry (:mod:`~pickleshard.formats.registry`): a third-party format is a
+:class:`Format` subclass and one :func:`register_format` call. Backends are imported only when
+used: LMDB needs ``pip install 'pickleshard[lmdb]'``.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from .base import (
     WriteOptions,
     read_descriptor,
 )
+from .registry import BUILTIN_FORMATS, available_formats, format_class, get_format, register_format
 
 __all__ = [
     "FORMAT_NAMES",
@@ -35,32 +37,15 @@ __all__ = [
     "PartSpec",
     "PartWriter",
     "WriteOptions",
+    "available_formats",
+    "format_class",
     "get_format",
     "open_dataset",
+    "register_format",
 ]
 
-_BACKENDS = {
-    "memmap": ("memmap", "MemmapFormat"),
-    "lmdb": ("lmdb", "LmdbFormat"),
-    "webdataset": ("webdataset", "WebDatasetFormat"),
-}
-FORMAT_NAMES = tuple(_BACKENDS)
-
-
-def get_format(name: str | Format) -> Format:
-    """The format called ``name`` (``"memmap"``, ``"lmdb"``, ``"webdataset"``), or ``name`` itself.
-
-    Raises ``ValueError`` for an unknown name and
-    :class:`~pickleshard.errors.MissingDependencyError` when its backend is not installed.
-    """
-    if isinstance(name, Format):
-        return name
-    if name not in _BACKENDS:
-        raise ValueError(f"unknown format {name!r}; expected one of {', '.join(FORMAT_NAMES)}")
-    module, cls = _BACKENDS[name]
-    backend = importlib.import_module(f".{module}", __name__)
-    fmt: Format = getattr(backend, cls)()
-    return fmt
+#: the formats that ship with pickleshard (``pickleshard convert --to`` offers these)
+FORMAT_NAMES = tuple(BUILTIN_FORMATS)
 
 
 def open_dataset(
@@ -80,14 +65,21 @@ def open_dataset(
     also supports ``ds[i]``; the keyword arguments apply to its iteration only: shard shuffle
     and a ``buffer_size`` shuffle from ``(seed, epoch)``, split across DDP ranks (``rank`` /
     ``world_size``, default from ``torch.distributed``) and DataLoader workers.
-    Raises :class:`~pickleshard.errors.ConvertedDatasetError` if ``out`` is not a conversion.
+    The format is the one registered under the descriptor's ``"to"`` name (a third-party format
+    must be registered in this process too). Raises
+    :class:`~pickleshard.errors.ConvertedDatasetError` if ``out`` is not a conversion or names
+    a format not registered here.
     """
     root = Path(out)
     descriptor = read_descriptor(root)
     options = IterableOptions(shuffle, seed, buffer_size, rank, world_size, drop_last)
-    if descriptor["to"] not in _BACKENDS:
+    name = descriptor["to"]
+    try:
+        fmt = get_format(name) if isinstance(name, str) else None
+    except ValueError as exc:
+        raise ConvertedDatasetError(root / DESCRIPTOR_NAME, str(exc)) from None
+    if fmt is None:
         raise ConvertedDatasetError(
-            root / DESCRIPTOR_NAME,
-            f"unknown format {descriptor['to']!r}; this pickleshard reads {', '.join(FORMAT_NAMES)}",
+            root / DESCRIPTOR_NAME, f"format name is not a string: {name!r}"
         )
-    return get_format(descriptor["to"]).open(root, descriptor, options)
+    return fmt.open(root, descriptor, options)

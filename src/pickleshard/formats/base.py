@@ -149,9 +149,16 @@ class PartWriter(ABC):
 
 
 class Format(ABC):
-    """One output format. Implementations are stateless apart from constructor options."""
+    """One output format. Implementations are stateless apart from constructor options.
+
+    ``name`` is what the descriptor records and what :func:`pickleshard.formats.open_dataset`
+    looks the format up by: register the class with
+    :func:`pickleshard.formats.register_format`. ``uses_shard_bytes`` says whether the
+    conversion's ``shard_bytes`` shapes the output (it is then part of the conversion's identity).
+    """
 
     name: ClassVar[str]
+    uses_shard_bytes: ClassVar[bool] = False
 
     @abstractmethod
     def part_writer(self, part_dir: Path, spec: PartSpec, options: WriteOptions) -> PartWriter:

@@ -52,6 +52,7 @@ from .base import (
 )
 from .encoding import decode_member, encode_member
 from .files import NO_SPACE
+from .registry import register_format
 
 __all__ = ["LmdbDataset", "LmdbFormat", "pack_sample", "unpack_sample"]
 
@@ -336,3 +337,6 @@ class LmdbDataset(ConvertedDataset):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (LmdbDataset, (self.root, self.descriptor))
+
+
+register_format(LmdbFormat)

@@ -47,6 +47,7 @@ from .base import (
 from .columns import ColumnWriter, dtype_from_json, merge_column
 from .encoding import decode_member
 from .npy import map_npy
+from .registry import register_format
 
 __all__ = ["MemmapDataset", "MemmapFormat"]
 
@@ -218,3 +219,6 @@ class MemmapDataset(ConvertedDataset):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (MemmapDataset, (self.root, self.descriptor))
+
+
+register_format(MemmapFormat)

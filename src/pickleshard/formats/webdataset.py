@@ -53,6 +53,7 @@ from .base import (
 from .encoding import decode_member, encode_member
 from .files import NpyWriter, iter_raw_chunks
 from .npy import map_npy
+from .registry import register_format
 
 _T = TypeVar("_T")
 
@@ -155,6 +156,7 @@ class WebDatasetFormat(Format):
     """The WebDataset format (module docstring)."""
 
     name = "webdataset"
+    uses_shard_bytes = True
 
     def part_writer(self, part_dir: Path, spec: PartSpec, options: WriteOptions) -> PartWriter:
         return WebDatasetPartWriter(part_dir, spec, options)
@@ -372,3 +374,6 @@ def _reopen(
     reader = WebDatasetReader(root, descriptor, options)
     reader.epoch = epoch
     return reader
+
+
+register_format(WebDatasetFormat)

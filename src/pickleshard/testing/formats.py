@@ -25,7 +25,7 @@ import pytest
 
 from ..conversion import ConvertReport, convert
 from ..errors import OutputExistsError, OutputPathError, UnencodableValueError, VerifyMismatchError
-from ..formats import ConvertedDataset, Format, open_dataset
+from ..formats import ConvertedDataset, Format, get_format, open_dataset
 from ..verification import verify
 from .oracle import SLOW_GLOBAL, SlowInt, assert_same, oracle_samples, write_files
 
@@ -38,10 +38,14 @@ DTYPES = (
 )  # fmt: skip
 STRUCTURED = np.dtype([("a", "<i4"), ("b", "<f8", (2,)), ("c", "S3")])
 
+# The format travels as a pickled instance, with the parent's sys.path: unpickling it imports the
+# module that defines (and registers) it, so a third-party format resumes like a built-in one.
 _KILL_SCRIPT = """
 import pickle, sys
+path, kwargs = pickle.loads(bytes.fromhex(sys.argv[3]))
+sys.path[:0] = path
 from pickleshard.conversion import convert
-convert(sys.argv[1], sys.argv[2], **pickle.loads(bytes.fromhex(sys.argv[3])))
+convert(sys.argv[1], sys.argv[2], **pickle.loads(kwargs))
 """
 
 
@@ -73,7 +77,10 @@ def tree_bytes(root: Path) -> dict[str, bytes]:
 
 
 class FormatTests:
-    """Subclass with ``format = "<name>"``; override :meth:`make_format` for format options."""
+    """Subclass with ``format = "<name>"`` (a registered format's name, see
+    :func:`pickleshard.formats.register_format`); override :meth:`make_format` for format
+    options. A third-party format registers itself where its module is imported: the kill test
+    reruns the conversion in a new process, which finds the format by importing that module."""
 
     format: ClassVar[str] = ""
     #: dtype names (``np.dtype(...).str``) the format cannot store; the kit skips them
@@ -242,7 +249,8 @@ class FormatTests:
         write_files(src, objects)
         kwargs: dict[str, Any] = {**self.convert_kwargs, "jobs": 2, "allow_globals": [SLOW_GLOBAL]}
         self.convert(src, tmp_path / "reference", **kwargs)
-        args = pickle.dumps({"to": self.make_format(), **kwargs}).hex()
+        job = pickle.dumps({"to": get_format(self.make_format()), **kwargs})
+        args = pickle.dumps((sys.path, job)).hex()
         proc = subprocess.Popen(
             [sys.executable, "-c", _KILL_SCRIPT, str(src), str(out), args],
             start_new_session=True,
