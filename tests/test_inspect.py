@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 
 from conftest import BAD_FILES
 from picklegen import LAYOUTS, build, datasets, dumps, oracle, write
+from pickleshard.allowlist import classify_global
 from pickleshard.audit import audit_buffer
 from pickleshard.cli import main
 from pickleshard.errors import (
@@ -34,7 +35,6 @@ from pickleshard.errors import (
     TruncatedPickleError,
 )
 from pickleshard.inspection import FileReport, inspect_file
-from pickleshard.safety import classify_global
 
 P4 = b"\x80\x04"
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import pickleshard
-from pickleshard import build_index, safety
+from pickleshard import allowlist, build_index, safety
 from pickleshard.conversion import convert
 from pickleshard.dataset import PickleDataset
 from pickleshard.errors import UnsafePickleError
@@ -246,10 +246,11 @@ def test_no_environment_variable_or_module_switch_in_the_package() -> None:
         if re.search(r"os\.environ|getenv\(", text):
             offenders.append(os.fspath(path.relative_to(SRC)))
     assert offenders == []
-    assert isinstance(safety.ALLOWED_GLOBALS, frozenset)
+    assert isinstance(allowlist.ALLOWED_GLOBALS, frozenset)
     module_flags = [
         name
-        for name, value in vars(safety).items()
+        for module in (safety, allowlist)
+        for name, value in vars(module).items()
         if isinstance(value, bool)
         or (not callable(value) and re.search(r"(?i)trust|unsafe|disable|enable", name))
     ]

@@ -14,7 +14,7 @@ Nothing is imported or called. A ``STACK_GLOBAL`` whose operands are not string 
 were computed by a call, or are not strings) cannot be named from the bytes: it is listed as
 ``?.?`` with verdict "dangerous", since CPython's pickler never writes one. Each global gets its
 number of references, the number of ``REDUCE`` / ``NEWOBJ`` / ``NEWOBJ_EX`` / ``OBJ`` / ``INST``
-calls made on it, and its :func:`~pickleshard.safety.classify_global` verdict.
+calls made on it, and its :func:`~pickleshard.allowlist.classify_global` verdict.
 
 Structural damage (truncation, unknown opcodes, stack underflow, a ``GET`` of a memo id never
 stored) raises the :mod:`pickleshard.errors` classes with the file and offset.
@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import opcodes as oc
+from .allowlist import Verdict, classify_global
 from .errors import (
     CorruptPickleError,
     EmptyPickleError,
@@ -40,7 +41,6 @@ from .errors import (
     PickleshardError,
     TruncatedPickleError,
 )
-from .safety import Verdict, classify_global
 
 __all__ = ["Audit", "GlobalUse", "audit_buffer", "locate_global"]
 

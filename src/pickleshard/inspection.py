@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from . import opcodes as oc
+from .allowlist import Verdict, parse_allow_globals
 from .audit import COUNTED, Audit, GlobalUse, audit_buffer
 from .bounds import DEFAULT_MAX_DEPTH, measure
 from .errors import (
@@ -43,7 +44,6 @@ from .errors import (
 from .guards import CHECKS, check_call
 from .layouts import decode_layout, decode_records
 from .memo import ArraySpec, InspectUnpickler, NotInspectable, Payload, SpanFile, _Latin1Text
-from .safety import Verdict, parse_allow_globals
 from .scan import ScanResult, scan_file
 
 __all__ = ["WHOLE_FILE_OPCODES", "FileReport", "InertUnpickler", "Stand", "inspect_file"]

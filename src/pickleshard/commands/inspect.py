@@ -85,9 +85,9 @@ def render(r: FileReport) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..allowlist import parse_allow_globals
     from ..errors import PickleshardError
     from ..inspection import inspect_file
-    from ..safety import parse_allow_globals
 
     try:
         parse_allow_globals(args.allow_global)

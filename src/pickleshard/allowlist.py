@@ -1,0 +1,146 @@
+"""The allowlist: which globals a pickle may load by default, and a verdict on any other.
+
+Decided by name only, nothing imported: :data:`ALLOWED_GLOBALS` is what training data needs
+(builtin containers and scalars, ``collections.OrderedDict``, numpy array/scalar/dtype
+reconstruction under both numpy 1.x (``numpy.core``) and 2.x (``numpy._core``) module paths,
+and torch tensor rebuild functions); :func:`classify_global` tells an audit which of the others
+are only ever used to run code; :func:`parse_allow_globals` reads the ``allow_globals``
+argument. :mod:`pickleshard.safety` enforces it while unpickling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Literal
+
+__all__ = ["ALLOWED_GLOBALS", "Verdict", "classify_global", "parse_allow_globals"]
+
+_BUILTINS: tuple[str, ...] = (
+    "list",
+    "dict",
+    "tuple",
+    "set",
+    "frozenset",
+    "bytearray",
+    "bytes",
+    "str",
+    "int",
+)
+_BUILTINS += ("float", "complex", "bool", "slice", "range")
+_NUMPY = [
+    (mod, name)
+    for core in ("numpy.core", "numpy._core")
+    for mod, name in (
+        (f"{core}.multiarray", "_reconstruct"),
+        (f"{core}.multiarray", "scalar"),
+        (f"{core}.numeric", "_frombuffer"),
+    )
+] + [("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.dtypes", "StringDType")]
+_TORCH = [
+    ("torch._utils", n)
+    for n in (
+        "_rebuild_tensor",
+        "_rebuild_tensor_v2",
+        "_rebuild_tensor_v3",
+        "_rebuild_parameter",
+        "_rebuild_parameter_with_state",
+        "_rebuild_device_tensor_from_numpy",
+    )
+] + [
+    ("torch._tensor", "_rebuild_from_type_v2"),
+    ("torch.storage", "_load_from_bytes"),
+    ("torch", "Tensor"),
+    ("torch", "Size"),
+    ("torch", "device"),
+    ("torch.nn.parameter", "Parameter"),
+]
+
+ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset(
+    [("builtins", n) for n in _BUILTINS]
+    + [("__builtin__", n) for n in _BUILTINS]  # Python 2 pickles
+    + [("collections", "OrderedDict"), ("_codecs", "encode")]
+    + _NUMPY
+    + _TORCH
+)
+
+# Modules and names whose only use in a data file is to run code. The audit names them.
+_DANGEROUS_MODULES: tuple[str, ...] = (
+    "os",
+    "posix",
+    "nt",
+    "subprocess",
+    "sys",
+    "shutil",
+    "importlib",
+    "runpy",
+)
+_DANGEROUS_MODULES += ("socket", "pty", "ctypes", "marshal", "code", "webbrowser", "pickle")
+_DANGEROUS_MODULES += ("_pickle", "types", "commands", "multiprocessing", "signal")
+_DANGEROUS_BUILTINS: tuple[str, ...] = (
+    "eval",
+    "exec",
+    "compile",
+    "__import__",
+    "open",
+    "getattr",
+    "setattr",
+)
+_DANGEROUS_BUILTINS += ("delattr", "globals", "locals", "vars", "breakpoint", "input")
+# Single names elsewhere that load code or reach any attribute (gadgets in known exploits).
+_DANGEROUS_NAMES: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("torch", "load"),
+        ("torch.serialization", "load"),
+        ("torch.serialization", "_load"),
+        ("operator", "attrgetter"),
+        ("operator", "methodcaller"),
+        ("_operator", "attrgetter"),
+        ("_operator", "methodcaller"),
+        ("io", "open"),
+        ("_io", "open"),
+        ("codecs", "open"),
+        ("numpy", "load"),
+        ("numpy.lib.npyio", "load"),
+        ("joblib", "load"),
+        ("dill", "loads"),
+    }
+)
+
+Verdict = Literal["allowed", "not allowed", "dangerous"]
+
+
+def classify_global(module: str, name: str, extra: Iterable[tuple[str, str]] = ()) -> Verdict:
+    """Verdict on a global a pickle references, by name only: nothing is imported.
+
+    "allowed": on the allowlist or in ``extra`` (``allow_globals``). "dangerous": a module whose
+    only use in a data file is running code (``os``/``posix``/``nt``, ``subprocess``,
+    ``shutil``, ``socket``, ``pickle``...), a builtin that evaluates, imports or reaches any
+    attribute (``eval``, ``exec``, ``__import__``, ``getattr``, ``open``...), or a named loader
+    or gadget (``torch.load``, ``operator.methodcaller``...). "not allowed": anything else.
+    ``torch.storage._load_from_bytes`` is allowed because the readers map it to a
+    ``weights_only=True`` load.
+    """
+    if (module, name) in ALLOWED_GLOBALS or (module, name) in set(extra):
+        return "allowed"
+    top = module.split(".", 1)[0]
+    if (
+        top in _DANGEROUS_MODULES
+        or (module in ("builtins", "__builtin__") and name in _DANGEROUS_BUILTINS)
+        or (module, name) in _DANGEROUS_NAMES
+    ):
+        return "dangerous"
+    return "not allowed"
+
+
+def parse_allow_globals(names: Iterable[str]) -> frozenset[tuple[str, str]]:
+    """Turn ``["module.name", "pkg.mod:Class.attr"]`` into ``(module, name)`` pairs.
+
+    ``module:qualname`` separates a nested qualname explicitly; otherwise the last dot splits.
+    """
+    out = set()
+    for text in names:
+        module, sep, name = text.partition(":") if ":" in text else text.rpartition(".")
+        if not sep or not module or not name:
+            raise ValueError(f"allow_globals entries look like 'module.name', got {text!r}")
+        out.add((module, name))
+    return frozenset(out)
