@@ -35,12 +35,9 @@ import copy
 import errno
 import json
 import os
-import shutil
 import time
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
-from multiprocessing import get_all_start_methods, get_context
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,10 +45,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ._version import __version__
-from .errors import OutputExistsError, OutputSpaceError, PickleshardError, UnencodableValueError
+from .convertparts import PartJob, run_parts
+from .errors import OutputExistsError, OutputSpaceError, PickleshardError
 from .formats import Format, PartResult, PartSpec, WriteOptions, get_format
 from .formats.base import DESCRIPTOR_NAME, FORMAT_NAME, FORMAT_VERSION, HASHES_NAME
-from .formats.encoding import encode_pss, sample_digest
 from .formats.files import NO_SPACE, NpyWriter, atomic_write_json
 from .formats.staging import Staging
 from .sources import Source
@@ -161,117 +158,8 @@ def _identity(ds: PickleDataset, fmt: Format, shard_bytes: int) -> dict[str, Any
     }
 
 
-@dataclass
-class _Job:
-    """What a part needs; installed in each worker once, at fork, instead of per task."""
-
-    dataset: PickleDataset
-    fmt: Format
-    staging: Path
-    options: WriteOptions
-    batch: int
-    parent: int | None  # pid to watch: a worker whose parent died stops instead of racing a rerun
-
-
-_JOB: _Job | None = None
-
-
-def _install(job: _Job, lock_fd: int) -> None:
-    global _JOB
-    _JOB = job
-    if lock_fd >= 0:  # inherited through fork: the lock must die with the coordinator
-        os.close(lock_fd)
-
-
-def _run_installed(spec: PartSpec) -> dict[str, Any]:
-    assert _JOB is not None
-    return _write_part(_JOB, spec)
-
-
-def _source_file(ds: PickleDataset, i: int) -> Path:
-    pos, _ = ds.index.locate(i)
-    return ds.source.absolute(ds.index.files[pos].path)
-
-
-def _unencodable(ds: PickleDataset, i: int, sample: Any, exc: Exception) -> UnencodableValueError:
-    where = _source_file(ds, i)
-    for name, value in zip(ds.fields, sample, strict=False):
-        try:
-            encode_pss(value)
-        except TypeError as err:
-            return UnencodableValueError(where, f"field {name!r}: {err}", sample=i)
-    return UnencodableValueError(where, str(exc), sample=i)
-
-
-def _write_part(job: _Job, spec: PartSpec) -> dict[str, Any]:
-    parts_dir = job.staging / "parts"
-    tmp = parts_dir / f"part-{spec.id:05d}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        return _write_part_into(job, spec, tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)  # half a part is of no use; free its space now
-        raise
-
-
-def _write_part_into(job: _Job, spec: PartSpec, tmp: Path) -> dict[str, Any]:
-    parts_dir = job.staging / "parts"
-    ds, nfields = job.dataset, len(job.options.fields)
-    writer = job.fmt.part_writer(tmp, spec, job.options)
-    with open(tmp / "hashes.bin", "wb") as hashes:
-        for a in range(spec.start, spec.stop, job.batch):
-            if job.parent is not None and os.getppid() != job.parent:
-                os._exit(1)
-            samples = ds.__getitems__(range(a, min(a + job.batch, spec.stop)))
-            for i, sample in enumerate(samples, start=a):
-                if not isinstance(sample, tuple) or len(sample) != nfields:
-                    raise UnencodableValueError(
-                        _source_file(ds, i),
-                        f"expected a tuple of {nfields} fields, got {type(sample).__name__}",
-                        sample=i,
-                    )
-                try:
-                    hashes.write(sample_digest(sample))
-                    writer.write(i, sample)
-                except TypeError as exc:
-                    raise _unencodable(ds, i, sample, exc) from None
-    summary = writer.close()
-    atomic_write_json(tmp / "part.json", {"spec": asdict(spec), "summary": summary})
-    try:
-        os.rename(tmp, parts_dir / f"part-{spec.id:05d}")
-    except OSError:  # already there from an orphaned worker: same bytes, keep that one
-        shutil.rmtree(tmp, ignore_errors=True)
-    return summary
-
-
-def _run_parts(job: _Job, todo: Sequence[PartSpec], jobs: int, stage: Staging, bar: Any) -> None:
-    if jobs <= 1 or len(todo) <= 1:
-        for spec in todo:
-            stage.mark_done(spec, _write_part(job, spec))
-            bar.update(spec.count)
-        return
-    # fork where available (as index.py and DataLoader do): spawn would re-run the caller's
-    # __main__, and the workers would not share the parent's mapped index pages.
-    fork = "fork" in get_all_start_methods()
-    ctx = get_context("fork" if fork else "spawn")
-    job.parent = os.getpid()
-    lock_fd = stage.lock_fd if fork else -1
-    with ProcessPoolExecutor(jobs, ctx, initializer=_install, initargs=(job, lock_fd)) as pool:
-        futures = {pool.submit(_run_installed, spec): spec for spec in todo}
-        try:
-            for fut in as_completed(futures):
-                spec = futures[fut]
-                stage.mark_done(spec, fut.result())
-                bar.update(spec.count)
-        except BaseException:
-            for fut in futures:
-                fut.cancel()
-            raise
-
-
 def _finalize(
-    job: _Job, stage: Staging, plan: Sequence[PartSpec], identity: dict[str, Any]
+    job: PartJob, stage: Staging, plan: Sequence[PartSpec], identity: dict[str, Any]
 ) -> None:
     staging, fmt, options = job.staging, job.fmt, job.options
     results = [
@@ -345,13 +233,13 @@ def _stage_and_publish(
         n_jobs = max(1, jobs if jobs is not None else min(os.cpu_count() or 1, 8))
         per_sample = max((f.decoded_nbytes // max(1, f.num_samples) for f in files), default=1)
         batch = int(np.clip(memory_bytes // n_jobs // 4 // max(1, per_sample), 1, _MAX_BATCH))
-        job = _Job(ds, fmt, stage.path, options, batch, None)
+        job = PartJob(ds, fmt, stage.path, options, batch, None)
         todo = [] if stage.finalized else [p for p in plan if str(p.id) not in stage.done]
         with tqdm(
             total=len(ds), unit="sample", desc=f"convert to {fmt.name}", disable=not progress
         ) as bar:
             bar.update(sum(p.count for p in plan) - sum(p.count for p in todo))
-            _run_parts(job, todo, min(n_jobs, len(todo)), stage, bar)
+            run_parts(job, todo, min(n_jobs, len(todo)), stage, bar)
         if not stage.finalized:
             stage.clear_outputs()
             try:

@@ -1,0 +1,148 @@
+"""Writing a conversion's parts: one part per task, in this process or in ``jobs`` forked ones.
+
+:func:`write_part` reads a part's samples in batches of ``PartJob.batch`` through the source
+:class:`~pickleshard.PickleDataset`, hashes each (``hashes.bin``, for ``verify``) and hands it
+to the format's :class:`~pickleshard.formats.PartWriter`, in a temporary directory renamed into
+place when complete; :func:`run_parts` runs the parts not yet done and records each in the
+staging manifest as it finishes. Planning, finalizing and publishing are
+:mod:`pickleshard.conversion`'s.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass
+from multiprocessing import get_all_start_methods, get_context
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import UnencodableValueError
+from .formats import Format, PartSpec, WriteOptions
+from .formats.encoding import encode_pss, sample_digest
+from .formats.files import atomic_write_json
+from .formats.staging import Staging
+
+if TYPE_CHECKING:
+    from .dataset import PickleDataset
+
+__all__ = ["PartJob", "run_parts", "write_part"]
+
+
+@dataclass
+class PartJob:
+    """What a part needs; installed in each worker once, at fork, instead of per task."""
+
+    dataset: PickleDataset
+    fmt: Format
+    staging: Path
+    options: WriteOptions
+    batch: int
+    parent: int | None  # pid to watch: a worker whose parent died stops instead of racing a rerun
+
+
+_JOB: PartJob | None = None
+
+
+def _install(job: PartJob, lock_fd: int) -> None:
+    global _JOB
+    _JOB = job
+    if lock_fd >= 0:  # inherited through fork: the lock must die with the coordinator
+        os.close(lock_fd)
+
+
+def _run_installed(spec: PartSpec) -> dict[str, Any]:
+    assert _JOB is not None
+    return write_part(_JOB, spec)
+
+
+def _source_file(ds: PickleDataset, i: int) -> Path:
+    pos, _ = ds.index.locate(i)
+    return ds.source.absolute(ds.index.files[pos].path)
+
+
+def _unencodable(ds: PickleDataset, i: int, sample: Any, exc: Exception) -> UnencodableValueError:
+    where = _source_file(ds, i)
+    for name, value in zip(ds.fields, sample, strict=False):
+        try:
+            encode_pss(value)
+        except TypeError as err:
+            return UnencodableValueError(where, f"field {name!r}: {err}", sample=i)
+    return UnencodableValueError(where, str(exc), sample=i)
+
+
+def write_part(job: PartJob, spec: PartSpec) -> dict[str, Any]:
+    """Write part ``spec`` to ``parts/part-<id>`` under the staging directory; its summary.
+
+    Written under a temporary name first and removed on any error (half a part is of no use);
+    raises :class:`~pickleshard.errors.UnencodableValueError` naming the source file, sample
+    and field of a value the format cannot store.
+    """
+    parts_dir = job.staging / "parts"
+    tmp = parts_dir / f"part-{spec.id:05d}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        return _write_part_into(job, spec, tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # half a part is of no use; free its space now
+        raise
+
+
+def _write_part_into(job: PartJob, spec: PartSpec, tmp: Path) -> dict[str, Any]:
+    parts_dir = job.staging / "parts"
+    ds, nfields = job.dataset, len(job.options.fields)
+    writer = job.fmt.part_writer(tmp, spec, job.options)
+    with open(tmp / "hashes.bin", "wb") as hashes:
+        for a in range(spec.start, spec.stop, job.batch):
+            if job.parent is not None and os.getppid() != job.parent:
+                os._exit(1)
+            samples = ds.__getitems__(range(a, min(a + job.batch, spec.stop)))
+            for i, sample in enumerate(samples, start=a):
+                if not isinstance(sample, tuple) or len(sample) != nfields:
+                    raise UnencodableValueError(
+                        _source_file(ds, i),
+                        f"expected a tuple of {nfields} fields, got {type(sample).__name__}",
+                        sample=i,
+                    )
+                try:
+                    hashes.write(sample_digest(sample))
+                    writer.write(i, sample)
+                except TypeError as exc:
+                    raise _unencodable(ds, i, sample, exc) from None
+    summary = writer.close()
+    atomic_write_json(tmp / "part.json", {"spec": asdict(spec), "summary": summary})
+    try:
+        os.rename(tmp, parts_dir / f"part-{spec.id:05d}")
+    except OSError:  # already there from an orphaned worker: same bytes, keep that one
+        shutil.rmtree(tmp, ignore_errors=True)
+    return summary
+
+
+def run_parts(job: PartJob, todo: Sequence[PartSpec], jobs: int, stage: Staging, bar: Any) -> None:
+    """Write the parts ``todo``, ``jobs`` at a time, marking each done in ``stage`` (and
+    advancing the progress ``bar``) as it finishes; the first error cancels the rest."""
+    if jobs <= 1 or len(todo) <= 1:
+        for spec in todo:
+            stage.mark_done(spec, write_part(job, spec))
+            bar.update(spec.count)
+        return
+    # fork where available (as index.py and DataLoader do): spawn would re-run the caller's
+    # __main__, and the workers would not share the parent's mapped index pages.
+    fork = "fork" in get_all_start_methods()
+    ctx = get_context("fork" if fork else "spawn")
+    job.parent = os.getpid()
+    lock_fd = stage.lock_fd if fork else -1
+    with ProcessPoolExecutor(jobs, ctx, initializer=_install, initargs=(job, lock_fd)) as pool:
+        futures = {pool.submit(_run_installed, spec): spec for spec in todo}
+        try:
+            for fut in as_completed(futures):
+                spec = futures[fut]
+                stage.mark_done(spec, fut.result())
+                bar.update(spec.count)
+        except BaseException:
+            for fut in futures:
+                fut.cancel()
+            raise
