@@ -32,7 +32,6 @@ per ``"<case>::<entry point>"``. Each run gets a fresh folder
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
@@ -41,42 +40,21 @@ import shutil
 import signal
 import time
 import traceback
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .corpus_worker import deep_diff
-from .fault_setup import DATA_NAME, Rewriter, materialise
-from .faults import REWRITE_NEW
-from .oracle import reference_samples
+from .fault_entries import ENTRIES, CliResult, FaultRun, Samples
 
 __all__ = ["CLASSES", "ENTRY_POINTS", "META", "NOT_OK", "RUN_SECONDS", "FaultWorker"]
 
 META = "case.json"  # beside a fault case's data file: family, expect, setup, extra files
 RUN_SECONDS = 20
-REWRITE_EPOCHS = 12
 CLASSES = ("ok-correct", "ok-error", "WRONG", "CRASH", "HANG", "FOREIGN", "n/a")
 NOT_OK = ("WRONG", "CRASH", "HANG", "FOREIGN")
-ENTRY_POINTS = (
-    "dataset:auto",
-    "dataset:span",
-    "dataset:whole",
-    "getitems",
-    "loader:0",
-    "loader:2",
-    "cli:index",
-    "cli:inspect",
-    "cli:inspect-strict",
-    "cli:convert-memmap",
-    "cli:convert-lmdb",
-    "cli:convert-webdataset",
-    "cli:split",
-    "cli:verify",
-)
-
-Samples = list[tuple[int, Any]]  # (index in the dataset, sample), in the order returned
+ENTRY_POINTS = tuple(ENTRIES)
 
 
 class _Hang(BaseException):
@@ -87,218 +65,11 @@ def _on_alarm(signum: int, frame: Any) -> None:
     raise _Hang
 
 
-def _identity(batch: Any) -> Any:
-    return batch
-
-
-class _Run:
-    """One run's folders and the oracle its samples are checked against."""
-
-    def __init__(self, case_dir: Path, meta: dict[str, Any], run_dir: Path) -> None:
-        self.meta, self.run_dir = meta, run_dir
-        self.data = materialise(case_dir, meta, run_dir)
-        self.path = self.data / DATA_NAME
-        self.out = run_dir / "out"
-        self.versions: list[list[Any]] = []
-        if meta["expect"] == "data":
-            self.versions.append(_oracle(self.data))
-            if meta["setup"] == "rewrite":
-                self.versions.append(_oracle_of(case_dir / REWRITE_NEW))
-        self.rewrite: tuple[bytes, bytes] | None = None
-        self.rewriter: Rewriter | None = None
-        if meta["setup"] == "rewrite":
-            self.rewrite = (self.path.read_bytes(), (case_dir / REWRITE_NEW).read_bytes())
-
-    def begin(self) -> None:
-        """Start rewriting the file, for a rewrite case (after the dataset is opened: a rewrite
-        before it is only a stale index)."""
-        if self.rewrite is not None and self.rewriter is None:
-            self.rewriter = Rewriter(self.path, self.rewrite).__enter__()
-
-    def end(self) -> None:
-        if self.rewriter is not None:
-            self.rewriter.__exit__()
-
-    def names_file(self, message: str) -> bool:
-        """Whether ``message`` names a file of the case: one in its data folder (the index
-        too), where ``data.pkl`` points, or the CLI's output folder."""
-        where = [f"{self.data}{os.sep}", os.path.realpath(self.path), os.fspath(self.out)]
-        return any(w in message for w in where)
-
-    def order(self, n: int) -> list[int]:
-        """A shuffled epoch (seeded): the order the dataset entry points read samples in."""
-        return [int(i) for i in np.random.default_rng(n).permutation(n)]
-
-    def epochs(self) -> int:
-        return REWRITE_EPOCHS if self.rewrite is not None else 1
-
-
-def _oracle_of(path: Path) -> list[Any]:
-    """Samples of one file by ``pickle.load`` (trusted: only ``expect="data"`` cases, made by
-    the corpus from plain arrays and numbers), one call per appended pickle."""
-    objs = []
-    with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        while fh.tell() < size:
-            objs.append(pickle.load(fh))
-    return reference_samples(objs, os.fspath(path))[1]
-
-
-def _oracle(data: Path) -> list[Any]:
-    """Every sample of the pickle files of ``data`` in the dataset's order (sorted paths)."""
-    out: list[Any] = []
-    for name in sorted(os.listdir(data)):
-        if name.endswith(".pkl"):
-            out += _oracle_of(data / name)
-    return out
-
-
-# -- entry points: each returns the samples it read, or a CLI result -------------------------
-
-
-def _dataset(run: _Run, mode: str) -> Samples:
-    from ..dataset import PickleDataset
-
-    ds = PickleDataset(run.data, mode=mode, jobs=1)  # type: ignore[arg-type]
-    run.begin()
-    got: Samples = []
-    for _ in range(run.epochs()):
-        got += [(i, ds[i]) for i in run.order(len(ds))]
-    return got
-
-
-def _getitems(run: _Run) -> Samples:
-    from ..dataset import PickleDataset
-
-    ds = PickleDataset(run.data, jobs=1)
-    order = run.order(len(ds))
-    run.begin()
-    got: Samples = []
-    for _ in range(run.epochs()):
-        got += list(zip(order, ds.__getitems__(order), strict=True))
-    return got
-
-
-def _loader(run: _Run, workers: int) -> Samples:
-    from torch.utils.data import DataLoader
-
-    from ..dataset import PickleDataset
-
-    ds = PickleDataset(run.data, jobs=1)
-    order = run.order(len(ds))
-    run.begin()
-    got: Samples = []
-    for _ in range(run.epochs()):
-        loader = DataLoader(
-            ds, batch_size=2, sampler=order, num_workers=workers, collate_fn=_identity
-        )
-        it = iter(loader)
-        try:
-            flat = [s for batch in it for s in batch]
-        finally:
-            # join the workers now: one still shutting down could print into the next run
-            shutdown = getattr(it, "_shutdown_workers", None)
-            if shutdown is not None:
-                shutdown()
-            del it
-        got += list(zip(order, flat, strict=False))
-        if len(flat) != len(order):
-            raise AssertionError(f"the DataLoader gave {len(flat)} samples of {len(order)}")
-    return got
-
-
-class CliResult:
-    """A CLI run: exit code, stdout, stderr; the samples its output holds, read back, and
-    (``split``, one file of the folder) the values they are checked against."""
-
-    def __init__(self, rc: int, out: str, err: str) -> None:
-        self.rc, self.out, self.err = rc, out, err
-        self.samples: Samples = []
-        self.versions: list[list[Any]] | None = None
-
-
-def _cli(argv: Sequence[str]) -> CliResult:
-    """``pickleshard ARGV`` in this process; an exception escaping it propagates (a traceback)."""
-    from ..cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(list(argv))
-        except SystemExit as exc:  # argparse
-            rc = exc.code if isinstance(exc.code, int) else 2
-    return CliResult(rc, out.getvalue(), err.getvalue())
-
-
-def _read_converted(out: Path) -> Samples:
-    from ..formats import open_dataset
-
-    ds = open_dataset(out, shuffle=False)
-    return [(i, ds[i]) for i in range(len(ds))]
-
-
-def _read_split(run: _Run) -> Samples:
-    from ..safety import DEFAULT_POLICY
-
-    manifest = json.loads((run.out / "pickleshard-split.json").read_text())
-    chunks = [c if isinstance(c, str) else c["name"] for c in manifest["chunks"]]
-    samples: list[Any] = []
-    for name in chunks:
-        with open(run.out / name, "rb") as fh:
-            obj = DEFAULT_POLICY.unpickler(fh, os.fspath(run.out / name)).load()
-        samples += reference_samples([obj], name)[1]
-    return list(enumerate(samples))
-
-
-def _convert(run: _Run, fmt: str) -> CliResult:
-    argv = ["convert", os.fspath(run.data), os.fspath(run.out), "--to", fmt]
-    res = _cli([*argv, "--jobs", "1", "--json"])
-    if res.rc == 0 and run.meta["expect"] == "data":
-        res.samples = _read_converted(run.out)
-    return res
-
-
-def _split(run: _Run) -> CliResult:
-    argv = ["split", os.fspath(run.path), os.fspath(run.out), "--max-samples", "2", "--json"]
-    res = _cli(argv)
-    if res.rc == 0 and run.meta["expect"] == "data":
-        res.samples = _read_split(run)
-        if run.rewrite is None:
-            res.versions = [_oracle_of(run.path)]
-    return res
-
-
-def _verify(run: _Run) -> CliResult | None:
-    """``verify DATA OUT`` after a ``convert`` to memmap; None when the conversion failed."""
-    argv = ["convert", os.fspath(run.data), os.fspath(run.out), "--jobs", "1", "--json"]
-    if _cli(argv).rc != 0:
-        return None
-    return _cli(["verify", os.fspath(run.data), os.fspath(run.out), "--json"])
-
-
-_ENTRY: dict[str, Callable[[_Run], Samples | CliResult | None]] = {
-    "dataset:auto": lambda r: _dataset(r, "auto"),
-    "dataset:span": lambda r: _dataset(r, "span"),
-    "dataset:whole": lambda r: _dataset(r, "whole"),
-    "getitems": _getitems,
-    "loader:0": lambda r: _loader(r, 0),
-    "loader:2": lambda r: _loader(r, 2),
-    "cli:index": lambda r: _cli(["index", os.fspath(r.data), "--jobs", "1", "--json"]),
-    "cli:inspect": lambda r: _cli(["inspect", os.fspath(r.data), "--json"]),
-    "cli:inspect-strict": lambda r: _cli(["inspect", os.fspath(r.data), "--json", "--strict"]),
-    "cli:convert-memmap": lambda r: _convert(r, "memmap"),
-    "cli:convert-lmdb": lambda r: _convert(r, "lmdb"),
-    "cli:convert-webdataset": lambda r: _convert(r, "webdataset"),
-    "cli:split": _split,
-    "cli:verify": _verify,
-}
-
-
 # -- classification ---------------------------------------------------------------------------
 
 
 def _check_samples(
-    run: _Run, got: Samples, what: str, versions: list[list[Any]] | None = None
+    run: FaultRun, got: Samples, what: str, versions: list[list[Any]] | None = None
 ) -> tuple[str, str]:
     if run.meta["expect"] == "refuse":
         return "WRONG", f"{what} {len(got)} samples of a case that must be refused"
@@ -316,7 +87,7 @@ def _check_samples(
     return "ok-correct", ""
 
 
-def _classify_cli(run: _Run, ep: str, res: CliResult) -> tuple[str, str]:
+def _classify_cli(run: FaultRun, ep: str, res: CliResult) -> tuple[str, str]:
     lines = res.err.strip().splitlines()
     if "Traceback" in res.err:
         return "FOREIGN", f"exit {res.rc}, a traceback on stderr: {_one_line(res.err[-400:])}"
@@ -338,7 +109,7 @@ def _classify_cli(run: _Run, ep: str, res: CliResult) -> tuple[str, str]:
     return "FOREIGN", f"exit {res.rc}, stderr is not one error line: {res.err[-400:]!r}"
 
 
-def _classify_exception(run: _Run, exc: BaseException) -> tuple[str, str]:
+def _classify_exception(run: FaultRun, exc: BaseException) -> tuple[str, str]:
     from ..errors import PickleshardError
 
     text = str(exc)
@@ -436,13 +207,13 @@ class FaultWorker:
 
     def _run(self, case_dir: Path, meta: dict[str, Any], run_dir: Path, ep: str) -> tuple[str, str]:
         signal.setitimer(signal.ITIMER_REAL, self.run_seconds)
-        run: _Run | None = None
+        run: FaultRun | None = None
         try:
-            run = _Run(case_dir, meta, run_dir)
+            run = FaultRun(case_dir, meta, run_dir)
             if ep.startswith("cli:"):
                 run.begin()
             try:
-                got = _ENTRY[ep](run)
+                got = ENTRIES[ep](run)
             finally:
                 run.end()
             signal.setitimer(signal.ITIMER_REAL, 0)
