@@ -1,6 +1,7 @@
 """Convert a pickle dataset to memmap, LMDB or WebDataset: bounded memory, parallel, resumable, atomic.
 
-How :func:`convert` runs:
+Any other format registered with :func:`pickleshard.formats.register_format` is written the
+same way. How :func:`convert` runs:
 
 1. **Plan.** The source's files (as its index lists them) are grouped into *parts*: runs of
    consecutive files of about 1/64 of the dataset's bytes each (a bigger file is a part alone).
