@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import re
@@ -20,7 +21,8 @@ from conftest import (
 )
 from pickleshard import errors
 from pickleshard.layouts import DecodedLayout
-from pickleshard.wholefile import WholeFileCache, estimate_nbytes, load_file, load_layout
+from pickleshard.wholecache import WholeFileCache, estimate_nbytes
+from pickleshard.wholefile import load_file, load_layout
 
 
 @pytest.mark.parametrize(
@@ -255,3 +257,83 @@ def test_appended_samples_of_different_shapes_are_refused(tmp_path: Path) -> Non
         fh.write(b"trailing junk")
     with pytest.raises(errors.NotAPickleError, match="after pickle ending at"):
         load_layout(path)
+
+
+class _Probe(Exception):
+    pass
+
+
+@pytest.fixture
+def gc_seen_in_find_class(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Every restricted ``find_class`` call records whether the collector was enabled."""
+    from pickleshard import safety
+
+    seen: list[bool] = []
+    original = safety.RestrictedUnpickler.find_class
+
+    def find_class(self: Any, module: str, name: str) -> Any:
+        seen.append(gc.isenabled())
+        return original(self, module, name)
+
+    monkeypatch.setattr(safety.RestrictedUnpickler, "find_class", find_class)
+    return seen
+
+
+def _raising_find_class(monkeypatch: pytest.MonkeyPatch, exc: BaseException) -> None:
+    from pickleshard import safety
+
+    def find_class(self: Any, module: str, name: str) -> Any:
+        assert not gc.isenabled()
+        raise exc
+
+    monkeypatch.setattr(safety.RestrictedUnpickler, "find_class", find_class)
+
+
+def test_loads_run_without_the_cyclic_collector(
+    write_pickle: WritePickle, gc_seen_in_find_class: list[bool]
+) -> None:
+    path = write_pickle("arrays.pkl", ([np.zeros(3), np.ones(3)], [0, 1]))
+    assert gc.isenabled()
+    assert_deep_equal(load_layout(path).columns[1], [0, 1])
+    assert gc_seen_in_find_class
+    assert not any(gc_seen_in_find_class)
+    assert gc.isenabled()
+
+
+@pytest.mark.parametrize(
+    ("exc", "raised"),
+    [
+        (_Probe("boom"), errors.CorruptPickleError),  # an error the loader classifies
+        (KeyboardInterrupt(), KeyboardInterrupt),  # an interrupt that goes straight through
+        (MemoryError(), errors.CorruptPickleError),
+    ],
+    ids=["error", "interrupt", "memory"],
+)
+def test_the_collector_is_restored_on_every_exit(
+    write_pickle: WritePickle,
+    monkeypatch: pytest.MonkeyPatch,
+    exc: BaseException,
+    raised: type[BaseException],
+) -> None:
+    path = write_pickle("arrays.pkl", ([np.zeros(3)], [0]))
+    _raising_find_class(monkeypatch, exc)
+    assert gc.isenabled()
+    with pytest.raises(raised):
+        load_layout(path)
+    assert gc.isenabled()
+
+
+def test_a_collector_disabled_by_the_caller_stays_disabled(
+    write_pickle: WritePickle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write_pickle("arrays.pkl", ([np.zeros(3)], [0]))
+    gc.disable()
+    try:
+        load_layout(path)
+        assert not gc.isenabled()
+        _raising_find_class(monkeypatch, KeyboardInterrupt())
+        with pytest.raises(KeyboardInterrupt):
+            load_layout(path)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
