@@ -20,8 +20,7 @@ from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from pickleshard.dataset import PickleDataset
-from pickleshard.sampling import BlockShuffleSampler
-from pickleshard.shuffle import ShuffleSampler, sampler_state_from_loader
+from pickleshard.samplers import BlockShuffleSampler, ShuffleSampler, sampler_state_from_loader
 from resume_checker import check_loader_resume, check_resume, loader_ids, write_id_files
 
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
