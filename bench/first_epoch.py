@@ -11,8 +11,8 @@ The two kinds alternate ``--repeat`` times so that machine noise falls on both. 
 kind: the median and best wall time, and the median CPU time of the row's process
 (``time.process_time``), which a busy machine disturbs far less than wall time.
 
-``--profile`` then runs one whole-file first epoch under ``cProfile`` in this process and prints
-where it spends its time beyond ``pickle.load``.
+``--profile`` then runs one epoch of each kind under ``cProfile`` (CPU time) in this process and
+prints where each spends its time beyond ``pickle.load``.
 """
 
 from __future__ import annotations
@@ -126,21 +126,22 @@ def _run_isolated(kind: str, argv: list[str]) -> dict[str, float]:
     return out
 
 
-def _profile(args: argparse.Namespace, data: DataSpec) -> str:
+def _profile(kind: str, args: argparse.Namespace, data: DataSpec) -> str:
+    """The top of a CPU-time profile (``time.process_time``) of one ``kind`` epoch."""
     import torch
 
     from .epoch import run_epoch
 
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
-    ds, sampler = _build("whole", data, args)
-    prof = cProfile.Profile()
+    ds, sampler = _build(kind, data, args)
+    prof = cProfile.Profile(time.process_time)
     prof.enable()
     run_epoch(ds, sampler, batch_size=args.batch_size, workers=0, memory_interval=1e6)
     prof.disable()
     out = io.StringIO()
-    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(20)
-    return out.getvalue()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(16)
+    return f"CPU profile, {NAMES[kind]}:\n{out.getvalue()}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         f"load average at end {os.getloadavg()[0]:.1f}"
     )
     if args.profile:
-        print(_profile(args, data))
+        for kind in KINDS:
+            print(_profile(kind, args, data))
     return 0
 
 
