@@ -2,7 +2,8 @@
 
 ``python -m bench scan ...`` runs ``bench.scan`` instead (index build: scanner vs unpickling),
 ``python -m bench span ...`` runs ``bench.span`` (shuffled epochs by span vs numpy memmap),
-``python -m bench index-open ...`` runs ``bench.index_open`` (the cost of validating an index).
+``python -m bench index-open ...`` runs ``bench.index_open`` (the cost of validating an index),
+``python -m bench first-epoch ...`` runs ``bench.first_epoch`` (whole-file first epoch vs folk).
 
 Rows: {null, naive list, folk JSON, PickleDataset + BlockShuffleSampler} x {sequential,
 shuffled} x the ``--workers`` counts, each in a fresh process through the same DataLoader loop.
@@ -200,6 +201,10 @@ def main(argv: list[str] | None = None) -> int:
         from .scan import main as scan_main
 
         return scan_main(given[1:])
+    if given[:1] == ["first-epoch"]:  # `python -m bench first-epoch ...`
+        from .first_epoch import main as first_epoch_main
+
+        return first_epoch_main(given[1:])
     if given[:1] == ["span"]:  # `python -m bench span ...`
         from .span import main as span_main
 

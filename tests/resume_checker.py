@@ -3,19 +3,23 @@
 Modelled on torchdata.nodes' ``run_test_save_load_state``: for a sampler factory, a pass saved
 after ``k`` samples and resumed in a fresh sampler must yield exactly the rest of the epoch; the
 state must survive JSON; a resumed pass must not leak into the next epoch; and restarting from the
-state at the start or at the end of an epoch must work. :func:`check_loader_resume` does the same
-through ``torchdata``'s ``StatefulDataLoader``, batch by batch.
+state at the start or at the end of an epoch must work. :func:`check_rescaled_resume` resumes a
+state on another world size or worker count (or checks that the sampler refuses it, for one whose
+order depends on them). :func:`check_loader_resume` does the same through ``torchdata``'s
+``StatefulDataLoader``, batch by batch.
 """
 
 from __future__ import annotations
 
 import json
 import pickle
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import pytest
 
 
 class StatefulSampler(Protocol):
@@ -88,6 +92,58 @@ def check_resume(make: Callable[[], StatefulSampler], stops: Iterable[int], epoc
         assert list(restarted) == []
         restarted.set_epoch(epoch + 1)
         assert list(restarted) == following
+
+
+def check_rescaled_resume(
+    make: Callable[[int, int, int], StatefulSampler],
+    num_samples: int,
+    *,
+    before: tuple[int, int],
+    after: tuple[int, int],
+    stops: Iterable[int],
+    rescales: bool,
+    epoch: int = 0,
+) -> None:
+    """Resume an epoch saved on ``before = (world_size, num_workers)`` on ``after``.
+
+    ``make(rank, world_size, num_workers)`` builds one rank's sampler over ``num_samples``
+    samples. For each ``stop``, every rank of ``before`` takes ``stop`` samples of ``epoch`` in
+    lockstep (as DDP steps them) and saves its state: the states must be equal, since a state is
+    the epoch's position, not one rank's. Then, when ``rescales`` or ``before == after``, every
+    rank of ``after`` loads that state and runs its rest: together with what was taken, each
+    sample is seen, repeats are padding only and samples missed are ``drop_last``'s only (fewer
+    than one per rank of each world). A sampler that does not rescale must refuse the state on
+    another world size or worker count with a ValueError saying it cannot resume.
+    """
+    (world0, workers0), (world1, workers1) = before, after
+    for stop in stops:
+        taken: list[int] = []
+        states = []
+        for rank in range(world0):
+            sampler = make(rank, world0, workers0)
+            sampler.set_epoch(epoch)
+            it = iter(sampler)
+            taken += [i for i in (next(it, None) for _ in range(max(0, stop))) if i is not None]
+            states.append(_json_round_trip(sampler.state_dict()))
+        assert all(st == states[0] for st in states), "ranks in lockstep share one state"
+        if not rescales and before != after:
+            with pytest.raises(ValueError, match="cannot resume"):
+                make(0, world1, workers1).load_state_dict(states[0])
+            continue
+        rest: list[int] = []
+        for rank in range(world1):
+            sampler = make(rank, world1, workers1)
+            sampler.set_epoch(epoch + 1)  # the loaded state's epoch wins for the resumed pass
+            sampler.load_state_dict(states[0])
+            rest += list(sampler)
+        seen = Counter(taken + rest)
+        assert set(seen) <= set(range(num_samples)), "indices out of range"
+        slack = (world0 - 1) + (world1 - 1)
+        repeats = sum(c - 1 for c in seen.values())
+        missing = num_samples - len(seen)
+        assert repeats <= slack, f"{repeats} repeats after a resume at {stop}: not padding"
+        assert missing <= slack, f"{missing} samples missed after a resume at {stop}"
+        assert not (repeats and missing), "padding and dropping in one epoch"
 
 
 def loader_ids(batches: Iterable[Any]) -> list[int]:

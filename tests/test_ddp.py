@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from pickleshard.dataset import PickleDataset
-from pickleshard.sampling import BlockShuffleSampler
-from pickleshard.shuffle import ShuffleSampler
+from pickleshard.samplers import BlockShuffleSampler, ShuffleSampler
 from resume_checker import write_id_files
 
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_train.py"

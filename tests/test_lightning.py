@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from pickleshard import PickleDataset
-from pickleshard.shuffle import ShuffleSampler
+from pickleshard.samplers import ShuffleSampler
 from resume_checker import write_id_files
 
 pytestmark = pytest.mark.filterwarnings(

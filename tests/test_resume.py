@@ -20,9 +20,14 @@ from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from pickleshard.dataset import PickleDataset
-from pickleshard.sampling import BlockShuffleSampler
-from pickleshard.shuffle import ShuffleSampler, sampler_state_from_loader
-from resume_checker import check_loader_resume, check_resume, loader_ids, write_id_files
+from pickleshard.samplers import BlockShuffleSampler, ShuffleSampler, sampler_state_from_loader
+from resume_checker import (
+    check_loader_resume,
+    check_rescaled_resume,
+    check_resume,
+    loader_ids,
+    write_id_files,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
 
@@ -67,6 +72,35 @@ def test_block_shuffle_sampler_passes_the_resume_checker(
 ) -> None:
     ds = _dataset(id_data)
     check_resume(lambda: BlockShuffleSampler(ds, seed=9, **config), stops=[0, 1, 5, 17, 39, 99])
+
+
+@pytest.mark.parametrize("kind", ["shuffle", "block"])
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [((1, 0), (1, 0)), ((2, 2), (2, 2)), ((2, 0), (3, 2)), ((3, 1), (1, 0)), ((1, 2), (1, 0))],
+)
+def test_every_sampler_passes_the_rescaled_resume_checker(
+    id_data: Path,
+    kind: str,
+    drop_last: bool,
+    before: tuple[int, int],
+    after: tuple[int, int],
+) -> None:
+    ds = _dataset(id_data)
+
+    def make(rank: int, world: int, workers: int) -> Any:
+        return _sampler(kind, ds, 3, workers, rank=rank, world_size=world, drop_last=drop_last)
+
+    check_rescaled_resume(
+        make,
+        len(ds),
+        before=before,
+        after=after,
+        stops=[0, 1, 4, 7, 40],
+        rescales=kind == "shuffle",
+        epoch=1,
+    )
 
 
 def test_block_shuffle_sampler_refuses_other_settings(id_data: Path) -> None:

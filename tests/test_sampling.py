@@ -1,7 +1,7 @@
 """BlockShuffleSampler: coverage across ranks, determinism, and at most one load per file per worker.
 
 A fake index (file sample counts and decoded sizes) keeps the property tests fast; the worker
-replay runs the real :class:`~pickleshard.wholefile.WholeFileCache` the dataset uses.
+replay runs the real :class:`~pickleshard.wholecache.WholeFileCache` the dataset uses.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pickleshard.layouts import DecodedLayout
-from pickleshard.sampling import BlockShuffleSampler, distributed_rank_and_world
-from pickleshard.wholefile import WholeFileCache
+from pickleshard.samplers import BlockShuffleSampler, distributed_rank_and_world
+from pickleshard.wholecache import CacheBudget, WholeFileCache
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,8 @@ def _replay_workers(
 
         return load
 
-    caches = [WholeFileCache(ds.cache_bytes // workers, loader_for(w)) for w in range(workers)]
+    share = CacheBudget(ds.cache_bytes).share(num_workers)
+    caches = [WholeFileCache(share, loader_for(w)) for w in range(workers)]
     for k, start in enumerate(range(0, len(order), batch_size)):
         files = [_file_of(ds, i) for i in order[start : start + batch_size]]
         cache = caches[k % workers]

@@ -12,7 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DistributedSampler
 
-from pickleshard.shuffle import FeistelPermutation, ShuffleSampler, sampler_state_from_loader
+from pickleshard.samplers.shuffle import (
+    FeistelPermutation,
+    ShuffleSampler,
+    sampler_state_from_loader,
+)
 from resume_checker import check_resume
 
 

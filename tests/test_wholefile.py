@@ -1,7 +1,8 @@
-"""Whole-file loading: every bad file gets its own error naming it; the LRU cache keeps its budget."""
+"""Whole-file loading: every bad file gets its own error naming it; loads run with the GC paused."""
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import re
@@ -19,8 +20,7 @@ from conftest import (
     outcome_without_privileges,
 )
 from pickleshard import errors
-from pickleshard.layouts import DecodedLayout
-from pickleshard.wholefile import WholeFileCache, estimate_nbytes, load_file, load_layout
+from pickleshard.wholefile import load_file, load_layout
 
 
 @pytest.mark.parametrize(
@@ -93,125 +93,6 @@ def test_load_file_equals_pickle_load(write_pickle: WritePickle, protocol: int) 
     assert (decoded.layout, decoded.fields, decoded.num_samples) == ("columns", ("x", "y"), 5)
 
 
-def test_estimate_nbytes_counts_array_data_and_extrapolates_long_lists() -> None:
-    arr = np.zeros(1000, dtype=np.float64)
-    assert estimate_nbytes(arr) >= 8000
-    column = [np.zeros(1000, dtype=np.float64) for _ in range(500)]  # more than the 64 sampled
-    assert 500 * 8000 <= estimate_nbytes(column) <= 500 * 8000 * 1.2
-    assert estimate_nbytes((column, list(range(500)))) > estimate_nbytes(column)
-
-
-class _FakeFiles:
-    """A loader over named fake files of given sizes that records each load."""
-
-    def __init__(self, sizes: dict[str, int]) -> None:
-        self.sizes = sizes
-        self.loaded: list[str] = []
-
-    def __call__(self, path: str) -> DecodedLayout:
-        self.loaded.append(path)
-        return DecodedLayout("columns", ("x",), ([path],))
-
-
-def test_cache_counts_hits_misses_loads() -> None:
-    files = _FakeFiles({"a": 10, "b": 10})
-    cache = WholeFileCache(100, files)
-    cache.get("a", 10)
-    cache.get("a", 10)
-    cache.get("b", 10)
-    stats = cache.stats
-    assert (stats.hits, stats.misses, stats.loads, stats.evictions) == (1, 2, 2, 0)
-    assert stats.bytes_used == stats.peak_bytes == 20
-    assert files.loaded == ["a", "b"]
-    assert cache.get("a", 10).columns == (["a"],)
-
-
-def test_cache_evicts_least_recently_used_first() -> None:
-    files = _FakeFiles({})
-    cache = WholeFileCache(25, files)
-    for name in ("a", "b", "a", "c"):  # c needs room: b is the least recently used
-        cache.get(name, 10)
-    assert files.loaded == ["a", "b", "c"]
-    cache.get("a", 10)
-    assert files.loaded == ["a", "b", "c"]
-    cache.get("b", 10)
-    assert files.loaded == ["a", "b", "c", "b"]
-    assert cache.stats.evictions == 2
-    assert len(cache) == 2
-
-
-def test_cache_keeps_its_budget_even_while_loading() -> None:
-    sizes = [7, 3, 12, 5, 9, 1, 11, 4, 8, 2] * 3
-    cache = WholeFileCache(20, _FakeFiles({}))
-    for k, size in enumerate(sizes):
-        cache.get(f"f{k % 13}", size)
-        assert cache.stats.bytes_used <= 20
-    assert cache.stats.peak_bytes <= 20
-    assert cache.stats.evictions > 0
-
-
-def test_cache_holds_a_file_larger_than_the_budget_alone() -> None:
-    cache = WholeFileCache(10, _FakeFiles({}))
-    cache.get("small", 4)
-    cache.get("huge", 50)
-    assert len(cache) == 1
-    assert cache.stats.bytes_used == cache.stats.peak_bytes == 50
-    cache.get("small", 4)
-    assert len(cache) == 1
-    assert cache.stats.bytes_used == 4
-
-
-def test_cache_without_expected_size_uses_the_estimate() -> None:
-    cache = WholeFileCache(1 << 20, lambda p: DecodedLayout("columns", ("x",), ([np.zeros(100)],)))
-    cache.get("a")
-    assert cache.stats.bytes_used >= 800
-
-
-def test_cache_does_not_keep_failed_loads(tmp_path: Path) -> None:
-    bad = tmp_path / "bad.pkl"
-    bad.write_bytes(b"")
-    cache = WholeFileCache(1 << 20, load_layout)
-    for _ in range(2):
-        with pytest.raises(errors.EmptyPickleError):
-            cache.get(str(bad))
-    assert (cache.stats.misses, cache.stats.loads, len(cache)) == (2, 0, 0)
-
-
-def test_cache_clear_and_bad_budget() -> None:
-    cache = WholeFileCache(100, _FakeFiles({}))
-    cache.get("a", 10)
-    cache.clear()
-    assert (len(cache), cache.stats.bytes_used) == (0, 0)
-    with pytest.raises(ValueError, match="max_bytes"):
-        WholeFileCache(-1, _FakeFiles({}))
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_cache_in_a_forked_child_starts_empty() -> None:
-    files = _FakeFiles({})
-    cache = WholeFileCache(100, files)
-    cache.get("a", 10)
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: report what it sees, then leave without running pytest's teardown
-        try:
-            cache.get("a", 10)
-            stats = cache.stats
-            report = (stats.hits, stats.misses, stats.loads, stats.bytes_used, len(cache))
-            os.write(write_end, pickle.dumps((report, files.loaded)))
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as fh:
-        report, loaded = pickle.loads(fh.read())
-    os.waitpid(pid, 0)
-    # The child missed and loaded "a" itself instead of using the parent's decoded copy, and its
-    # counters started from zero.
-    assert report == (0, 1, 1, 10, 1)
-    assert loaded == ["a", "a"]
-    assert (cache.stats.hits, cache.stats.loads, files.loaded) == (0, 1, ["a"])
-
-
 @pytest.mark.parametrize("protocol", [0, 2, 5])
 @pytest.mark.parametrize(
     "objs",
@@ -255,3 +136,83 @@ def test_appended_samples_of_different_shapes_are_refused(tmp_path: Path) -> Non
         fh.write(b"trailing junk")
     with pytest.raises(errors.NotAPickleError, match="after pickle ending at"):
         load_layout(path)
+
+
+class _Probe(Exception):
+    pass
+
+
+@pytest.fixture
+def gc_seen_in_find_class(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Every restricted ``find_class`` call records whether the collector was enabled."""
+    from pickleshard import safety
+
+    seen: list[bool] = []
+    original = safety.RestrictedUnpickler.find_class
+
+    def find_class(self: Any, module: str, name: str) -> Any:
+        seen.append(gc.isenabled())
+        return original(self, module, name)
+
+    monkeypatch.setattr(safety.RestrictedUnpickler, "find_class", find_class)
+    return seen
+
+
+def _raising_find_class(monkeypatch: pytest.MonkeyPatch, exc: BaseException) -> None:
+    from pickleshard import safety
+
+    def find_class(self: Any, module: str, name: str) -> Any:
+        assert not gc.isenabled()
+        raise exc
+
+    monkeypatch.setattr(safety.RestrictedUnpickler, "find_class", find_class)
+
+
+def test_loads_run_without_the_cyclic_collector(
+    write_pickle: WritePickle, gc_seen_in_find_class: list[bool]
+) -> None:
+    path = write_pickle("arrays.pkl", ([np.zeros(3), np.ones(3)], [0, 1]))
+    assert gc.isenabled()
+    assert_deep_equal(load_layout(path).columns[1], [0, 1])
+    assert gc_seen_in_find_class
+    assert not any(gc_seen_in_find_class)
+    assert gc.isenabled()
+
+
+@pytest.mark.parametrize(
+    ("exc", "raised"),
+    [
+        (_Probe("boom"), errors.CorruptPickleError),  # an error the loader classifies
+        (KeyboardInterrupt(), KeyboardInterrupt),  # an interrupt that goes straight through
+        (MemoryError(), errors.CorruptPickleError),
+    ],
+    ids=["error", "interrupt", "memory"],
+)
+def test_the_collector_is_restored_on_every_exit(
+    write_pickle: WritePickle,
+    monkeypatch: pytest.MonkeyPatch,
+    exc: BaseException,
+    raised: type[BaseException],
+) -> None:
+    path = write_pickle("arrays.pkl", ([np.zeros(3)], [0]))
+    _raising_find_class(monkeypatch, exc)
+    assert gc.isenabled()
+    with pytest.raises(raised):
+        load_layout(path)
+    assert gc.isenabled()
+
+
+def test_a_collector_disabled_by_the_caller_stays_disabled(
+    write_pickle: WritePickle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write_pickle("arrays.pkl", ([np.zeros(3)], [0]))
+    gc.disable()
+    try:
+        load_layout(path)
+        assert not gc.isenabled()
+        _raising_find_class(monkeypatch, KeyboardInterrupt())
+        with pytest.raises(KeyboardInterrupt):
+            load_layout(path)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -11,8 +11,7 @@ if TYPE_CHECKING:
     from .dataset import DEFAULT_CACHE_BYTES, PickleDataset
     from .formats import open_dataset
     from .inspection import FileReport, inspect_file
-    from .sampling import BlockShuffleSampler
-    from .shuffle import ShuffleSampler, sampler_state_from_loader
+    from .samplers import BlockShuffleSampler, ShuffleSampler, sampler_state_from_loader
     from .splitting import SplitReport, split
     from .verification import VerifyReport, verify
 
@@ -21,9 +20,9 @@ if TYPE_CHECKING:
 _LAZY = {
     "DEFAULT_CACHE_BYTES": "dataset",
     "PickleDataset": "dataset",
-    "BlockShuffleSampler": "sampling",
-    "ShuffleSampler": "shuffle",
-    "sampler_state_from_loader": "shuffle",
+    "BlockShuffleSampler": "samplers",
+    "ShuffleSampler": "samplers",
+    "sampler_state_from_loader": "samplers",
     "ConvertReport": "conversion",
     "convert": "conversion",
     "open_dataset": "formats",

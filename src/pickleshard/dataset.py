@@ -9,7 +9,6 @@ from __future__ import annotations
 import bisect
 import itertools
 import os
-import sys
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
@@ -28,7 +27,8 @@ from .layouts import DecodedLayout
 from .safety import UnpicklePolicy
 from .sources import Source
 from .spanfiles import SpanFiles
-from .wholefile import CacheStats, WholeFileCache, load_layout
+from .wholecache import CacheBudget, CacheStats, WholeFileCache
+from .wholefile import load_layout
 
 __all__ = ["DEFAULT_CACHE_BYTES", "Mode", "PickleDataset"]
 
@@ -36,15 +36,6 @@ DEFAULT_CACHE_BYTES = 1 << 30
 
 Sample = tuple[Any, ...]
 Mode = Literal["auto", "span", "whole"]
-
-
-def _worker_count() -> int:
-    """Number of DataLoader workers when called inside one, else 1 (torch imported only if loaded)."""
-    data = sys.modules.get("torch.utils.data")
-    if data is None:
-        return 1
-    info = data.get_worker_info()
-    return 1 if info is None else int(info.num_workers)
 
 
 class PickleDataset(_DatasetBase[Any]):
@@ -82,7 +73,8 @@ class PickleDataset(_DatasetBase[Any]):
     returns it in request order.
 
     Whole-file mode keeps decoded files in an LRU cache bounded by ``cache_bytes`` of estimated
-    decoded size, *in total across DataLoader workers*: each of ``n`` workers gets
+    decoded size, *in total across DataLoader workers*: :attr:`budget`, a
+    :class:`~pickleshard.wholecache.CacheBudget`, gives each of ``n`` workers
     ``cache_bytes // n``. Each process has its own cache (a forked worker starts empty), and so
     its own span readers.
     """
@@ -105,8 +97,7 @@ class PickleDataset(_DatasetBase[Any]):
         max_sample_bytes: int | None = DEFAULT_MAX_SAMPLE_BYTES,
         max_depth: int | None = DEFAULT_MAX_DEPTH,
     ) -> None:
-        if cache_bytes < 0:
-            raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes}")
+        self.budget = CacheBudget(cache_bytes)  # ValueError if negative
         if mode not in ("auto", "span", "whole"):
             raise ValueError(f"mode must be 'auto', 'span' or 'whole', got {mode!r}")
         self.policy = UnpicklePolicy.from_args(
@@ -126,7 +117,6 @@ class PickleDataset(_DatasetBase[Any]):
             skip_bad=skip_bad,
         )
         self.mode = mode
-        self.cache_bytes = cache_bytes
         self.transform = transform
         self._paths = [os.fspath(self.source.absolute(f.path)) for f in self.index.files]
         self._positions = {path: pos for pos, path in enumerate(self._paths)}
@@ -170,10 +160,21 @@ class PickleDataset(_DatasetBase[Any]):
         return decoded
 
     @property
+    def cache_bytes(self) -> int:
+        """The whole-file cache budget in total across workers (:attr:`budget`'s ``total_bytes``);
+        setting it replaces :attr:`budget` and drops this process's cache."""
+        return self.budget.total_bytes
+
+    @cache_bytes.setter
+    def cache_bytes(self, value: int) -> None:
+        self.budget = CacheBudget(value)
+        self._cache = None
+
+    @property
     def cache(self) -> WholeFileCache:
         """This process's whole-file cache, created on first use with its share of the budget."""
-        if self._cache is None or self._cache._pid != os.getpid():
-            self._cache = WholeFileCache(self.cache_bytes // _worker_count(), self._load)
+        if self._cache is None or self._cache.pid != os.getpid():
+            self._cache = WholeFileCache(self.budget.share_here(), self._load)
         return self._cache
 
     @property

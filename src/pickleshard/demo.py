@@ -15,7 +15,7 @@ from typing import Any
 from .dataset import PickleDataset
 from .index import build_index
 from .memory import PeakPSS
-from .sampling import BlockShuffleSampler
+from .samplers import BlockShuffleSampler
 from .synth import write_synthetic
 
 __all__ = ["DemoConfig", "run_demo"]

@@ -26,7 +26,8 @@ from .fileidentity import FileIdentity
 from .opcodes import open_buffer
 from .safety import DEFAULT_POLICY, UnpicklePolicy
 from .scan import ScanResult, scan_file
-from .wholefile import check_memo_ids, estimate_nbytes, load_layout
+from .wholecache import estimate_nbytes
+from .wholefile import check_memo_ids, load_layout
 
 __all__ = ["SPAN_ARRAYS", "Described", "FileEntry", "describe_file", "fingerprint"]
 

@@ -1,4 +1,6 @@
-"""Whole-file mode: unpickle a file at once, classify what went wrong, and cache decoded files.
+"""Whole-file mode: unpickle a file at once and classify what went wrong.
+
+Decoded files are cached by :mod:`pickleshard.wholecache`.
 
 This is the fallback path for files that cannot be span-indexed, and the reference the span
 reader is tested against.
@@ -10,14 +12,7 @@ import mmap
 import os
 import pickle
 import struct
-import sys
-import threading
-from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import IO, Any
-
-import numpy as np
 
 from .errors import (
     CorruptPickleError,
@@ -29,6 +24,7 @@ from .errors import (
     UnreadableFileError,
 )
 from .fileidentity import FileIdentity
+from .gcpause import paused_gc
 from .layouts import DecodedLayout, decode_records
 from .opcodes import (
     A_PUT,
@@ -48,10 +44,7 @@ from .opcodes import (
 from .safety import DEFAULT_POLICY, UnpicklePolicy, guard_misuse
 
 __all__ = [
-    "CacheStats",
-    "WholeFileCache",
     "check_memo_ids",
-    "estimate_nbytes",
     "load_file",
     "load_layout",
     "load_records",
@@ -59,8 +52,6 @@ __all__ = [
 
 _PROTO = 0x80
 _UNFRAMED_OPENERS = (b"(", b"]", b"}", b")")  # MARK, EMPTY_LIST, EMPTY_DICT, EMPTY_TUPLE
-_SAMPLE = 64
-_ARRAY_HEADER = 112
 _PUT, _BINPUT, _LONG_BINPUT = 0x70, 0x71, 0x72
 # Size of each fixed-size opcode the memo check steps over unread (not a PUT, not STOP), else 0.
 _STEP = [
@@ -264,7 +255,8 @@ def _load_one(fh: IO[bytes], where: str, size: int, policy: UnpicklePolicy) -> A
         )
     fh.seek(start)
     try:
-        return policy.unpickler(fh, where).load()
+        with paused_gc():  # the load makes no cycles; collections during it cost more than it
+            return policy.unpickler(fh, where).load()
     except PickleshardError:
         raise
     except OSError as exc:  # the file's own read failed (EIO, ESTALE): not its bytes' fault
@@ -313,110 +305,3 @@ def load_layout(
     ``check_memo`` and ``identity`` as in :func:`load_records`."""
     records = load_records(path, policy, check_memo=check_memo, identity=identity)
     return decode_records(records, path)
-
-
-def estimate_nbytes(obj: object, _depth: int = 0) -> int:
-    """Estimate the memory an unpickled object holds, in bytes.
-
-    Arrays count their ``nbytes`` plus the object header; containers count themselves and their
-    items, extrapolating from the first 64 items when there are more. An estimate, not a
-    measurement: it bounds the cache's accounting, not the allocator's.
-    """
-    if isinstance(obj, np.ndarray):
-        # getsizeof leaves out data the array does not own (protocol 5 arrays view a buffer).
-        return obj.nbytes + _ARRAY_HEADER
-    if _depth > 6:
-        return sys.getsizeof(obj)
-    if isinstance(obj, (list, tuple)):
-        n = len(obj)
-        head = obj[:_SAMPLE]
-        items = sum(estimate_nbytes(v, _depth + 1) for v in head)
-        if n > len(head):
-            items = items * n // len(head)
-        return sys.getsizeof(obj) + items
-    if isinstance(obj, dict):
-        keys = list(obj)[:_SAMPLE]
-        items = sum(
-            estimate_nbytes(k, _depth + 1) + estimate_nbytes(obj[k], _depth + 1) for k in keys
-        )
-        if len(obj) > len(keys):
-            items = items * len(obj) // len(keys)
-        return sys.getsizeof(obj) + items
-    return sys.getsizeof(obj)
-
-
-@dataclass
-class CacheStats:
-    """Counters of a :class:`WholeFileCache`; ``loads`` counts files actually unpickled."""
-
-    hits: int = 0
-    misses: int = 0
-    loads: int = 0
-    evictions: int = 0
-    bytes_used: int = 0
-    peak_bytes: int = 0
-
-
-class WholeFileCache:
-    """LRU cache of decoded files bounded by a byte budget.
-
-    Holds at most ``max_bytes`` of estimated decoded size (see :func:`estimate_nbytes`), except
-    that a single file larger than the budget is still held alone while it is the most recent:
-    resident bytes <= ``max(max_bytes, largest file)``. Before loading a file whose expected
-    size is known, entries are evicted first, so the budget holds during the load too.
-
-    One cache per process: a forked child (DataLoader worker) starts empty instead of touching
-    the parent's objects, which would copy their pages. Thread-safe.
-    """
-
-    def __init__(self, max_bytes: int, loader: Callable[[str], DecodedLayout]) -> None:
-        if max_bytes < 0:
-            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
-        self.max_bytes = max_bytes
-        self._loader = loader
-        self._entries: OrderedDict[str, tuple[DecodedLayout, int]] = OrderedDict()
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
-        self.stats = CacheStats()
-
-    def _reset_after_fork(self) -> None:
-        if self._pid != os.getpid():
-            self._pid = os.getpid()
-            self._entries = OrderedDict()
-            self._lock = threading.Lock()
-            self.stats = CacheStats()
-
-    def _evict_for(self, incoming: int) -> None:
-        while self._entries and self.stats.bytes_used + incoming > self.max_bytes:
-            _, (_, size) = self._entries.popitem(last=False)
-            self.stats.bytes_used -= size
-            self.stats.evictions += 1
-
-    def get(self, path: str, expected_nbytes: int = 0) -> DecodedLayout:
-        """Return the decoded file at ``path``, loading it (and evicting LRU entries) on a miss."""
-        self._reset_after_fork()
-        with self._lock:
-            entry = self._entries.get(path)
-            if entry is not None:
-                self._entries.move_to_end(path)
-                self.stats.hits += 1
-                return entry[0]
-            self.stats.misses += 1
-            self._evict_for(expected_nbytes)
-            decoded = self._loader(path)
-            size = expected_nbytes or estimate_nbytes(decoded.columns)
-            self.stats.loads += 1
-            self._evict_for(size)
-            self._entries[path] = (decoded, size)
-            self.stats.bytes_used += size
-            self.stats.peak_bytes = max(self.stats.peak_bytes, self.stats.bytes_used)
-            return decoded
-
-    def clear(self) -> None:
-        self._reset_after_fork()
-        with self._lock:
-            self._entries.clear()
-            self.stats.bytes_used = 0
-
-    def __len__(self) -> int:
-        return len(self._entries)

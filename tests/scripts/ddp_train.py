@@ -19,8 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from pickleshard.dataset import PickleDataset
-from pickleshard.sampling import BlockShuffleSampler
-from pickleshard.shuffle import ShuffleSampler
+from pickleshard.samplers import BlockShuffleSampler, ShuffleSampler
 
 
 def sampler_for(kind: str, ds: PickleDataset, batch_size: int, workers: int) -> Any:

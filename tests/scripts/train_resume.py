@@ -18,8 +18,7 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from pickleshard.dataset import PickleDataset
-from pickleshard.sampling import BlockShuffleSampler
-from pickleshard.shuffle import ShuffleSampler
+from pickleshard.samplers import BlockShuffleSampler, ShuffleSampler
 
 
 def make_sampler(kind: str, ds: PickleDataset, batch_size: int, workers: int, seed: int) -> Any:

@@ -38,7 +38,7 @@ from typing import IO, Any, Generic, TypeVar
 
 import numpy as np
 
-from ..sampling import distributed_rank_and_world
+from ..samplers import distributed_rank_and_world
 from .base import (
     ConvertedDataset,
     Format,

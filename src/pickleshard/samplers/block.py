@@ -23,20 +23,16 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
-from .passes import SamplerPass
+from ..wholecache import CacheBudget
+from .base import ResumableSampler
 
-try:  # a real torch Sampler when torch is there (isinstance checks, typing); plain class if not
-    from torch.utils.data import Sampler as _SamplerBase
-except ImportError:  # pragma: no cover - exercised only without torch
-    _SamplerBase = object  # type: ignore[assignment,misc]
-
-__all__ = ["BlockShuffleSampler", "distributed_rank_and_world"]
+__all__ = ["BlockShuffleSampler"]
 
 
 class _IndexedDataset(Protocol):
@@ -56,30 +52,6 @@ class _Segment:
     count: int
 
 
-def distributed_rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Fill in ``rank``/``world_size`` from ``torch.distributed`` when it is initialised, else 0/1."""
-    if rank is not None and world_size is not None:
-        resolved = (rank, world_size)
-    else:
-        auto_rank, auto_world = 0, 1
-        try:
-            import torch.distributed as dist
-
-            if dist.is_available() and dist.is_initialized():
-                auto_rank, auto_world = dist.get_rank(), dist.get_world_size()
-        except ImportError:
-            pass
-        resolved = (
-            auto_rank if rank is None else rank,
-            auto_world if world_size is None else world_size,
-        )
-    if resolved[1] < 1 or not 0 <= resolved[0] < resolved[1]:
-        raise ValueError(
-            f"need 0 <= rank < world_size, got rank={resolved[0]}, world_size={resolved[1]}"
-        )
-    return resolved
-
-
 def _cut(segments: Sequence[_Segment], total: int, start: int, stop: int) -> list[_Segment]:
     """Segments covering positions ``[start, stop)`` of the concatenation, wrapping modulo ``total``."""
     out: list[_Segment] = []
@@ -96,28 +68,27 @@ def _cut(segments: Sequence[_Segment], total: int, start: int, stop: int) -> lis
     return out
 
 
-class BlockShuffleSampler(_SamplerBase[int]):
+class BlockShuffleSampler(ResumableSampler):
     """Shuffle files, then samples within windows of files that fit the cache budget.
 
     Pass it as ``DataLoader(ds, sampler=..., batch_size=B, num_workers=W)`` with the same
     ``batch_size`` and ``num_workers`` given here: they only decide which worker reads what, so a
     mismatch costs speed, never correctness. ``cache_bytes`` defaults to the dataset's, and is
-    the total across workers, as in :class:`pickleshard.PickleDataset`.
+    the total across workers, as in :class:`pickleshard.PickleDataset`: a window holds files of
+    at most :meth:`CacheBudget.share(num_workers) <pickleshard.wholecache.CacheBudget.share>`
+    decoded bytes, the share each worker's cache is given.
 
     ``rank``/``world_size`` default to ``torch.distributed``'s when initialised. With
     ``drop_last=False`` each rank gets ``ceil(N / world_size)`` samples, the last ones padded by
     wrapping around the epoch's order; with ``drop_last=True``, ``N // world_size``. Call
     :meth:`set_epoch` before each epoch for a new order.
 
-    Resume: :meth:`state_dict` is ``{"seed", "epoch", "samples_seen"}`` plus the settings that
-    shape the order (``world_size``, ``batch_size``, ``num_workers``, ``cache_bytes``,
-    ``shuffle``, ``drop_last``, ``num_samples``); ``samples_seen`` counts the samples this rank's
-    pass has yielded. :meth:`load_state_dict` makes the next pass that yields resume there, and
-    raises ValueError if a setting differs (for another world size or worker count use
-    :class:`pickleshard.ShuffleSampler`); it sets ``seed`` but not :attr:`epoch`.
-    ``iter(sampler)`` returns a :class:`~pickleshard.passes.SamplerPass`, whose state
-    ``torchdata.stateful_dataloader.StatefulDataLoader`` saves and restores: it resumes
-    mid-epoch unchanged.
+    Resume (see :class:`~pickleshard.samplers.base.ResumableSampler`): the state is
+    ``{"seed", "epoch", "samples_seen"}`` plus the settings that shape the order (``world_size``,
+    ``batch_size``, ``num_workers``, ``cache_bytes``, ``shuffle``, ``drop_last``,
+    ``num_samples``); ``samples_seen`` counts the samples this rank's pass has yielded. A state
+    saved with other settings is refused with ValueError (for another world size or worker count
+    use :class:`pickleshard.ShuffleSampler`). ``StatefulDataLoader`` resumes it mid-epoch.
     """
 
     def __init__(
@@ -138,28 +109,30 @@ class BlockShuffleSampler(_SamplerBase[int]):
                 f"need batch_size >= 1 and num_workers >= 0, got {batch_size}, {num_workers}"
             )
         index = dataset.index
-        self.batch_size = batch_size
-        self.num_workers = num_workers
-        self.cache_bytes = dataset.cache_bytes if cache_bytes is None else cache_bytes
-        self.shuffle = shuffle
-        self.seed = seed
-        self.rank, self.world_size = distributed_rank_and_world(rank, world_size)
-        self.drop_last = drop_last
-        self.epoch = 0
-        self._pending: dict[str, Any] | None = None
-        self._current: SamplerPass | None = None
         self._counts = np.array([f.num_samples for f in index.files], dtype=np.int64)
         self._nbytes = np.array([f.decoded_nbytes for f in index.files], dtype=np.int64)
         self._starts = np.asarray(index.file_starts[:-1], dtype=np.int64)
-        self._total = int(self._counts.sum())
+        super().__init__(
+            int(self._counts.sum()),
+            shuffle=shuffle,
+            seed=seed,
+            rank=rank,
+            world_size=world_size,
+            drop_last=drop_last,
+        )
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.budget = CacheBudget(dataset.cache_bytes if cache_bytes is None else cache_bytes)
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    @property
+    def cache_bytes(self) -> int:
+        """The cache budget in total across workers (:attr:`budget`'s ``total_bytes``)."""
+        return self.budget.total_bytes
 
     def __len__(self) -> int:
         if self.drop_last:
-            return self._total // self.world_size
-        return math.ceil(self._total / self.world_size)
+            return self.num_samples_total // self.world_size
+        return math.ceil(self.num_samples_total / self.world_size)
 
     def _settings(self) -> dict[str, Any]:
         return {
@@ -169,41 +142,11 @@ class BlockShuffleSampler(_SamplerBase[int]):
             "cache_bytes": self.cache_bytes,
             "shuffle": self.shuffle,
             "drop_last": self.drop_last,
-            "num_samples": self._total,
+            "num_samples": self.num_samples_total,
         }
 
-    def __iter__(self) -> SamplerPass:
-        self._current = SamplerPass(self)
-        return self._current
-
-    def state_dict(self) -> dict[str, Any]:
-        """The pending loaded state, else the current pass's, else the start of :attr:`epoch`."""
-        if self._pending is not None:
-            return dict(self._pending)
-        return self._fresh_state() if self._current is None else self._current.get_state()
-
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Make the next pass resume at ``state_dict``; ValueError if it cannot be resumed here."""
-        self._pending = self._checked(state_dict)
-        self.seed = self._pending["seed"]
-
-    # What a SamplerPass asks of its sampler.
-
-    def _fresh_state(self) -> dict[str, Any]:
-        return {"seed": self.seed, "epoch": self.epoch, "samples_seen": 0, **self._settings()}
-
-    def _checked(self, state: Mapping[str, Any]) -> dict[str, Any]:
-        if set(state) != set(self._fresh_state()):
-            raise ValueError(f"not a BlockShuffleSampler state: {dict(state)!r}")
-        theirs = {k: state[k] for k in self._settings()}
-        if theirs != self._settings():
-            raise ValueError(
-                f"cannot resume a BlockShuffleSampler saved with {theirs} as one with "
-                f"{self._settings()}: the order depends on them"
-            )
-        if not 0 <= state["samples_seen"] <= len(self):
-            raise ValueError(f"samples_seen out of range: {state['samples_seen']}")
-        return dict(state)
+    def _max_samples_seen(self) -> int:
+        return len(self)
 
     def _stream(self, state: dict[str, Any]) -> Iterator[int]:
         order = self._order(state["seed"], state["epoch"])
@@ -222,7 +165,7 @@ class BlockShuffleSampler(_SamplerBase[int]):
         n = len(self)
         if n == 0 or not segments:
             return []
-        part = _cut(segments, self._total, self.rank * n, (self.rank + 1) * n)
+        part = _cut(segments, self.num_samples_total, self.rank * n, (self.rank + 1) * n)
         # Padding wraps around to the start of the order and can bring back a file this part
         # already holds: keep a file's pieces next to each other so a worker visits it once.
         first: dict[int, int] = {}
@@ -241,7 +184,7 @@ class BlockShuffleSampler(_SamplerBase[int]):
     def _windows(
         self, segments: Sequence[_Segment], rng: np.random.Generator
     ) -> Iterator[np.ndarray]:
-        budget = self.cache_bytes // max(1, self.num_workers)
+        budget = self.budget.share(self.num_workers)
         window: list[_Segment] = []
         used = 0
         for seg in [*segments, None]:

@@ -27,18 +27,12 @@ from typing import Any
 
 import numpy as np
 
-try:  # a real torch Sampler when torch is there (isinstance checks, typing); plain class if not
-    from torch.utils.data import Sampler as _SamplerBase
-except ImportError:  # pragma: no cover - exercised only without torch
-    _SamplerBase = object  # type: ignore[assignment,misc]
-
-from .passes import SamplerPass
-from .sampling import distributed_rank_and_world
+from .base import POSITION_KEYS, ResumableSampler
 
 __all__ = ["FeistelPermutation", "ShuffleSampler", "sampler_state_from_loader"]
 
 ROUNDS = 6
-STATE_KEYS = frozenset({"seed", "epoch", "samples_seen"})
+STATE_KEYS = frozenset(POSITION_KEYS)
 _M1 = np.uint64(0x9E3779B97F4A7C15)
 _M2 = np.uint64(0xBF58476D1CE4E5B9)
 _M3 = np.uint64(0x94D049BB133111EB)
@@ -89,7 +83,7 @@ class FeistelPermutation:
         return y.astype(np.int64)
 
 
-class ShuffleSampler(_SamplerBase[int]):
+class ShuffleSampler(ResumableSampler):
     """Every sample of ``dataset`` once per epoch, in an exact global shuffle, split across ranks.
 
     ``dataset`` is anything with ``__len__`` (a :class:`pickleshard.PickleDataset` or any map-style
@@ -102,14 +96,11 @@ class ShuffleSampler(_SamplerBase[int]):
     of the epoch's order) or ``N // world_size`` with ``drop_last``. Memory is a few chunks of
     ``chunk_size`` int64 values whatever N is.
 
-    Resume: :meth:`state_dict` is ``{"seed", "epoch", "samples_seen"}``, ``samples_seen`` being the
-    global number of positions of the epoch consumed by all ranks together (see the module
-    docstring). :meth:`load_state_dict` makes the next pass that yields start there, with this
-    sampler's own rank and world size, which may differ from the saving run's; it sets ``seed``
-    but not :attr:`epoch`, so later fresh passes follow :meth:`set_epoch`. ``iter(sampler)``
-    returns a :class:`~pickleshard.passes.SamplerPass`, whose own state is what
-    ``torchdata.stateful_dataloader.StatefulDataLoader`` saves and restores: pass the sampler as
-    ``sampler=`` and it resumes mid-epoch unchanged.
+    Resume (see :class:`~pickleshard.samplers.base.ResumableSampler`): the state is
+    ``{"seed", "epoch", "samples_seen"}``, ``samples_seen`` being the global number of positions of
+    the epoch consumed by all ranks together (see the module docstring), so a state loads into a
+    sampler with another rank and world size than the saving run's. Pass the sampler as
+    ``sampler=`` to ``StatefulDataLoader`` and it resumes mid-epoch unchanged.
     """
 
     def __init__(
@@ -123,23 +114,17 @@ class ShuffleSampler(_SamplerBase[int]):
         drop_last: bool = False,
         chunk_size: int = 8192,
     ) -> None:
-        if seed < 0 or chunk_size < 1:
-            raise ValueError(f"need seed >= 0 and chunk_size >= 1, got {seed}, {chunk_size}")
-        self.num_samples_total = len(dataset)
-        self.shuffle = shuffle
-        self.seed = seed
-        self.rank, self.world_size = distributed_rank_and_world(rank, world_size)
-        self.drop_last = drop_last
+        if chunk_size < 1:
+            raise ValueError(f"need chunk_size >= 1, got {chunk_size}")
+        super().__init__(
+            len(dataset),
+            shuffle=shuffle,
+            seed=seed,
+            rank=rank,
+            world_size=world_size,
+            drop_last=drop_last,
+        )
         self.chunk_size = chunk_size
-        self.epoch = 0
-        self._pending: dict[str, Any] | None = None
-        self._current: SamplerPass | None = None
-
-    def set_epoch(self, epoch: int) -> None:
-        """Use ``epoch`` for passes that do not resume a loaded state."""
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
-        self.epoch = epoch
 
     def _rank_count(self, start: int) -> int:
         left = self.num_samples_total - start
@@ -148,37 +133,8 @@ class ShuffleSampler(_SamplerBase[int]):
     def __len__(self) -> int:
         return self._rank_count(0)
 
-    def __iter__(self) -> SamplerPass:
-        self._current = SamplerPass(self)
-        return self._current
-
-    def state_dict(self) -> dict[str, int]:
-        """The pending loaded state, else the current pass's, else the start of :attr:`epoch`."""
-        if self._pending is not None:
-            return dict(self._pending)
-        return self._fresh_state() if self._current is None else self._current.get_state()
-
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Make the next pass resume at ``state_dict``; ValueError if it is not one of ours."""
-        self._pending = self._checked(state_dict)
-        self.seed = self._pending["seed"]
-
-    # What a SamplerPass asks of its sampler.
-
-    def _fresh_state(self) -> dict[str, Any]:
-        return {"seed": self.seed, "epoch": self.epoch, "samples_seen": 0}
-
-    def _checked(self, state: Mapping[str, Any]) -> dict[str, Any]:
-        if set(state) != STATE_KEYS or not all(
-            isinstance(state[k], int) and state[k] >= 0 for k in STATE_KEYS
-        ):
-            raise ValueError(f"not a ShuffleSampler state: {dict(state)!r}")
-        if state["samples_seen"] > self.num_samples_total:
-            raise ValueError(
-                f"state has samples_seen={state['samples_seen']} but the dataset has "
-                f"{self.num_samples_total} samples: it comes from another dataset"
-            )
-        return {k: int(state[k]) for k in ("seed", "epoch", "samples_seen")}
+    def _max_samples_seen(self) -> int:
+        return self.num_samples_total
 
     def _stream(self, state: dict[str, Any]) -> Iterator[int]:
         n, start = self.num_samples_total, state["samples_seen"]
@@ -192,12 +148,6 @@ class ShuffleSampler(_SamplerBase[int]):
     def _state_after(self, state: dict[str, Any], taken: int) -> dict[str, Any]:
         seen = min(self.num_samples_total, state["samples_seen"] + taken * self.world_size)
         return {**state, "samples_seen": seen}
-
-    def __repr__(self) -> str:
-        return (
-            f"ShuffleSampler(n={self.num_samples_total}, seed={self.seed}, epoch={self.epoch}, "
-            f"rank={self.rank}, world_size={self.world_size}, drop_last={self.drop_last})"
-        )
 
 
 def sampler_state_from_loader(loader_state: Mapping[str, Any]) -> dict[str, int]:
@@ -219,7 +169,7 @@ def sampler_state_from_loader(loader_state: Mapping[str, Any]) -> dict[str, int]
     def walk(node: Any) -> None:
         if isinstance(node, Mapping):
             if set(node) == STATE_KEYS:
-                found.append({k: int(node[k]) for k in ("seed", "epoch", "samples_seen")})
+                found.append({k: int(node[k]) for k in POSITION_KEYS})
                 return
             for value in node.values():
                 walk(value)
