@@ -109,6 +109,7 @@ def describe_file(
     path = os.path.join(root, rel)
     # one open for the identity and the fingerprint's 8 scattered blocks (hence "random")
     with LocalFile(path, pattern="random") as source:
+        source.fileno()  # the open's own error (identity() words it as a failed stat)
         now = source.identity()
         base: dict[str, Any] = {
             "path": rel,

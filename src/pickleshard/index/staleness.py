@@ -10,7 +10,8 @@ checked without them. There is no cheaper full-content re-check: a copy of the d
 reads as changed (and as *relinked*: same size, mtime and fingerprint, which
 :class:`~pickleshard.errors.StaleIndexError` points out) and the index must be rebuilt; so does
 a file whose mode or owner changed. Moving or renaming the dataset's directory keeps both: its
-index stays fresh. A file that exists but can no longer be opened counts as changed.
+index stays fresh. A file that cannot be opened is compared by ``os.stat`` alone: changed when
+that differs, else its :class:`~pickleshard.errors.UnreadableFileError` is raised.
 
 Skipped files count as indexed: one that changes or goes away makes the index stale. They are
 compared by ``os.stat``, which opens nothing (a file skipped as unreadable stays unreadable).
@@ -53,17 +54,31 @@ def _compare(path: Path, entry: FileEntry) -> int:
     fingerprint's 8 blocks when the identity matches (or differs by inode or ctime alone)."""
     source = LocalFile(path, pattern="random")  # the fingerprint reads 8 scattered blocks
     try:
+        source.fileno()  # the open's own error (identity() words it as a failed stat)
         now = source.identity()
-    except UnreadableFileError:
+    except UnreadableFileError as exc:
         source.close()
-        return _REMOVED if not path.exists() else _CHANGED
+        return _unopenable(path, entry, exc)
     with source:
-        if source.changed_since(entry.identity) is None:
+        if entry.identity.differs_from(now) is None:
             return _FRESH if fingerprint(source) == entry.fingerprint else _CHANGED
         same_bytes = FileIdentity(entry.size, entry.mtime_ns).differs_from(now) is None
         if same_bytes and fingerprint(source) == entry.fingerprint:
             return _RELINKED
         return _CHANGED
+
+
+def _unopenable(path: Path, entry: FileEntry, error: UnreadableFileError) -> int:
+    """A file that cannot be opened, compared by ``os.stat`` (which opens nothing): gone,
+    changed (a ``chmod`` moves the ctime), or unchanged, whose contents cannot be checked
+    then: ``error`` is raised, naming it."""
+    try:
+        now = FileIdentity.of(os.stat(path))
+    except OSError:
+        return _REMOVED
+    if entry.identity.differs_from(now) is None:
+        raise error
+    return _CHANGED
 
 
 def _skipped_changed(path: Path, record: SkippedFile) -> bool | None:
