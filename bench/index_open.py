@@ -27,10 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from pickleshard.index import DatasetIndex, build_index
-from pickleshard.indexarrays import SAMPLES_DTYPE, check_arrays, expected_shapes, load_array
-from pickleshard.indexcheck import check_header
-from pickleshard.indexfiles import SPAN_ARRAYS, FileEntry
+from pickleshard.index import DatasetIndex, FileEntry, build_index
+from pickleshard.index.arrays import expected_shapes, load_array
+from pickleshard.index.contents import check_arrays
+from pickleshard.index.ondisk import SAMPLES_DTYPE, SPAN_ARRAYS
+from pickleshard.index.validate import check_header
 from pickleshard.synth import write_synthetic
 
 from .report import describe_machine, report_head, save_results

@@ -7,7 +7,7 @@ import pickle
 import time
 from pathlib import Path
 
-BLOCK, BLOCKS = 4096, 8  # the fingerprint's sampling (indexfiles.fingerprint)
+BLOCK, BLOCKS = 4096, 8  # the fingerprint's sampling (pickleshard.index.fingerprint)
 
 
 def big_file(folder: Path) -> Path:

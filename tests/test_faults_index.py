@@ -26,10 +26,10 @@ import numpy as np
 import pytest
 
 from conftest import assert_deep_equal, oracle_samples
-from pickleshard import errors, indexarrays
+from pickleshard import errors
 from pickleshard.cli import main
 from pickleshard.dataset import PickleDataset
-from pickleshard.index import DatasetIndex, build_index, open_index
+from pickleshard.index import DatasetIndex, build_index, contents, open_index
 from pickleshard.synth import write_synthetic
 
 Edit = Callable[[Path], Any]
@@ -582,7 +582,7 @@ def test_an_older_index_is_rebuilt_by_default(tmp_path: Path) -> None:
 
 _CHILD = """
 import sys
-from pickleshard import errors, indexarrays
+from pickleshard import errors
 from pickleshard.dataset import PickleDataset
 try:
     ds = PickleDataset(sys.argv[1], mode=sys.argv[2])
@@ -621,7 +621,7 @@ def test_externals_outside_the_shared_table_both_ways(
 ) -> None:
     """Membership in the shared table is checked with a lookup table, or (key ranges too
     wide for one) a binary search: both accept a good index and refuse a key outside."""
-    monkeypatch.setattr(indexarrays, "_LOOKUP", lookup)
+    monkeypatch.setattr(contents, "_LOOKUP", lookup)
     _, index_dir = _build(tmp_path, kind)
     DatasetIndex.open(index_dir)
     tables = [f["scan"]["shared"]["keys"] for f in _header(index_dir)["files"]]

@@ -27,7 +27,9 @@ from conftest import (
 )
 from pickleshard import __version__, errors
 from pickleshard.dataset import PickleDataset
+from pickleshard.fileidentity import FileIdentity
 from pickleshard.index import DatasetIndex, build_index, fingerprint, open_index
+from pickleshard.io import ByteSource, LocalFile
 from pickleshard.synth import write_synthetic
 from rewrites import rewrite_keeping_size_and_mtime
 
@@ -351,6 +353,45 @@ def test_fingerprint_of_a_large_file_samples_its_blocks(tmp_path: Path) -> None:
     with pytest.raises(errors.StaleIndexError) as info:
         open_index(tmp_path / "data")
     assert info.value.changed == ("part-00000.pkl",)
+
+
+class _MemorySource(ByteSource):
+    """Bytes in memory as a byte source, counting the ranges read."""
+
+    protocol = "memory"
+
+    def __init__(self, data: bytes) -> None:
+        self.name, self.data, self.reads = "<memory>", data, 0
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    def readinto_at(self, offset: int, view: memoryview) -> int:
+        chunk = self.data[offset : offset + len(view)]
+        view[: len(chunk)] = chunk
+        self.reads += len(chunk)
+        return len(chunk)
+
+    def identity(self) -> FileIdentity:
+        return FileIdentity(len(self.data))
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("size", [0, 100, 8 * 4096, 8 * 4096 + 1, 3_000_000])
+def test_fingerprint_reads_through_any_byte_source(tmp_path: Path, size: int) -> None:
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    path = tmp_path / "f.pkl"
+    path.write_bytes(data)
+    source = _MemorySource(data)
+    assert fingerprint(source) == fingerprint(path) == fingerprint(LocalFile(path))
+    assert source.reads == min(size, 8 * 4096)  # the size and 8 blocks, whatever the size
+    other = bytearray(data)
+    if size:
+        other[0] ^= 1  # the first block is always sampled
+        assert fingerprint(_MemorySource(bytes(other))) != fingerprint(path)
 
 
 def test_removed_and_added_files_are_named(tmp_path: Path) -> None:

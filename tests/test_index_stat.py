@@ -17,9 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import outcome_without_privileges
 from pickleshard import errors
 from pickleshard.dataset import PickleDataset
 from pickleshard.index import build_index, fingerprint, open_index
+from pickleshard.sources import resolve_source
 from pickleshard.synth import write_synthetic
 from rewrites import big_file, rewrite_keeping_size_and_mtime, unsampled_payload_offset
 
@@ -133,3 +135,21 @@ def test_a_skipped_file_rewritten_with_its_old_mtime_is_stale(tmp_path: Path) ->
     with pytest.raises(errors.StaleIndexError) as info:
         open_index(folder)
     assert info.value.changed == ("notes.pkl",)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="drops privileges in a forked child")
+def test_a_file_that_cannot_be_opened_is_compared_by_its_stat(locked_file: Path) -> None:
+    """Unchanged but unreadable: its contents cannot be checked, so the open's error names it;
+    unreadable and changed since it was indexed (``chmod`` moves the ctime): changed."""
+    index = build_index(locked_file.parent, jobs=1)  # as root, which reads a mode-000 file
+    source = resolve_source(locked_file.parent)
+    err = outcome_without_privileges(lambda: index.stale_files(source))
+    assert isinstance(err, errors.UnreadableFileError)
+    assert str(locked_file) in str(err)
+    assert "cannot open: Permission denied" in str(err)
+    locked_file.chmod(0o600)  # still unreadable to others; its ctime moves
+
+    def stale() -> None:
+        assert index.stale_files(source) == (["b.pkl"], [], [])
+
+    assert outcome_without_privileges(stale) is None

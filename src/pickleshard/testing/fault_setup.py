@@ -166,7 +166,7 @@ def _edit_shape_keeping_index(data: Path, index: Path) -> None:
     """The shape of one raw-read sample (the third array) edited in the data file, from (2, 3)
     to (3, 2), and the index's size, times, inode and fingerprint of that file refreshed, as
     someone editing data and index together would: the index still says (2, 3)."""
-    from ..indexfiles import fingerprint
+    from ..index import fingerprint
 
     path = data / DATA_NAME
     raw = bytearray(path.read_bytes())

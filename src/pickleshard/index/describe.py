@@ -1,0 +1,144 @@
+"""Indexing one pickle file: what a build's per-file work finds, run wherever the executor runs it.
+
+:func:`describe_file` scans the file with :func:`pickleshard.scan.scan_file` (opcodes only,
+nothing unpickled) and saves the per-sample span arrays into a staging folder as ``.npy``; a file
+the scanner refuses (:class:`~pickleshard.errors.NotSpanIndexableError`: protocol 0/1, a layout
+it cannot prove...) is unpickled whole to count its samples instead, and its row says why
+(``mode="whole"``, ``reason``). The scanner's other errors are checked against a whole-file
+load, so a bad file raises the same :class:`~pickleshard.errors.PickleshardError` either way.
+Either way a memo id larger than the file is refused
+(:func:`pickleshard.wholefile.check_memo_ids`), so that no file an index holds makes a later
+whole-file load allocate a huge memo. The file's identity, fingerprint and memo check read it
+through :mod:`pickleshard.io`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import NotSpanIndexableError
+from ..io import LocalFile
+from ..safety import DEFAULT_POLICY, UnpicklePolicy
+from ..scan import ScanResult, scan_file
+from ..wholecache import estimate_nbytes
+from ..wholefile import check_memo_ids, load_layout
+from .files import FileEntry, fingerprint
+
+__all__ = ["Described", "describe_file", "staged_name"]
+
+_OBJECT_OVERHEAD = 64  # bytes per unpickled element beyond its pickled size (estimate)
+_ARRAY_OVERHEAD = 112  # an ndarray's header
+
+
+@dataclass(frozen=True)
+class Described:
+    """What a worker returns for one file: its row, and the lengths of its staged arrays."""
+
+    entry: FileEntry
+    ext_keys: int = 0
+    records: int = 0
+
+
+def staged_name(staging: Path, pos: int, array: str) -> Path:
+    """Where the worker indexing file ``pos`` saves span array ``array``."""
+    return staging / f"{pos}.{array}.npy"
+
+
+def _estimate(scan: ScanResult) -> int:
+    """Decoded bytes of a scanned file: array rows exactly, pickled elements by span size."""
+    n = scan.num_samples
+    total = 0
+    for f, row in enumerate(scan.arrays):
+        if row is not None:
+            total += n * (row.nbytes + _ARRAY_OVERHEAD)
+        elif n:
+            total += int((scan.ends[:, f] - scan.starts[:, f]).sum()) + n * _OBJECT_OVERHEAD
+    return total
+
+
+def _check_span_memo(scan: ScanResult) -> None:
+    """Refuse a span-indexed file with a memo id above its size, as a whole-file load would.
+
+    The scanner numbers each pickle's memo ids from its first one, consecutively, and records
+    ``shift`` = memo key - memo id. The first key of a pickle is at most its start offset and
+    it defines at most ``end - start`` entries, so its ids stay below ``end - shift``: only a
+    pickle where that bound passes the file size is walked again, by :func:`check_memo_ids`,
+    which names the opcode. A file written by ``pickle.dump`` is never walked again.
+    """
+    suspect = [int(start) for start, end, shift in scan.records if end - shift - 1 > scan.size]
+    if not suspect:
+        return
+    # a walk over opcodes that skips payloads: the mapping of a source advised as usual
+    with LocalFile(scan.path) as source:
+        buf = source.map()
+        for start in suspect:
+            check_memo_ids(buf, start, source.size, scan.path)
+
+
+def _whole(path: str, base: dict[str, Any], policy: UnpicklePolicy, reason: str) -> Described:
+    decoded = load_layout(path, policy, check_memo=True)
+    entry = FileEntry(
+        **base,
+        num_samples=decoded.num_samples,
+        decoded_nbytes=estimate_nbytes(decoded.columns),
+        layout=decoded.layout,
+        fields=decoded.fields,
+        mode="whole",
+        reason=reason,
+    )
+    return Described(entry)
+
+
+def describe_file(
+    root: str,
+    rel: str,
+    pos: int,
+    staging: Path | None,
+    policy: UnpicklePolicy = DEFAULT_POLICY,
+) -> Described:
+    """Index file ``rel`` of ``root``, position ``pos`` in the files table.
+
+    With a ``staging`` folder, the file is scanned and its span arrays saved there as
+    ``{pos}.{name}.npy``; without one (or when the scanner refuses it) it is unpickled whole.
+    Raises the :class:`~pickleshard.errors.PickleshardError` that names a bad file.
+    """
+    path = os.path.join(root, rel)
+    # one open for the identity and the fingerprint's 8 scattered blocks (hence "random")
+    with LocalFile(path, pattern="random") as source:
+        source.fileno()  # the open's own error (identity() words it as a failed stat)
+        now = source.identity()
+        base: dict[str, Any] = {
+            "path": rel,
+            "size": now.size,
+            "mtime_ns": now.mtime_ns,
+            "ctime_ns": now.ctime_ns,
+            "ino": now.ino,
+            "fingerprint": fingerprint(source),
+        }
+    if staging is None:
+        return _whole(path, base, policy, "indexed without spans")
+    try:
+        scan = scan_file(path, encoding=policy.encoding)
+    except NotSpanIndexableError as exc:
+        return _whole(path, base, policy, exc.reason)
+    except Exception as exc:  # the whole-file load below decides whether the file is bad
+        # A file the whole-file load reads is not bad: the scanner was stricter than pickle.
+        return _whole(path, base, policy, f"the scanner failed: {type(exc).__name__}: {exc}")
+    _check_span_memo(scan)
+    for name, array in scan.arrays_dict().items():
+        np.save(staged_name(staging, pos, name), np.ascontiguousarray(array))
+    entry = FileEntry(
+        **base,
+        num_samples=scan.num_samples,
+        decoded_nbytes=_estimate(scan),
+        layout=scan.layout,
+        fields=scan.fields,
+        mode="span",
+        scan={**scan.meta(), "num_records": len(scan.records)},
+    )
+    return Described(entry, ext_keys=len(scan.ext_keys), records=len(scan.records))

@@ -1,0 +1,88 @@
+"""Where an index build runs its per-file work: the executor seam.
+
+A build hands :meth:`IndexExecutor.run` one picklable function and one picklable argument tuple
+per file, and takes the results back in completion order, updating its progress bar as each
+arrives. The executor decides where the calls run: :class:`InlineExecutor` in this process,
+:class:`ProcessPoolIndexExecutor` in local worker processes (the default, see
+:func:`local_executor`). Another backend (a Dask cluster: ``client.submit`` per task and
+``distributed.as_completed``) is one more class with this ``run``; its workers must see the
+dataset and the index's staging folder at the same paths as the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from multiprocessing import get_all_start_methods, get_context
+from multiprocessing.context import BaseContext
+from typing import Any, Protocol, TypeVar
+
+__all__ = [
+    "IndexExecutor",
+    "InlineExecutor",
+    "ProcessPoolIndexExecutor",
+    "local_executor",
+]
+
+R = TypeVar("R")
+
+
+class IndexExecutor(Protocol):
+    """Runs a build's per-file calls somewhere and hands their results back as they finish."""
+
+    def run(
+        self, work: Callable[..., R], tasks: Sequence[tuple[Any, ...]]
+    ) -> Generator[tuple[int, R], None, None]:
+        """Call ``work(*tasks[k])`` for every ``k`` and yield ``(k, result)`` as each call
+        completes, in any order. An exception a call raises is raised by the generator, and
+        closing it early (the caller stopped at an error) cancels the calls not yet
+        started. ``work`` is a module-level function and ``tasks`` plain data: both pickle."""
+        ...
+
+
+class InlineExecutor:
+    """Every call in this process, one after another, in task order."""
+
+    def run(
+        self, work: Callable[..., R], tasks: Sequence[tuple[Any, ...]]
+    ) -> Generator[tuple[int, R], None, None]:
+        for k, args in enumerate(tasks):
+            yield k, work(*args)
+
+
+def _pool_context() -> BaseContext:
+    # fork where available (as DataLoader does): spawn and forkserver re-run the caller's
+    # __main__, which breaks stdin scripts and scripts without a __main__ guard.
+    methods = get_all_start_methods()
+    return get_context("fork" if "fork" in methods else "spawn")
+
+
+class ProcessPoolIndexExecutor:
+    """Calls in at most ``jobs`` local worker processes (forked where the platform can)."""
+
+    def __init__(self, jobs: int) -> None:
+        if jobs < 1:
+            raise ValueError(f"jobs must be at least 1, got {jobs}")
+        self.jobs = jobs
+
+    def run(
+        self, work: Callable[..., R], tasks: Sequence[tuple[Any, ...]]
+    ) -> Generator[tuple[int, R], None, None]:
+        with ProcessPoolExecutor(max_workers=self.jobs, mp_context=_pool_context()) as pool:
+            futures: dict[Future[R], int] = {
+                pool.submit(work, *args): k for k, args in enumerate(tasks)
+            }
+            try:
+                for fut in as_completed(futures):
+                    yield futures[fut], fut.result()
+            finally:  # an error, or the caller closed us: drop what has not started
+                for fut in futures:
+                    fut.cancel()
+
+
+def local_executor(jobs: int, tasks: int) -> IndexExecutor:
+    """The default executor for ``tasks`` calls with at most ``jobs`` at once: in this process
+    when ``jobs <= 1`` or there is one call (a pool would only add its start-up), else a pool."""
+    if jobs <= 1 or tasks <= 1:
+        return InlineExecutor()
+    return ProcessPoolIndexExecutor(jobs)

@@ -1,0 +1,151 @@
+"""Writing an index: the per-sample arrays copied from the workers' staging folder, then the
+header, last, by atomic rename.
+
+The header names the arrays it belongs to (each file name carries a fresh token) with each
+one's CRC-32, so a reader sees either the old index or the new one, never a mix; the old
+arrays are deleted only once the new header is in place. The parent never holds more than one
+file's span arrays at once: each final array is written through a memory map.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._version import __version__
+from ..errors import IndexFormatError
+from ..sources import ResolvedSource
+from .arrays import file_checksum
+from .describe import Described, staged_name
+from .files import FileEntry, SkippedFile
+from .ondisk import (
+    ARRAY_NAME,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    SAMPLES_DTYPE,
+    SPAN_ARRAYS,
+    read_header,
+)
+
+__all__ = ["write_index"]
+
+
+def _save_concatenated(
+    path: Path, parts: Iterable[np.ndarray], total: int, dtype: Any, tail: tuple[int, ...] = ()
+) -> None:
+    """Write ``parts`` (``total`` rows in all) one after another as one ``.npy``, through a
+    memory map, so that they are never all in memory at once."""
+    if total == 0:
+        np.save(path, np.empty((0, *tail), dtype))
+        return
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=(total, *tail))
+    at = 0
+    for p in parts:
+        out[at : at + len(p)] = p
+        at += len(p)
+    out.flush()
+    del out
+
+
+def _place(kept: list[Described], nf: int) -> list[FileEntry]:
+    """The files table: each span file gets its first row in each span array."""
+    final: list[FileEntry] = []
+    row = ext = rec = 0
+    for d in kept:
+        e = d.entry
+        if e.mode == "span":
+            e = replace(e, span_row=row, ext_row=ext, record_row=rec)
+            row, ext, rec = row + e.num_samples, ext + e.num_samples * nf + 1, rec + d.records
+        final.append(e)
+    return final
+
+
+def write_index(
+    index_dir: Path,
+    source: ResolvedSource,
+    kept: list[Described],
+    staging: Path | None,
+    skipped: list[SkippedFile],
+) -> None:
+    """Write the index of ``kept`` (the described files that stay, in files-table order, whose
+    span arrays lie in ``staging``) and ``skipped`` into ``index_dir``, replacing the index
+    there (the old arrays are deleted once the new header names the new ones)."""
+    fields = kept[0].entry.fields if kept else ()
+    nf = len(fields)
+    final = _place(kept, nf)
+    token = secrets.token_hex(4)
+    names = {"samples": f"samples-{token}.npy", **{a: f"{a}-{token}.npy" for a in SPAN_ARRAYS}}
+    total = sum(e.num_samples for e in final)
+
+    def sample_rows() -> Iterator[np.ndarray]:
+        for k, e in enumerate(final):
+            part = np.empty(e.num_samples, SAMPLES_DTYPE)
+            part["file"], part["item"] = k, np.arange(e.num_samples, dtype=np.uint32)
+            yield part
+
+    _save_concatenated(index_dir / names["samples"], sample_rows(), total, SAMPLES_DTYPE)
+    spans = [d for d in kept if d.entry.mode == "span"]
+    pos_of = {rel: p for p, rel in enumerate(source.files)}
+
+    def staged(array: str) -> Iterator[np.ndarray]:
+        assert staging is not None
+        key_base = 0
+        for d in spans:
+            part = np.load(staged_name(staging, pos_of[d.entry.path], array), mmap_mode="r")
+            # ext_offsets point into the concatenated ext_keys: shift by the keys before them
+            yield part + key_base if array == "ext_offsets" else part
+            key_base += d.ext_keys
+
+    rows = sum(d.entry.num_samples for d in spans)
+    sizes = {
+        "starts": (rows, (nf,)),
+        "ends": (rows, (nf,)),
+        "memo_base": (rows, (nf,)),
+        "ext_offsets": (rows * nf + len(spans), ()),
+        "ext_keys": (sum(d.ext_keys for d in spans), ()),
+        "records": (sum(d.records for d in spans), (3,)),
+    }
+    for array, (n, tail) in sizes.items():
+        _save_concatenated(index_dir / names[array], staged(array), n, np.int64, tail)
+
+    old = _arrays_of(index_dir)
+    header = {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "tool_version": __version__,
+        "root": os.fspath(source.root),
+        "layout": sorted({e.layout for e in final}),
+        "fields": list(fields),
+        "num_files": len(final),
+        "num_samples": total,
+        "modes": {m: sum(e.mode == m for e in final) for m in ("span", "whole")},
+        "arrays": names,
+        "checksums": {k: file_checksum(index_dir / v) for k, v in names.items()},
+        "files": [asdict(e) for e in final],
+        "skipped": sorted(skipped, key=lambda s: str(s["path"])),
+    }
+    tmp = index_dir / f"index.json.tmp-{token}"
+    tmp.write_text(json.dumps(header, indent=1))
+    os.replace(tmp, index_dir / "index.json")
+    for name in old:
+        if name not in names.values():
+            (index_dir / name).unlink(missing_ok=True)
+
+
+def _arrays_of(index_dir: Path) -> Iterable[str]:
+    """The array files the current header names, to delete once replaced: only plain names
+    of the index directory (an edited header must not make a rebuild delete anything else)."""
+    try:
+        arrays = read_header(index_dir).get("arrays")
+    except IndexFormatError:
+        return []
+    if not isinstance(arrays, dict):
+        return []
+    return [v for v in arrays.values() if isinstance(v, str) and ARRAY_NAME.fullmatch(v)]
