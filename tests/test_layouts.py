@@ -9,7 +9,7 @@ import pytest
 
 from conftest import assert_deep_equal
 from pickleshard.errors import FieldLengthMismatchError, UnsupportedLayoutError
-from pickleshard.layouts import MAX_LIST_FIELDS, decode_layout, default_field_names
+from pickleshard.scan.layouts import MAX_LIST_FIELDS, decode_layout, default_field_names
 
 XS = [np.full((2, 2), i, dtype=np.float32) for i in range(4)]
 YS = [3, 1, 4, 1]

@@ -19,7 +19,7 @@ from conftest import (
     outcome_without_privileges,
 )
 from pickleshard import errors
-from pickleshard.layouts import DecodedLayout
+from pickleshard.scan.layouts import DecodedLayout
 from pickleshard.wholefile import WholeFileCache, estimate_nbytes, load_file, load_layout
 
 

@@ -36,7 +36,7 @@ import numpy as np
 from . import opcodes as oc
 from .indexcheck import INT, ITEM, PICKLE, ROW, FieldCheck, IndexProblem
 from .indexfiles import SPAN_ARRAYS, FileEntry
-from .scan import _MAX_TEMPLATE
+from .scan.model import MAX_TEMPLATE as _MAX_TEMPLATE
 
 __all__ = [
     "SAMPLES_DTYPE",

@@ -41,7 +41,7 @@ import numpy as np
 
 from .errors import IndexFormatError
 from .indexfiles import SPAN_ARRAYS, FileEntry
-from .scan import _MAX_TEMPLATE
+from .scan.model import MAX_TEMPLATE as _MAX_TEMPLATE
 
 __all__ = [
     "ARRAY_NAME",

@@ -41,10 +41,10 @@ from .errors import (
     UnsupportedLayoutError,
 )
 from .guards import CHECKS, check_call
-from .layouts import decode_layout, decode_records
 from .memo import ArraySpec, InspectUnpickler, NotInspectable, Payload, SpanFile, _Latin1Text
 from .safety import Verdict, parse_allow_globals
 from .scan import ScanResult, scan_file
+from .scan.layouts import decode_layout, decode_records
 
 __all__ = ["WHOLE_FILE_OPCODES", "FileReport", "InertUnpickler", "Stand", "inspect_file"]
 

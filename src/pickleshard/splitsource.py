@@ -23,9 +23,9 @@ import numpy as np
 from . import opcodes as oc
 from .chunkwriter import ChunkShape, RowPayload, SampleSource
 from .errors import NotSpanIndexableError, UnsupportedLayoutError
-from .layouts import decode_layout, default_field_names
 from .safety import UnpicklePolicy
 from .scan import ScanResult, scan_file
+from .scan.layouts import decode_layout, default_field_names
 from .spanread import FileIdentity, SpanReader
 from .wholefile import load_records
 

@@ -29,7 +29,6 @@ from .errors import (
     UnreadableFileError,
 )
 from .fileidentity import FileIdentity
-from .layouts import DecodedLayout, decode_records
 from .opcodes import (
     A_PUT,
     ACTION,
@@ -46,6 +45,7 @@ from .opcodes import (
     STOP_OP,
 )
 from .safety import DEFAULT_POLICY, UnpicklePolicy, guard_misuse
+from .scan.layouts import DecodedLayout, decode_records
 
 __all__ = [
     "CacheStats",
@@ -309,7 +309,7 @@ def load_layout(
     identity: FileIdentity | None = None,
 ) -> DecodedLayout:
     """Unpickle every pickle of ``path`` and return its samples as columns (see
-    :func:`pickleshard.layouts.decode_records`: one pickle, or several appended ones);
+    :func:`pickleshard.scan.layouts.decode_records`: one pickle, or several appended ones);
     ``check_memo`` and ``identity`` as in :func:`load_records`."""
     records = load_records(path, policy, check_memo=check_memo, identity=identity)
     return decode_records(records, path)

@@ -65,12 +65,12 @@ def write_files(folder: Path, objects: Sequence[Any], protocol: int = 5) -> list
 def reference_samples(objs: Sequence[Any], path: str) -> tuple[tuple[str, ...], list[Any]]:
     """Fields and samples of a file whose ``pickle.load`` calls returned ``objs``, by the rules
     of :mod:`pickleshard.scan` for appended pickles: one pickle is a layout
-    (:func:`~pickleshard.layouts.decode_layout`); several are chunks when every one is a layout,
+    (:func:`~pickleshard.scan.layouts.decode_layout`); several are chunks when every one is a layout,
     else one sample each (an exact tuple gives one field per item, an exact dict one per key of
     the first, anything else the single field ``x``). Independent of
-    :func:`~pickleshard.layouts.decode_records`, which it checks."""
+    :func:`~pickleshard.scan.layouts.decode_records`, which it checks."""
     from ..errors import UnsupportedLayoutError
-    from ..layouts import decode_layout, default_field_names
+    from ..scan.layouts import decode_layout, default_field_names
 
     try:
         decoded = [decode_layout(o, path) for o in objs]

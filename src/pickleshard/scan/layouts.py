@@ -42,7 +42,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from .errors import FieldLengthMismatchError, UnsupportedLayoutError
+from ..errors import FieldLengthMismatchError, UnsupportedLayoutError
 
 __all__ = [
     "LAYOUTS",
