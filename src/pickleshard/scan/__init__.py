@@ -54,7 +54,7 @@ from ..errors import FieldLengthMismatchError, NotSpanIndexableError
 from ..opcodes import ITEMS, KIND, Walked
 from .externals import assemble, element_table
 from .inspector import Inspector
-from .layouts import default_field_names
+from .layouts import APPENDED, DICT_SAMPLES, SAMPLES, default_field_names
 from .matching import Field, NotLayout, dict_rows, fields_of, leaves, node_kind, spans, structure
 from .model import ArrayItem, ArrayRow, IntItem, ScanResult
 
@@ -90,7 +90,7 @@ def _scan_chunks(buf: Any, w: Walked, stops: list[int], encoding: str) -> ScanRe
             for f in range(len(names))
         ]
         cols = [Field(st, en, cols[f].array) for f, (st, en) in enumerate(joined)]
-    layout = cands[0].layout if len(parts) == 1 else f"appended_{cands[0].layout}"
+    layout = cands[0].layout.name if len(parts) == 1 else APPENDED + cands[0].layout.name
     # The GETs are in the table now, and _scan no longer falls back to _scan_samples (which
     # builds its own table from them): let them go before the biggest temporaries.
     w.get_offs, w.get_keys = array("q"), array("q")
@@ -122,7 +122,7 @@ def _scan_samples(buf: Any, w: Walked, stops: list[int], encoding: str) -> ScanR
     insp = Inspector(buf, w, table, encoding)
     if kind == oc.DICT:
         names, cols = dict_rows(w.roots, insp, w.name)
-        return assemble(w, table, insp, "appended_dict_samples", names, cols)
+        return assemble(w, table, insp, APPENDED + DICT_SAMPLES.name, names, cols)
     n = len(first[ITEMS]) if kind else 1
     starts, ends = (leaves[0][0].reshape(-1, n), leaves[0][1].reshape(-1, n))
     names = default_field_names(n)
@@ -130,7 +130,7 @@ def _scan_samples(buf: Any, w: Walked, stops: list[int], encoding: str) -> ScanR
         w,
         table,
         insp,
-        "appended_samples",
+        APPENDED + SAMPLES.name,
         names,
         [Field(starts[:, f], ends[:, f]) for f in range(n)],
     )

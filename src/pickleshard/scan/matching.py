@@ -21,7 +21,7 @@ from ..errors import FieldLengthMismatchError, NotSpanIndexableError
 from ..memo import ArraySpec, Opaque
 from ..opcodes import ITEMS, KIND, START, Node, Value
 from .inspector import UNKNOWN, Inspector
-from .layouts import MAX_LIST_FIELDS, default_field_names
+from .layouts import Layout, NoLayout, UnknownRows, default_field_names, match_layout
 from .model import ArrayRow
 
 __all__ = [
@@ -90,42 +90,43 @@ def node_kind(v: Value) -> int:
 class Candidate:
     """A top-level object that matches a layout structurally (opaque fields still unchecked)."""
 
-    layout: str
+    layout: Layout
     values: list[Value]  # columns: the field values; rows: the row nodes
     ends: list[int]  # end offset of each value
     keys: list[tuple[int, int]]  # dict_columns: key spans
 
 
+_KIND_NAMES = {oc.LIST: "list", oc.TUPLE: "tuple", oc.DICT: "dict"}
+
+
+def _kind_name(v: Value) -> str:
+    """:func:`~pickleshard.scan.layouts.match_layout`'s kind of a node; an opaque value (not a
+    container the walker followed) is of unknown type."""
+    return _KIND_NAMES.get(v[KIND], "other") if type(v) is list else "unknown"
+
+
+def _size(v: Value) -> int:
+    return len(v[ITEMS])
+
+
 def structure(root: Value, name: str) -> Candidate:
-    """Mirror :func:`pickleshard.scan.layouts.decode_layout` on the scanner's nodes."""
-    if type(root) is not list or not root[ITEMS]:
-        raise NotLayout("the top-level object is not a non-empty list, tuple or dict")
+    """The layout of one pickle's top-level node, by :func:`match_layout` (the decisions
+    :func:`pickleshard.scan.layouts.decode_layout` makes on the unpickled object)."""
+    top = _kind_name(root)
+    values: list[Value] = list(root[ITEMS]) if type(root) is list else []
+    items = values[1::2] if top == "dict" else values
+    try:
+        layout = match_layout(top, items, _kind_name, _size)
+    except UnknownRows as exc:
+        raise NotSpanIndexableError(name, str(exc)) from None
+    except NoLayout as exc:
+        raise NotLayout(str(exc)) from None
     starts, ends = spans([root])
-    values, vends = list(root[ITEMS]), [int(e) for e in ends]
-    if root[KIND] == oc.DICT:
-        vals = values[1::2]
-        if not all(node_kind(v) != oc.DICT for v in vals):
-            raise NotLayout("a top-level dict whose values are not all sequences")
+    vends = [int(e) for e in ends]
+    if top == "dict":
         keys = [(int(s), int(e)) for s, e in zip(starts[0::2], ends[0::2], strict=True)]
-        return Candidate("dict_columns", vals, vends[1::2], keys)
-    if root[KIND] == oc.TUPLE:
-        if any(node_kind(v) == oc.DICT for v in values):
-            raise NotLayout("a top-level tuple whose items are not all sequences")
-        return Candidate("columns", values, vends, [])
-    first = values[0]
-    if node_kind(first) == oc.TUPLE and first[ITEMS]:
-        n = len(first[ITEMS])
-        if all(node_kind(r) == oc.TUPLE and len(r[ITEMS]) == n for r in values):
-            return Candidate("rows", values, vends, [])
-        if any(type(r) is int for r in values):
-            raise NotSpanIndexableError(name, "a list of tuples with some rows of unknown type")
-    if node_kind(first) == oc.DICT:
-        if all(node_kind(r) == oc.DICT for r in values):
-            return Candidate("dict_rows", values, vends, [])
-        raise NotLayout("a list of dicts with some rows of other types")
-    if len(values) <= MAX_LIST_FIELDS and all(node_kind(v) != oc.DICT for v in values):
-        return Candidate("columns", values, vends, [])
-    raise NotLayout("a top-level list that is neither rows nor at most 64 columns")
+        return Candidate(layout, items, vends[1::2], keys)
+    return Candidate(layout, values, vends, [])
 
 
 _KEY_TYPES = (str, bytes, int, float, complex, bool, type(None))
@@ -151,7 +152,7 @@ def _array_field(spec: ArraySpec, name: str) -> Field:
 
 def leaves(cand: Candidate) -> list[tuple[np.ndarray, np.ndarray]]:
     """Every element span of a candidate: items of its fields or rows, keys, opaque fields."""
-    if cand.layout in ("rows", "dict_rows"):
+    if cand.layout.per_sample:
         return [spans(cand.values)]
     out = [spans([v]) for v in cand.values if type(v) is list]
     opaque = [
@@ -180,15 +181,15 @@ def _dict_order(keys: list[Any], name: str) -> dict[Any, int]:
 
 def fields_of(cand: Candidate, insp: Inspector, name: str) -> tuple[tuple[str, ...], list[Field]]:
     """Field names and columns of one pickle whose structure matched ``cand``."""
-    if cand.layout == "rows":
+    if cand.layout.sample == "tuple":
         starts, ends = spans(cand.values)
         n = len(cand.values[0][ITEMS])
         starts, ends = starts.reshape(-1, n), ends.reshape(-1, n)
         return default_field_names(n), [Field(starts[:, f], ends[:, f]) for f in range(n)]
-    if cand.layout == "dict_rows":
+    if cand.layout.sample == "dict":
         return dict_rows(cand.values, insp, name)
     values, vends = cand.values, cand.ends
-    if cand.layout == "dict_columns":
+    if cand.layout.keyed:
         order = _dict_order([insp.key(s, e) for s, e in cand.keys], name)
         names = tuple(str(k) for k in order)
         values, vends = [values[j] for j in order.values()], [vends[j] for j in order.values()]
