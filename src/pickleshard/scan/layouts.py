@@ -30,6 +30,12 @@ layout                     pickles                              field names
                            any objects (the single field)
 ``appended_dict_samples``  exact dicts, one sample each         the first dict's keys
 =========================  ===================================  ==========================
+
+These rows are :data:`LAYOUT_TABLE` (:class:`Layout`, keyed by name without ``appended_``), and
+:func:`match_layout` is the one set of decisions that picks a row for a top-level object: run
+by :func:`decode_layout` on the unpickled object and by the scanner on the opcode walker's
+nodes (:mod:`pickleshard.scan.matching`). The split writer and the test oracle dispatch on the
+table's entries (:func:`layout_named`) rather than on names.
 """
 
 from __future__ import annotations
