@@ -227,7 +227,7 @@ def _dtype(descr: Any, what: str) -> np.dtype[Any]:
 
 
 def _tuples_checked(descr: Any, what: str, depth: int = 0) -> Any:
-    """:func:`pickleshard.scan._tuples` over a descr of bounded depth and plain parts."""
+    """:func:`pickleshard.scan.dtypes.dtype_from_json`'s checks, as index problems."""
     if type(descr) is str:
         return descr
     if depth > 8 or type(descr) is not list:
