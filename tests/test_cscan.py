@@ -23,6 +23,7 @@ from pickleshard import scan as scan_module
 from pickleshard.memo import MemoIdPastSpan
 from pickleshard.opcodes import Walked
 from pickleshard.scan import ScanResult, scan_bytes, scan_file
+from pickleshard.scan.fastpath import gathered
 from pickleshard.spanread import SpanReader
 
 ENGINES = ("python", "compiled")
@@ -220,7 +221,7 @@ def test_gather_twins_read_the_same_bytes_and_release_the_same_pages(
         real = oc._releaser
         oc._releaser = lambda buf: spy(0)  # type: ignore[assignment]
         try:
-            want = scan_module._gathered(m, a, r)
+            want = gathered(m, a, r)
         finally:
             oc._releaser = real
         got = _cscan.gather(m, a, r, spy(1))

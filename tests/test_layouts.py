@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import numpy as np
 import pytest
 
 from conftest import assert_deep_equal
-from pickleshard.errors import FieldLengthMismatchError, UnsupportedLayoutError
-from pickleshard.layouts import MAX_LIST_FIELDS, decode_layout, default_field_names
+from pickleshard.errors import (
+    FieldLengthMismatchError,
+    NotSpanIndexableError,
+    UnsupportedLayoutError,
+)
+from pickleshard.scan import scan_bytes
+from pickleshard.scan.layouts import (
+    APPENDED,
+    LAYOUT_TABLE,
+    LAYOUTS,
+    MAX_LIST_FIELDS,
+    decode_layout,
+    decode_records,
+    default_field_names,
+    layout_named,
+)
 
 XS = [np.full((2, 2), i, dtype=np.float32) for i in range(4)]
 YS = [3, 1, 4, 1]
@@ -99,3 +114,67 @@ def test_field_length_mismatch_names_both_lengths(obj: Any) -> None:
     assert message.startswith("/data/mismatch.pkl")
     assert "= 5" in message
     assert "= 3" in message
+
+
+# Objects that exercise every decision of match_layout, both ways.
+_DECISIONS = [
+    (XS, YS),
+    [XS, YS],
+    {"image": XS, "label": YS},
+    [(x, y) for x, y in SAMPLES],
+    [{"image": x, "label": y} for x, y in SAMPLES],
+    [(1, 2), (3,)],  # rows of two lengths: a list of two columns, of two lengths
+    [(1, 2), [3, 4]],  # a tuple then a list: two columns
+    [{"a": 1}, [1]],  # a dict then a list: refused
+    {"a": [1], "b": 2},  # a dict with a value that is no sequence: refused
+    ([1], 2),  # a tuple with an item that is no sequence: refused
+    [[i] for i in range(MAX_LIST_FIELDS + 1)],  # too many to be columns: refused
+    (),
+    [],
+    {},
+    5,
+]
+
+
+@pytest.mark.parametrize("obj", _DECISIONS, ids=[str(i) for i in range(len(_DECISIONS))])
+def test_the_scanner_and_decode_layout_take_the_same_decision(obj: Any) -> None:
+    """One table, one set of decisions: the scanner (on opcode nodes) names the layout that
+    decode_layout (on the unpickled object) names, or both refuse."""
+    try:
+        want = decode_layout(obj, "f.pkl").layout
+    except FieldLengthMismatchError:  # a layout of columns, but not of one length
+        want = "mismatch"
+    except UnsupportedLayoutError:
+        want = "refused"
+    try:
+        got = scan_bytes(pickle.dumps(obj, protocol=4)).layout
+    except FieldLengthMismatchError:
+        got = "mismatch"
+    except NotSpanIndexableError:
+        got = "refused"
+    assert got == want
+    if want in LAYOUT_TABLE:
+        assert layout_named(want, "f.pkl") is LAYOUT_TABLE[want]
+        assert layout_named(APPENDED + want, "f.pkl") is LAYOUT_TABLE[want]
+
+
+def test_every_layout_of_the_table_is_reachable() -> None:
+    """decode_records names every layout of the table (appended pickles for the per-pickle ones),
+    and each name's entry says how its samples sit."""
+    seen = {decode_layout(obj, "f.pkl").layout for obj in _DECISIONS[:5]}
+    seen.add(decode_records([(1, 2), (3, 4)], "f.pkl").layout.removeprefix(APPENDED))
+    seen.add(decode_records([{"a": 1}, {"a": 2}], "f.pkl").layout.removeprefix(APPENDED))
+    assert seen == set(LAYOUT_TABLE)
+    assert LAYOUTS == ("columns", "dict_columns", "rows", "dict_rows")
+    assert [x.name for x in LAYOUT_TABLE.values() if x.rows] == ["rows", "dict_rows"]
+    assert [x.name for x in LAYOUT_TABLE.values() if x.per_pickle] == ["samples", "dict_samples"]
+    assert [x.name for x in LAYOUT_TABLE.values() if x.keyed] == [
+        "dict_columns",
+        "dict_rows",
+        "dict_samples",
+    ]
+
+
+def test_an_unknown_layout_name_is_a_clear_error() -> None:
+    with pytest.raises(UnsupportedLayoutError, match=r"f\.pkl.*unknown layout 'appended_piles'"):
+        layout_named("appended_piles", "f.pkl")

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pickleshard.layouts import DecodedLayout
 from pickleshard.samplers import BlockShuffleSampler, distributed_rank_and_world
+from pickleshard.scan.layouts import DecodedLayout
 from pickleshard.wholecache import CacheBudget, WholeFileCache
 
 

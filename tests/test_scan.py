@@ -25,8 +25,8 @@ from pickleshard.errors import (
     NotSpanIndexableError,
     TruncatedPickleError,
 )
-from pickleshard.layouts import decode_layout
 from pickleshard.scan import ScanResult, scan_bytes, scan_file
+from pickleshard.scan.layouts import decode_layout
 from pickleshard.spanread import SpanReader
 
 

@@ -21,9 +21,9 @@ from pickleshard.errors import (
     UnsafePickleError,
     UnsupportedLayoutError,
 )
-from pickleshard.layouts import decode_layout
 from pickleshard.safety import UnpicklePolicy
 from pickleshard.scan import scan_file
+from pickleshard.scan.layouts import decode_layout
 from pickleshard.spanread import FileIdentity, SpanReader
 from pickleshard.splitsource import SpanSource
 from pickleshard.splitting import MANIFEST, split

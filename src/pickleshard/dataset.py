@@ -23,8 +23,8 @@ except ImportError:  # pragma: no cover - exercised only without torch
 from .bounds import DEFAULT_MAX_DEPTH, DEFAULT_MAX_SAMPLE_BYTES, check_sample
 from .errors import NotSpanIndexableError
 from .index import Rebuild, SkippedFilesWarning, open_index
-from .layouts import DecodedLayout
 from .safety import UnpicklePolicy
+from .scan.layouts import DecodedLayout
 from .sources import Source
 from .spanfiles import SpanFiles
 from .wholecache import CacheBudget, CacheStats, WholeFileCache

@@ -42,9 +42,9 @@ from .errors import (
     UnsupportedLayoutError,
 )
 from .guards import CHECKS, check_call
-from .layouts import decode_layout, decode_records
 from .memo import ArraySpec, InspectUnpickler, NotInspectable, Payload, SpanFile, _Latin1Text
 from .scan import ScanResult, scan_file
+from .scan.layouts import decode_layout, decode_records
 
 __all__ = ["WHOLE_FILE_OPCODES", "FileReport", "InertUnpickler", "Stand", "inspect_file"]
 

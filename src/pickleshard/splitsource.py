@@ -23,9 +23,16 @@ import numpy as np
 from . import opcodes as oc
 from .chunkwriter import ChunkShape, RowPayload, SampleSource
 from .errors import NotSpanIndexableError, UnsupportedLayoutError
-from .layouts import decode_layout, default_field_names
 from .safety import UnpicklePolicy
 from .scan import ScanResult, scan_file
+from .scan.layouts import (
+    DICT_SAMPLES,
+    LAYOUT_TABLE,
+    SAMPLES,
+    decode_layout,
+    default_field_names,
+    layout_named,
+)
 from .spanread import FileIdentity, SpanReader
 from .wholefile import load_records
 
@@ -188,20 +195,21 @@ def _top_closer(tail: bytes) -> str:
 def shape_from_scan(scan: ScanResult) -> ChunkShape:
     """Container types of a scanned file, from the opcodes that close them (a few bytes each,
     read with ``pread``; no mapping of the file)."""
-    layout = scan.layout.removeprefix("appended_")
+    entry = layout_named(scan.layout, scan.path)
+    layout = entry.name
     dtypes = tuple(
         None
         if a is None
         else (a.dtype.newbyteorder("S") if a.swap and a.dtype.byteorder != "|" else a.dtype)
         for a in scan.arrays
     )
-    if layout in ("rows", "dict_rows"):
+    if entry.rows:
         return ChunkShape(layout, "list", scan.fields, (), dtypes)
     fd = os.open(scan.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
         end = int(scan.records[0, 1])
         top = _top_closer(os.pread(fd, min(end, 8), end - min(end, 8)))
-        if layout in ("samples", "dict_samples"):
+        if entry.per_pickle:
             return ChunkShape(layout, "", scan.fields, (), dtypes, tuple_samples=top == "tuple")
         containers = []
         for f, kind in enumerate(scan.kinds):
@@ -221,7 +229,7 @@ def shape_from_scan(scan: ScanResult) -> ChunkShape:
 
 
 def _shape_from_object(obj: Any, layout: str, fields: tuple[str, ...]) -> ChunkShape:
-    if layout in ("rows", "dict_rows"):
+    if LAYOUT_TABLE[layout].rows:
         return ChunkShape(layout, "list", fields, (), (None,) * len(fields))
     cols = list(obj.values()) if isinstance(obj, dict) else list(obj)
     containers = tuple(
@@ -278,7 +286,7 @@ def _load_whole(path: Path, policy: UnpicklePolicy) -> tuple[Sequence[Any], Chun
         first = objs[0]
         if type(first) is tuple and first:
             fields = default_field_names(len(first))
-            shape = ChunkShape("samples", "", fields, (), (None,) * len(fields))
+            shape = ChunkShape(SAMPLES.name, "", fields, (), (None,) * len(fields))
             try:
                 return tuple(zip(*objs, strict=True)), shape
             except (TypeError, ValueError):
@@ -289,14 +297,14 @@ def _load_whole(path: Path, policy: UnpicklePolicy) -> tuple[Sequence[Any], Chun
         if type(first) is dict and first:
             keys = list(first)
             fields = tuple(str(k) for k in keys)
-            shape = ChunkShape("dict_samples", "", fields, (), (None,) * len(fields))
+            shape = ChunkShape(DICT_SAMPLES.name, "", fields, (), (None,) * len(fields))
             try:
                 return tuple([o[k] for o in objs] for k in keys), shape
             except (TypeError, KeyError, IndexError):
                 raise UnsupportedLayoutError(
                     path, "appended pickles are not all dicts with the keys of the first"
                 ) from None
-        return (objs,), ChunkShape("samples", "", ("x",), (), (None,), tuple_samples=False)
+        return (objs,), ChunkShape(SAMPLES.name, "", ("x",), (), (None,), tuple_samples=False)
     columns = tuple(
         np.concatenate([p.columns[f] for p in parts])
         if all(isinstance(p.columns[f], np.ndarray) for p in parts)

@@ -5,7 +5,7 @@ each chunk is one ordinary pickle (plain :func:`pickle.load` reads it, and so do
 scanner) of the source's layout and protocol holding a contiguous run of its samples, so that
 loading the chunks in order and concatenating their samples gives the source's samples.
 
-Layouts, as :mod:`pickleshard.layouts` names them, keep their containers: ``columns`` stays a
+Layouts, as :mod:`pickleshard.scan.layouts` names them, keep their containers: ``columns`` stays a
 tuple or a list of fields, each field a list, a tuple or a numpy array (a chunk holds the
 array's rows ``[a, b)``); ``dict_columns`` a dict with the same keys; ``rows`` a list of tuples;
 ``dict_rows`` a list of dicts. A file of appended pickles that are each a layout gives chunks of

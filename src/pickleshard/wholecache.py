@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .layouts import DecodedLayout
+from .scan.layouts import DecodedLayout
 
 __all__ = ["CacheBudget", "CacheStats", "WholeFileCache", "estimate_nbytes"]
 

@@ -25,7 +25,6 @@ from .errors import (
 )
 from .fileidentity import FileIdentity
 from .gcpause import paused_gc
-from .layouts import DecodedLayout, decode_records
 from .opcodes import (
     A_PUT,
     ACTION,
@@ -42,6 +41,7 @@ from .opcodes import (
     STOP_OP,
 )
 from .safety import DEFAULT_POLICY, UnpicklePolicy, guard_misuse
+from .scan.layouts import DecodedLayout, decode_records
 
 __all__ = [
     "check_memo_ids",
@@ -301,7 +301,7 @@ def load_layout(
     identity: FileIdentity | None = None,
 ) -> DecodedLayout:
     """Unpickle every pickle of ``path`` and return its samples as columns (see
-    :func:`pickleshard.layouts.decode_records`: one pickle, or several appended ones);
+    :func:`pickleshard.scan.layouts.decode_records`: one pickle, or several appended ones);
     ``check_memo`` and ``identity`` as in :func:`load_records`."""
     records = load_records(path, policy, check_memo=check_memo, identity=identity)
     return decode_records(records, path)

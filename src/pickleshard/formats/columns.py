@@ -21,39 +21,17 @@ from typing import IO, Any
 
 import numpy as np
 
+from ..scan.dtypes import dtype_from_json, dtype_to_json
 from .encoding import decode_member, encode_member, raw_bytes
 from .files import NpyWriter, copy_bytes, iter_raw_chunks
 
-__all__ = ["MAX_SEGMENTS", "ColumnWriter", "dtype_from_json", "dtype_to_json", "merge_column"]
+__all__ = ["MAX_SEGMENTS", "ColumnWriter", "merge_column"]
 
 MAX_SEGMENTS = 8
 _FLUSH = 1 << 16
 _BUFFER = 1 << 20
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _PYTHON = {"int": np.dtype(np.int64), "float": np.dtype(np.float64), "bool": np.dtype(np.bool_)}
-
-
-def dtype_to_json(dtype: np.dtype[Any]) -> Any:
-    """The ``.npy`` descr of ``dtype`` (a string, or a list for structured dtypes)."""
-    return np.lib.format.dtype_to_descr(dtype)
-
-
-def _tuplify(descr: Any) -> Any:
-    if isinstance(descr, list):
-        return [tuple(_tuplify(x) if isinstance(x, list) else x for x in item) for item in descr]
-    return descr
-
-
-def dtype_from_json(descr: Any) -> np.dtype[Any]:
-    """Inverse of :func:`dtype_to_json` (JSON turned the descr's tuples into lists)."""
-    if isinstance(descr, list):
-        fixed = []
-        for item in descr:
-            name, sub, *shape = item
-            sub = _tuplify(sub) if isinstance(sub, list) else sub
-            fixed.append((name, sub, *(tuple(s) for s in shape)))
-        return np.lib.format.descr_to_dtype(fixed)
-    return np.lib.format.descr_to_dtype(descr)
 
 
 def _signature(value: Any) -> tuple[Any, ...]:

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from ..scan.dtypes import dtype_from_json
 from .base import (
     ConvertedDataset,
     Format,
@@ -44,7 +45,7 @@ from .base import (
     WriteOptions,
     field_stems,
 )
-from .columns import ColumnWriter, dtype_from_json, merge_column
+from .columns import ColumnWriter, merge_column
 from .encoding import decode_member
 from .npy import map_npy
 from .registry import register_format

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from .. import opcodes as oc
-from ..scan import _MAX_TEMPLATE
+from ..scan.model import MAX_TEMPLATE as _MAX_TEMPLATE
 from .checking import INT, ITEM, PICKLE, ROW, FieldCheck, IndexProblem
 from .files import FileEntry
 from .ondisk import SPAN_ARRAYS

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..scan import _MAX_TEMPLATE
+from ..scan.model import MAX_TEMPLATE as _MAX_TEMPLATE
 from .checking import (
     INT,
     ITEM,
@@ -52,7 +52,7 @@ def _dtype(descr: Any, what: str) -> np.dtype[Any]:
 
 
 def _tuples_checked(descr: Any, what: str, depth: int = 0) -> Any:
-    """:func:`pickleshard.scan._tuples` over a descr of bounded depth and plain parts."""
+    """:func:`pickleshard.scan.dtypes.dtype_from_json`'s checks, over a descr of bounded depth and plain parts."""
     if type(descr) is str:
         return descr
     if depth > 8 or type(descr) is not list:

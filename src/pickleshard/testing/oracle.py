@@ -65,12 +65,12 @@ def write_files(folder: Path, objects: Sequence[Any], protocol: int = 5) -> list
 def reference_samples(objs: Sequence[Any], path: str) -> tuple[tuple[str, ...], list[Any]]:
     """Fields and samples of a file whose ``pickle.load`` calls returned ``objs``, by the rules
     of :mod:`pickleshard.scan` for appended pickles: one pickle is a layout
-    (:func:`~pickleshard.layouts.decode_layout`); several are chunks when every one is a layout,
+    (:func:`~pickleshard.scan.layouts.decode_layout`); several are chunks when every one is a layout,
     else one sample each (an exact tuple gives one field per item, an exact dict one per key of
     the first, anything else the single field ``x``). Independent of
-    :func:`~pickleshard.layouts.decode_records`, which it checks."""
+    :func:`~pickleshard.scan.layouts.decode_records`, which it checks."""
     from ..errors import UnsupportedLayoutError
-    from ..layouts import decode_layout, default_field_names
+    from ..scan.layouts import LAYOUT_TABLE, decode_layout, default_field_names
 
     try:
         decoded = [decode_layout(o, path) for o in objs]
@@ -78,12 +78,22 @@ def reference_samples(objs: Sequence[Any], path: str) -> tuple[tuple[str, ...], 
         if len(objs) == 1:
             raise
         first = objs[0]
-        if type(first) is tuple and first:
-            return default_field_names(len(first)), [tuple(o) for o in objs]
-        if type(first) is dict and first:
+        sample = (
+            "tuple"
+            if type(first) is tuple and first
+            else "dict"
+            if type(first) is dict and first
+            else None
+        )
+        layout = next(
+            (x for x in LAYOUT_TABLE.values() if x.per_pickle and x.sample == sample), None
+        )
+        if layout is None:  # any other object: the single field x
+            return ("x",), [(o,) for o in objs]
+        if layout.keyed:
             keys = list(first)
             return tuple(str(k) for k in keys), [tuple(o[k] for k in keys) for o in objs]
-        return ("x",), [(o,) for o in objs]
+        return default_field_names(len(first)), [tuple(o) for o in objs]
     return decoded[0].fields, [s for d in decoded for s in zip(*d.columns, strict=True)]
 
 

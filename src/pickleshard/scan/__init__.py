@@ -1,0 +1,181 @@
+"""Scan a pickle file into per-sample byte spans, without unpickling it.
+
+:func:`scan_file` walks the opcodes once (:func:`pickleshard.opcodes.walk_opcodes`, which seeks
+over every payload), matches the top-level object against the layouts of
+:mod:`pickleshard.scan.layouts` with the same decisions and field names as
+:func:`~pickleshard.scan.layouts.decode_layout`, and reports, for sample ``i`` and field ``f``:
+
+- ``kinds[f] == "pickle"``: ``[starts[i, f], ends[i, f])`` holds the opcodes that push that
+  element plus what follows it up to the next element (its MEMOIZE/PUT, maybe a FRAME header).
+  ``PROTO p`` + those bytes without FRAME headers + ``STOP``, unpickled with MEMOIZE counting
+  from memo id ``memo_base[i, f] - shift`` and its externals resolved, equals
+  ``decode_layout(pickle.load(file)).columns[f][i]``. ``shift`` is ``records[r, 2]`` for the
+  record ``r`` holding the span (memo *keys* number every memo definition of the file in order;
+  a record's own memo id ``m`` has key ``m + shift``).
+- ``kinds[f] == "array_row"``: the field is one numpy array pickled at protocol 3+ and
+  ``[starts[i, f], ends[i, f])`` are the raw bytes of its row ``i`` (``arrays[f]`` gives dtype and
+  row shape); ``memo_base`` is -1.
+- The externals of span ``(i, f)`` are ``ext_keys[ext_offsets[k]:ext_offsets[k + 1]]`` with
+  ``k = i * F + f``: memo keys its GETs name that were defined before its start, each defined in
+  one element of :class:`SharedTable`.
+
+A file holding several pickles one after another (one ``pickle.dump`` call each) is read as
+*chunks* when every pickle is itself a recognised layout (layout ``appended_<layout>``; they must
+all have the same layout and fields, and samples are concatenated in file order), and otherwise
+as *one sample per pickle*: layout ``appended_samples`` (an exact tuple gives fields ``x``,
+``y``, ``f2``...; any other object is the single field ``x``) or ``appended_dict_samples``
+(exact dicts; fields are the first one's keys). ``pickle.load`` called once per pickle, with
+these rules, is the reference for both.
+
+Not span-indexable (:class:`~pickleshard.errors.NotSpanIndexableError`, read the file whole):
+protocols 0/1, persistent ids, out-of-band buffers, GETs of ids the pickle never stored (a
+Pickler reused across dumps), a sample referring to the dataset's own containers, an array field
+stored as protocol-2 text, in Fortran or permuted order or with object dtype, and any top-level
+value whose type the scanner cannot establish without running code.
+
+The package, by concern: :mod:`~pickleshard.scan.model` (the result and its stored form),
+:mod:`~pickleshard.scan.dtypes` (the dtype codec), :mod:`~pickleshard.scan.layouts` (the layout
+table, and decoding an unpickled object by it), :mod:`~pickleshard.scan.matching` (the same
+decisions on the walker's nodes), :mod:`~pickleshard.scan.inspector` (evaluating spans without
+running code), :mod:`~pickleshard.scan.externals` (memo-reference tables) and
+:mod:`~pickleshard.scan.fastpath` (fields read without unpickling).
+"""
+
+from __future__ import annotations
+
+import os
+from array import array
+from typing import Any
+
+import numpy as np
+
+from .. import opcodes as oc
+from ..errors import FieldLengthMismatchError, NotSpanIndexableError
+from ..opcodes import ITEMS, KIND, Walked
+from .externals import assemble, element_table
+from .inspector import Inspector
+from .layouts import APPENDED, DICT_SAMPLES, SAMPLES, default_field_names
+from .matching import Field, NotLayout, dict_rows, fields_of, leaves, node_kind, spans, structure
+from .model import ArrayItem, ArrayRow, IntItem, ScanResult
+
+__all__ = ["ENGINE", "ArrayItem", "ArrayRow", "IntItem", "ScanResult", "scan_bytes", "scan_file"]
+
+# The opcode walker ``engine="auto"`` runs here: "compiled" when pickleshard._cscan is built.
+ENGINE = oc.resolve_engine("auto")
+
+
+def _scan_chunks(buf: Any, w: Walked, stops: list[int], encoding: str) -> ScanResult:
+    cands = [structure(r, w.name) for r in w.roots]
+    table = element_table(w, [leaf for c in cands for leaf in leaves(c)])
+    insp = Inspector(buf, w, table, encoding)
+    parts = [fields_of(c, insp, w.name) for c in cands]
+    names, cols = parts[0]
+    for r, (c, (n, cs)) in enumerate(zip(cands, parts, strict=True)):
+        if (
+            c.layout != cands[0].layout
+            or n != names
+            or [x.array for x in cs] != [x.array for x in cols]
+        ):
+            raise NotSpanIndexableError(
+                w.name,
+                f"appended pickle #{r + 1} differs from the first in layout, fields or array types",
+                offset=w.records[r][0],
+            )
+    if len(parts) > 1:
+        joined = [
+            [
+                np.concatenate([p[1][f].starts for p in parts]),
+                np.concatenate([p[1][f].ends for p in parts]),
+            ]
+            for f in range(len(names))
+        ]
+        cols = [Field(st, en, cols[f].array) for f, (st, en) in enumerate(joined)]
+    layout = cands[0].layout.name if len(parts) == 1 else APPENDED + cands[0].layout.name
+    # The GETs are in the table now, and _scan no longer falls back to _scan_samples (which
+    # builds its own table from them): let them go before the biggest temporaries.
+    w.get_offs, w.get_keys = array("q"), array("q")
+    return assemble(w, table, insp, layout, names, cols)
+
+
+def _scan_samples(buf: Any, w: Walked, stops: list[int], encoding: str) -> ScanResult:
+    first = w.roots[0]
+    kind = (
+        first[KIND]
+        if type(first) is list and first[ITEMS] and first[KIND] in (oc.TUPLE, oc.DICT)
+        else 0
+    )
+    if (
+        not all(node_kind(r) == kind and len(r[ITEMS]) == len(first[ITEMS]) for r in w.roots)
+        if kind == oc.TUPLE
+        else not all(node_kind(r) == kind for r in w.roots)
+        if kind == oc.DICT
+        else False
+    ):
+        raise NotSpanIndexableError(w.name, "appended pickles are samples of different shapes")
+    if kind:
+        leaves = [spans(w.roots)]
+    else:
+        leaves = [
+            (np.array([oc.start_of(r) for r in w.roots], np.int64), np.array(stops, np.int64))
+        ]
+    table = element_table(w, leaves)
+    insp = Inspector(buf, w, table, encoding)
+    if kind == oc.DICT:
+        names, cols = dict_rows(w.roots, insp, w.name)
+        return assemble(w, table, insp, APPENDED + DICT_SAMPLES.name, names, cols)
+    n = len(first[ITEMS]) if kind else 1
+    starts, ends = (leaves[0][0].reshape(-1, n), leaves[0][1].reshape(-1, n))
+    names = default_field_names(n)
+    return assemble(
+        w,
+        table,
+        insp,
+        APPENDED + SAMPLES.name,
+        names,
+        [Field(starts[:, f], ends[:, f]) for f in range(n)],
+    )
+
+
+def _scan(buf: Any, size: int, name: str, encoding: str, engine: str) -> ScanResult:
+    w = oc.walk_opcodes(buf, size, name, engine=engine)
+    stops = [end - 1 for _, end, _ in w.records]
+    try:
+        return _scan_chunks(buf, w, stops, encoding)
+    except (NotLayout, FieldLengthMismatchError) as exc:
+        if len(w.roots) == 1:
+            if isinstance(exc, FieldLengthMismatchError):
+                raise
+            raise NotSpanIndexableError(
+                name, f"{exc}; not a layout that can be read in place"
+            ) from None
+    try:
+        return _scan_samples(buf, w, stops, encoding)
+    except NotLayout as exc:  # private: never past this module
+        raise NotSpanIndexableError(name, f"{exc}; not samples that can be read in place") from None
+
+
+def scan_file(
+    path: str | os.PathLike[str], *, encoding: str = "ASCII", engine: str = "auto"
+) -> ScanResult:
+    """Scan the pickle file at ``path`` (see the module docstring for what is reported).
+
+    ``encoding`` decodes Python 2 ``str`` dict keys, as in :func:`pickle.load`. ``engine`` picks
+    the opcode walker: ``"auto"`` (the compiled one when built, see :data:`ENGINE`),
+    ``"compiled"`` or ``"python"`` (the reference); results and errors are the same. Raises
+    :class:`~pickleshard.errors.NotSpanIndexableError` when the file must be read whole, and the
+    other :class:`~pickleshard.errors.PickleshardError` classes for bad files.
+    """
+    name = os.fspath(path)
+    buf, size = oc.open_buffer(name)
+    try:
+        return _scan(buf, size, name, encoding, engine)
+    finally:
+        if not isinstance(buf, bytes):
+            buf.close()
+
+
+def scan_bytes(
+    data: bytes, name: str = "<bytes>", *, encoding: str = "ASCII", engine: str = "auto"
+) -> ScanResult:
+    """:func:`scan_file` over bytes in memory; ``name`` is used in errors and as ``path``."""
+    return _scan(data, len(data), name, encoding, engine)

@@ -1,0 +1,237 @@
+"""Layout matching on the opcode walker's nodes: which layout of :mod:`pickleshard.scan.layouts`
+a pickle's top-level object is, its field names, and the span of every sample's field.
+
+:func:`structure` decides the layout from container kinds alone, with the same decisions as
+:func:`~pickleshard.scan.layouts.decode_layout` makes on the unpickled object;
+:func:`fields_of` then evaluates what it must (dict keys, fields that are not containers, by the
+:class:`~pickleshard.scan.inspector.Inspector`) and cuts the spans into columns.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import opcodes as oc
+from ..errors import FieldLengthMismatchError, NotSpanIndexableError
+from ..memo import ArraySpec, Opaque
+from ..opcodes import ITEMS, KIND, START, Node, Value
+from .inspector import UNKNOWN, Inspector
+from .layouts import Layout, NoLayout, UnknownRows, default_field_names, match_layout
+from .model import ArrayRow
+
+__all__ = [
+    "Candidate",
+    "Field",
+    "NotLayout",
+    "dict_rows",
+    "fields_of",
+    "leaves",
+    "node_kind",
+    "spans",
+    "structure",
+]
+
+
+class NotLayout(Exception):
+    """The object is not one of the layouts (the whole-file mode will say so precisely)."""
+
+
+@dataclass
+class Field:
+    """One column of one pickle: element spans, or array rows."""
+
+    starts: np.ndarray
+    ends: np.ndarray
+    array: ArrayRow | None = None
+
+
+def _item_starts(node: Node) -> np.ndarray:
+    items = node[ITEMS]
+    if type(items) is array:  # a complete node: item offsets only, as int64
+        return np.frombuffer(items, np.int64)
+    try:
+        return np.array(items, np.int64)
+    except (TypeError, ValueError):  # some items are nodes
+        return np.fromiter((x if type(x) is int else x[START] for x in items), np.int64, len(items))
+
+
+def spans(nodes: Sequence[Node]) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end offsets of the items of ``nodes``, concatenated."""
+    total = sum(len(n[ITEMS]) for n in nodes)
+    if len(nodes) <= 16:  # a few big nodes (columns): whole arrays at a time
+        starts = np.concatenate([_item_starts(n) for n in nodes] or [np.zeros(0, np.int64)])
+    else:  # many small nodes (rows)
+        starts = np.fromiter(
+            (x if type(x) is int else x[START] for n in nodes for x in n[ITEMS]), np.int64, total
+        )
+    ends = np.empty(total, np.int64)
+    ends[:-1] = starts[1:]
+    base = 0
+    for n in nodes:
+        b, prev = n[oc.BOUNDS], 0
+        for j in range(0, len(b), 2):
+            if b[j] > prev:
+                ends[base + b[j] - 1] = b[j + 1]
+            prev = b[j]
+        base += len(n[ITEMS])
+    return starts, ends
+
+
+def node_kind(v: Value) -> int:
+    return v[KIND] if type(v) is list else 0  # type: ignore[no-any-return,unused-ignore]
+
+
+@dataclass
+class Candidate:
+    """A top-level object that matches a layout structurally (opaque fields still unchecked)."""
+
+    layout: Layout
+    values: list[Value]  # columns: the field values; rows: the row nodes
+    ends: list[int]  # end offset of each value
+    keys: list[tuple[int, int]]  # dict_columns: key spans
+
+
+_KIND_NAMES = {oc.LIST: "list", oc.TUPLE: "tuple", oc.DICT: "dict"}
+
+
+def _kind_name(v: Value) -> str:
+    """:func:`~pickleshard.scan.layouts.match_layout`'s kind of a node; an opaque value (not a
+    container the walker followed) is of unknown type."""
+    return _KIND_NAMES.get(v[KIND], "other") if type(v) is list else "unknown"
+
+
+def _size(v: Value) -> int:
+    return len(v[ITEMS])
+
+
+def structure(root: Value, name: str) -> Candidate:
+    """The layout of one pickle's top-level node, by :func:`match_layout` (the decisions
+    :func:`pickleshard.scan.layouts.decode_layout` makes on the unpickled object)."""
+    top = _kind_name(root)
+    values: list[Value] = list(root[ITEMS]) if type(root) is list else []
+    items = values[1::2] if top == "dict" else values
+    try:
+        layout = match_layout(top, items, _kind_name, _size)
+    except UnknownRows as exc:
+        raise NotSpanIndexableError(name, str(exc)) from None
+    except NoLayout as exc:
+        raise NotLayout(str(exc)) from None
+    starts, ends = spans([root])
+    vends = [int(e) for e in ends]
+    if top == "dict":
+        keys = [(int(s), int(e)) for s, e in zip(starts[0::2], ends[0::2], strict=True)]
+        return Candidate(layout, items, vends[1::2], keys)
+    return Candidate(layout, values, vends, [])
+
+
+_KEY_TYPES = (str, bytes, int, float, complex, bool, type(None))
+
+
+def _not_a_field(spec: Any) -> str | None:
+    """Why an inspected top-level value is certainly not a field, or None if it may be one."""
+    if isinstance(spec, ArraySpec):
+        return None if spec.shape else "a 0-d numpy array is not a field"
+    if spec is UNKNOWN or isinstance(spec, (list, tuple, Opaque)):
+        return None
+    return f"a top-level field is a {type(spec).__name__}, not a sequence"
+
+
+def _array_field(spec: ArraySpec, name: str) -> Field:
+    if spec.problem is not None or spec.payload is None or spec.dtype is None:
+        raise NotSpanIndexableError(name, f"a field is a numpy array, but {spec.problem}")
+    dtype = spec.dtype.newbyteorder("=") if spec.swap else spec.dtype
+    row = ArrayRow(dtype, spec.shape[1:], spec.swap)
+    starts = spec.payload.offset + np.arange(spec.shape[0], dtype=np.int64) * row.nbytes
+    return Field(starts, starts + row.nbytes, row)
+
+
+def leaves(cand: Candidate) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Every element span of a candidate: items of its fields or rows, keys, opaque fields."""
+    if cand.layout.per_sample:
+        return [spans(cand.values)]
+    out = [spans([v]) for v in cand.values if type(v) is list]
+    opaque = [
+        (oc.start_of(v), e) for v, e in zip(cand.values, cand.ends, strict=True) if type(v) is int
+    ]
+    out += [
+        (np.array([s for s, _ in group], np.int64), np.array([e for _, e in group], np.int64))
+        for group in (opaque, cand.keys)
+        if group
+    ]
+    return out
+
+
+def _dict_order(keys: list[Any], name: str) -> dict[Any, int]:
+    """``{key: position}`` as a dict built from these keys in order would hold them."""
+    order: dict[Any, int] = {}
+    for j, k in enumerate(keys):
+        if k is UNKNOWN or type(k) not in _KEY_TYPES:
+            raise NotSpanIndexableError(name, "a dict key the scanner cannot evaluate")
+        try:
+            order[k] = j
+        except TypeError:
+            raise NotSpanIndexableError(name, "an unhashable dict key") from None
+    return order
+
+
+def fields_of(cand: Candidate, insp: Inspector, name: str) -> tuple[tuple[str, ...], list[Field]]:
+    """Field names and columns of one pickle whose structure matched ``cand``."""
+    if cand.layout.sample == "tuple":
+        starts, ends = spans(cand.values)
+        n = len(cand.values[0][ITEMS])
+        starts, ends = starts.reshape(-1, n), ends.reshape(-1, n)
+        return default_field_names(n), [Field(starts[:, f], ends[:, f]) for f in range(n)]
+    if cand.layout.sample == "dict":
+        return dict_rows(cand.values, insp, name)
+    values, vends = cand.values, cand.ends
+    if cand.layout.keyed:
+        order = _dict_order([insp.key(s, e) for s, e in cand.keys], name)
+        names = tuple(str(k) for k in order)
+        values, vends = [values[j] for j in order.values()], [vends[j] for j in order.values()]
+    else:
+        names = default_field_names(len(values))
+    opaque = {j: insp.value(v, vends[j]) for j, v in enumerate(values) if type(v) is not list}
+    for why in filter(None, map(_not_a_field, opaque.values())):
+        raise NotLayout(why)
+    if any(not isinstance(sp, ArraySpec) for sp in opaque.values()):
+        raise NotSpanIndexableError(
+            name, "a top-level field whose type the scanner cannot establish"
+        )
+    lengths = [
+        len(v[ITEMS]) if type(v) is list else opaque[j].shape[0] for j, v in enumerate(values)
+    ]
+    if len(set(lengths)) > 1:
+        detail = ", ".join(f"len({f}) = {n}" for f, n in zip(names, lengths, strict=True))
+        raise FieldLengthMismatchError(name, f"fields have different lengths: {detail}")
+    cols = [
+        Field(*spans([v])) if type(v) is list else _array_field(opaque[j], name)
+        for j, v in enumerate(values)
+    ]
+    return names, cols
+
+
+def dict_rows(rows: list[Node], insp: Inspector, name: str) -> tuple[tuple[str, ...], list[Field]]:
+    starts, ends = spans(rows)
+    picks: list[list[int]] = []
+    base, keys0 = 0, None
+    for row in rows:
+        n = len(row[ITEMS])
+        order = _dict_order(
+            [insp.key(int(starts[base + j]), int(ends[base + j])) for j in range(0, n, 2)], name
+        )
+        if keys0 is None:
+            keys0 = list(order)
+        try:
+            picks.append([base + 2 * order[k] + 1 for k in keys0])
+        except KeyError as exc:
+            raise NotLayout(f"per-sample dicts with different keys (missing {exc})") from None
+        base += n
+    idx = np.array(picks, np.int64).reshape(len(rows), -1)
+    return tuple(str(k) for k in keys0 or ()), [
+        Field(starts[idx[:, f]], ends[idx[:, f]]) for f in range(idx.shape[1])
+    ]
