@@ -25,7 +25,6 @@ from hypothesis import HealthCheck, given, settings
 
 from conftest import BAD_FILES
 from picklegen import LAYOUTS, build, datasets, dumps, oracle, write
-from pickleshard.audit import audit_buffer
 from pickleshard.cli import main
 from pickleshard.errors import (
     CorruptPickleError,
@@ -34,6 +33,7 @@ from pickleshard.errors import (
     TruncatedPickleError,
 )
 from pickleshard.inspection import FileReport, inspect_file
+from pickleshard.picklekit.audit import audit_buffer
 from pickleshard.safety import classify_global
 
 P4 = b"\x80\x04"

@@ -1,9 +1,10 @@
-"""Types of the compiled scanner core (``_cscan.pyx``); see that file and :mod:`.opcodes`."""
+"""Types of the compiled scanner core (``_cscan.pyx``); see that file and :mod:`.picklekit`."""
 
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .opcodes import Value, Walked
+from .picklekit.nodes import Value
+from .picklekit.walker import Walked
 
 def walk_record(
     buf: Any, pos: int, end: int, w: Walked, release: Callable[[int], None] | None = None

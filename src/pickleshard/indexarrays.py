@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from . import opcodes as oc
 from .indexcheck import INT, ITEM, PICKLE, ROW, FieldCheck, IndexProblem
 from .indexfiles import SPAN_ARRAYS, FileEntry
+from .picklekit import opcodes as oc
 from .scan import _MAX_TEMPLATE
 
 __all__ = [

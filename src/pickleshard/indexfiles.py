@@ -7,7 +7,7 @@ arrays into a staging folder as ``.npy``; a file the scanner refuses
 unpickled whole to count its samples instead, and its row says why (``mode="whole"``,
 ``reason``). The scanner's other errors are checked against a whole-file load, so a bad file
 raises the same :class:`~pickleshard.errors.PickleshardError` either way. Either way a memo id
-larger than the file is refused (:func:`pickleshard.wholefile.check_memo_ids`), so that no
+larger than the file is refused (:func:`pickleshard.picklekit.memoids.check_memo_ids`), so that no
 file an index holds makes a later whole-file load allocate a huge memo.
 """
 
@@ -24,9 +24,10 @@ import numpy as np
 from .errors import NotSpanIndexableError, UnreadableFileError
 from .fileidentity import FileIdentity
 from .opcodes import open_buffer
+from .picklekit.memoids import check_memo_ids
 from .safety import DEFAULT_POLICY, UnpicklePolicy
 from .scan import ScanResult, scan_file
-from .wholefile import check_memo_ids, estimate_nbytes, load_layout
+from .wholefile import estimate_nbytes, load_layout
 
 __all__ = ["SPAN_ARRAYS", "Described", "FileEntry", "describe_file", "fingerprint"]
 

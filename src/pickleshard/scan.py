@@ -1,6 +1,6 @@
 """Scan a pickle file into per-sample byte spans, without unpickling it.
 
-:func:`scan_file` walks the opcodes once (:func:`pickleshard.opcodes.walk_opcodes`, which seeks
+:func:`scan_file` walks the opcodes once (:func:`pickleshard.picklekit.walk.walk_opcodes`, which seeks
 over every payload), matches the top-level object against the layouts of
 :mod:`pickleshard.layouts` with the same decisions and field names as
 :func:`~pickleshard.layouts.decode_layout`, and reports, for sample ``i`` and field ``f``:
@@ -44,7 +44,6 @@ from typing import Any
 
 import numpy as np
 
-from . import opcodes as oc
 from .errors import CorruptPickleError, FieldLengthMismatchError, NotSpanIndexableError
 from .layouts import MAX_LIST_FIELDS, default_field_names
 from .memo import (
@@ -59,13 +58,18 @@ from .memo import (
     SpanFile,
     sorted_unique,
 )
-from .opcodes import ITEMS, KIND, START, Node, Value, Walked
+from .opcodes import open_buffer
+from .picklekit import opcodes as oc
+from .picklekit.extent import extent
+from .picklekit.nodes import BOUNDS, DICT, ITEMS, KIND, START, TUPLE, Node, Value, start_of
+from .picklekit.walk import releaser, resolve_engine, walk_opcodes
+from .picklekit.walker import RELEASE_SHIFT, Walked
 
 __all__ = ["ENGINE", "ArrayItem", "ArrayRow", "IntItem", "ScanResult", "scan_bytes", "scan_file"]
 
 _FORMAT = 1
 # The opcode walker ``engine="auto"`` runs here: "compiled" when pickleshard._cscan is built.
-ENGINE = oc.resolve_engine("auto")
+ENGINE = resolve_engine("auto")
 
 
 @dataclass(frozen=True)
@@ -335,7 +339,7 @@ def _spans(nodes: Sequence[Node]) -> tuple[np.ndarray, np.ndarray]:
     ends[:-1] = starts[1:]
     base = 0
     for n in nodes:
-        b, prev = n[oc.BOUNDS], 0
+        b, prev = n[BOUNDS], 0
         for j in range(0, len(b), 2):
             if b[j] > prev:
                 ends[base + b[j] - 1] = b[j + 1]
@@ -364,28 +368,28 @@ def _structure(root: Value, name: str) -> _Cand:
         raise _NotLayout("the top-level object is not a non-empty list, tuple or dict")
     starts, ends = _spans([root])
     values, vends = list(root[ITEMS]), [int(e) for e in ends]
-    if root[KIND] == oc.DICT:
+    if root[KIND] == DICT:
         vals = values[1::2]
-        if not all(_kind(v) != oc.DICT for v in vals):
+        if not all(_kind(v) != DICT for v in vals):
             raise _NotLayout("a top-level dict whose values are not all sequences")
         keys = [(int(s), int(e)) for s, e in zip(starts[0::2], ends[0::2], strict=True)]
         return _Cand("dict_columns", vals, vends[1::2], keys)
-    if root[KIND] == oc.TUPLE:
-        if any(_kind(v) == oc.DICT for v in values):
+    if root[KIND] == TUPLE:
+        if any(_kind(v) == DICT for v in values):
             raise _NotLayout("a top-level tuple whose items are not all sequences")
         return _Cand("columns", values, vends, [])
     first = values[0]
-    if _kind(first) == oc.TUPLE and first[ITEMS]:
+    if _kind(first) == TUPLE and first[ITEMS]:
         n = len(first[ITEMS])
-        if all(_kind(r) == oc.TUPLE and len(r[ITEMS]) == n for r in values):
+        if all(_kind(r) == TUPLE and len(r[ITEMS]) == n for r in values):
             return _Cand("rows", values, vends, [])
         if any(type(r) is int for r in values):
             raise NotSpanIndexableError(name, "a list of tuples with some rows of unknown type")
-    if _kind(first) == oc.DICT:
-        if all(_kind(r) == oc.DICT for r in values):
+    if _kind(first) == DICT:
+        if all(_kind(r) == DICT for r in values):
             return _Cand("dict_rows", values, vends, [])
         raise _NotLayout("a list of dicts with some rows of other types")
-    if len(values) <= MAX_LIST_FIELDS and all(_kind(v) != oc.DICT for v in values):
+    if len(values) <= MAX_LIST_FIELDS and all(_kind(v) != DICT for v in values):
         return _Cand("columns", values, vends, [])
     raise _NotLayout("a top-level list that is neither rows nor at most 64 columns")
 
@@ -416,7 +420,7 @@ class _Inspector:
             from ._cscan import gather
 
             at, rel = at.astype(np.int64, copy=False), rel.astype(np.int64, copy=False)
-            return gather(self.buf, at, rel, oc._releaser(self.buf))  # type: ignore[no-any-return]
+            return gather(self.buf, at, rel, releaser(self.buf))  # type: ignore[no-any-return]
         return _gathered(self.buf, at, rel)
 
     def _shift(self, offset: int) -> int:
@@ -509,7 +513,7 @@ def _leaves(cand: _Cand) -> list[tuple[np.ndarray, np.ndarray]]:
         return [_spans(cand.values)]
     out = [_spans([v]) for v in cand.values if type(v) is list]
     opaque = [
-        (oc.start_of(v), e) for v, e in zip(cand.values, cand.ends, strict=True) if type(v) is int
+        (start_of(v), e) for v, e in zip(cand.values, cand.ends, strict=True) if type(v) is int
     ]
     out += [
         (np.array([s for s, _ in group], np.int64), np.array([e for _, e in group], np.int64))
@@ -642,27 +646,23 @@ def _scan_chunks(buf: Any, w: Walked, stops: list[int], encoding: str) -> ScanRe
 def _scan_samples(buf: Any, w: Walked, stops: list[int], encoding: str) -> ScanResult:
     first = w.roots[0]
     kind = (
-        first[KIND]
-        if type(first) is list and first[ITEMS] and first[KIND] in (oc.TUPLE, oc.DICT)
-        else 0
+        first[KIND] if type(first) is list and first[ITEMS] and first[KIND] in (TUPLE, DICT) else 0
     )
     if (
         not all(_kind(r) == kind and len(r[ITEMS]) == len(first[ITEMS]) for r in w.roots)
-        if kind == oc.TUPLE
+        if kind == TUPLE
         else not all(_kind(r) == kind for r in w.roots)
-        if kind == oc.DICT
+        if kind == DICT
         else False
     ):
         raise NotSpanIndexableError(w.name, "appended pickles are samples of different shapes")
     if kind:
         leaves = [_spans(w.roots)]
     else:
-        leaves = [
-            (np.array([oc.start_of(r) for r in w.roots], np.int64), np.array(stops, np.int64))
-        ]
+        leaves = [(np.array([start_of(r) for r in w.roots], np.int64), np.array(stops, np.int64))]
     table = _table(w, leaves)
     insp = _Inspector(buf, w, table, encoding)
-    if kind == oc.DICT:
+    if kind == DICT:
         names, cols = _dict_rows(w.roots, insp, w.name)
         return _assemble(w, table, insp, "appended_dict_samples", names, cols)
     n = len(first[ITEMS]) if kind else 1
@@ -780,7 +780,7 @@ def _template_mask(
                 return None
             head = i + 1 + oc.ARGLEN[op]
             # the payload's own opcode ends at its header: its bytes follow
-            nxt = pay if lo == start and head == pay else oc.opcode_end(buf, i)
+            nxt = pay if lo == start and head == pay else extent(buf, i, hi)
             if oc.ACTION[op] == oc.A_PUT:
                 mask[base + i + 1 - lo : base + nxt - lo] = False
             if nxt <= i or nxt > hi:
@@ -795,15 +795,15 @@ def _gathered(buf: Any, at: np.ndarray, rel: np.ndarray) -> np.ndarray:
     """``buf[at[k] + rel]`` for every ``k``, a ``(len(at), len(rel))`` uint8 array.
 
     An mmap is read 4 MiB of offsets at a time, each window's pages dropped from this process
-    after it (as the opcode walk does, see :func:`pickleshard.opcodes._releaser`): touching a
+    after it (as the opcode walk does, see :func:`pickleshard.picklekit.walk.releaser`): touching a
     few bytes of every sample would otherwise map most of a file of big samples.
     """
     out = np.empty((len(at), len(rel)), np.uint8)
     if not len(at):
         return out
     order = np.argsort(at, kind="stable")
-    cuts = np.flatnonzero(np.diff(at[order] >> oc.RELEASE_SHIFT)) + 1
-    release = oc._releaser(buf)  # None for bytes and for mappings small enough to keep
+    cuts = np.flatnonzero(np.diff(at[order] >> RELEASE_SHIFT)) + 1
+    release = releaser(buf)  # None for bytes and for mappings small enough to keep
     u8 = np.frombuffer(buf, np.uint8)
     try:
         for part in np.split(order, cuts):  # in offset order, so releases only move forward
@@ -937,7 +937,7 @@ def _ranges(flags: np.ndarray) -> tuple[tuple[int, int], ...]:
 
 
 def _scan(buf: Any, size: int, name: str, encoding: str, engine: str) -> ScanResult:
-    w = oc.walk_opcodes(buf, size, name, engine=engine)
+    w = walk_opcodes(buf, size, name, engine=engine)
     stops = [end - 1 for _, end, _ in w.records]
     try:
         return _scan_chunks(buf, w, stops, encoding)
@@ -966,7 +966,7 @@ def scan_file(
     other :class:`~pickleshard.errors.PickleshardError` classes for bad files.
     """
     name = os.fspath(path)
-    buf, size = oc.open_buffer(name)
+    buf, size = open_buffer(name)
     try:
         return _scan(buf, size, name, encoding, engine)
     finally:

@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from . import opcodes as oc
 from .chunkwriter import ChunkShape, RowPayload, SampleSource
 from .errors import NotSpanIndexableError, UnsupportedLayoutError
 from .layouts import decode_layout, default_field_names
+from .picklekit import opcodes as oc
 from .safety import UnpicklePolicy
 from .scan import ScanResult, scan_file
 from .spanread import FileIdentity, SpanReader
