@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import CorruptPickleError, TruncatedPickleError
 from . import opcodes as oc
-from .extent import extent, extent_error
+from .extent import CUT, extent, extent_error
 
 if TYPE_CHECKING:
     from .audit import Audit
@@ -337,10 +337,15 @@ def walk_record(w: Walk, pos: int) -> int:
                 _add_items(w, act, pos)
                 pos += 1
                 continue
-            nxt = extent(buf, pos, end)
-            if nxt < 0:
-                raise extent_error(nxt, buf, pos, end, a.path)
             form = form_of[op]
+            if form == f_fixed:  # extent's first case, inline: a call costs more than the step
+                nxt: int = pos + head_of[op]
+                if nxt > end:
+                    raise extent_error(CUT, buf, pos, end, a.path)
+            else:
+                nxt = extent(buf, pos, end)
+                if nxt < 0:
+                    raise extent_error(nxt, buf, pos, end, a.path)
             if f_len1 <= form <= f_len8:
                 hdr = pos + head_of[op]
                 n = nxt - hdr

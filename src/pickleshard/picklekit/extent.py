@@ -14,6 +14,10 @@ may hold fewer bytes than ``end`` (a window of a longer stream): when the opcode
 its text line is not all in ``buf`` but may still end before ``end``, the code is :data:`SHORT`
 (read more and ask again). A payload never has to be in ``buf``.
 
+Its first case, a fixed-size opcode, is ``pos + HEAD[op]`` bounded by ``end``: the Python walks
+take that one inline (a function call costs more than the step) and call :func:`extent` for the
+rest; the error of a cut there is ``extent_error(CUT, ...)``.
+
 The compiled core's ``_extent`` (``pickleshard/_cscan.pyx``) is this function's twin, an inline
 C function over a pointer and the bytes present, returning the same offsets and codes; the
 compiled walker, rewrite and checks step with it.

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..errors import CorruptPickleError, TruncatedPickleError
-from .extent import extent, extent_error
+from .extent import CUT, extent, extent_error
 from .nodes import (
     BOUNDS,
     DICT,
@@ -61,10 +61,10 @@ from .opcodes import (
     BINGET_OP,
     BINPUT_OP,
     F_FIXED,
-    F_LEN1,
     F_LEN8U,
     FORM,
     FRAME_OP,
+    HEAD,
     HIGHEST_PROTOCOL,
     MEMOIZE_OP,
     NPOP,
@@ -134,7 +134,7 @@ def walk_record(
     moffs: list[int] = []  # offset of each MARK
     memo: dict[int, Node] = {}  # memo key -> node stored there, while it is kept
     key0, first_id, carry, skipped, fence = len(defs), -1, -1, 0, 0
-    step_of, form_of, action_of, arglen = PUSH_STEP, FORM, ACTION, ARGLEN
+    step_of, form_of, action_of, head_of = PUSH_STEP, FORM, ACTION, HEAD
     while True:
         if pos >= end:
             raise cut_error(w, pos, "the opcode stream (no STOP)")
@@ -158,16 +158,22 @@ def walk_record(
             defs.append(pos)
             pos += 1
             continue
-        nxt = extent(buf, pos, end)
-        if nxt < 0:
-            raise extent_error(nxt, buf, pos, end, w.name)
-        if F_LEN1 <= form_of[op] <= F_LEN8U:  # every length-prefixed opcode pushes one value
-            skipped += nxt - pos - 1 - arglen[op]
-            if release is not None and nxt >> RELEASE_SHIFT != pos >> RELEASE_SHIFT:
-                release(pos)
-            push(pos)
-            pos = nxt
-            continue
+        form = form_of[op]
+        if form == F_FIXED:  # extent's first case, inline: a call costs more than the step
+            nxt = pos + head_of[op]
+            if nxt > end:
+                raise extent_error(CUT, buf, pos, end, w.name)
+        else:
+            nxt = extent(buf, pos, end)
+            if nxt < 0:
+                raise extent_error(nxt, buf, pos, end, w.name)
+            if form <= F_LEN8U:  # every length-prefixed opcode pushes one value
+                skipped += nxt - pos - head_of[op]
+                if release is not None and nxt >> RELEASE_SHIFT != pos >> RELEASE_SHIFT:
+                    release(pos)
+                push(pos)
+                pos = nxt
+                continue
         act = action_of[op]
         if act == A_GET:
             mid = buf[pos + 1] if op == BINGET_OP else memo_arg(buf, pos, nxt, op, w)
