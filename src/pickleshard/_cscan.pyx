@@ -24,7 +24,7 @@ from libc.string cimport memchr, memcmp, memcpy
 import array as pyarray
 
 from .picklekit import extent as ex
-from .picklekit import nodes as nd
+from .picklekit import nodes
 from .picklekit import opcodes as oc
 from .picklekit import walker as wk
 
@@ -87,7 +87,8 @@ def _check_tables():
             oc.A_EMPTY_LIST, oc.A_EMPTY_DICT, oc.A_EMPTY_TUPLE, oc.A_TUPLEN, oc.A_TUPLE,
             oc.A_LIST, oc.A_DICT, oc.A_APPEND, oc.A_APPENDS, oc.A_SETITEM, oc.A_SETITEMS,
             oc.A_REFUSE)
-    slots = (nd.LIST, nd.TUPLE, nd.DICT, nd.KIND, nd.START, nd.ITEMS, nd.BOUNDS, nd.SUB, nd.KEY)
+    slots = (nodes.LIST, nodes.TUPLE, nodes.DICT, nodes.KIND, nodes.START, nodes.ITEMS,
+             nodes.BOUNDS, nodes.SUB, nodes.KEY)
     ops = (oc.MEMOIZE_OP, oc.BINPUT_OP, oc.LONG_BINPUT_OP, oc.BINGET_OP, oc.LONG_BINGET_OP,
            wk.RELEASE_SHIFT)
     codes = (ex.CUT, ex.PAST_END, ex.NEGATIVE, ex.UNKNOWN, ex.SHORT)
