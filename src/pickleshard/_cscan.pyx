@@ -1336,7 +1336,7 @@ import numpy as np
 def gather(object buf, const int64_t[:] at, const int64_t[:] rel, object release):
     """:func:`pickleshard.scan._gathered`, compiled: ``buf[at[k] + rel]`` for every ``k`` as a
     ``(len(at), len(rel))`` uint8 array, read in offset order; ``release`` (None, or the
-    ``opcodes._releaser`` of ``buf``) is called as the reference calls it, once per 4 MiB block
+    ``picklekit.walk.releaser`` of ``buf``) is called as the reference calls it, once per 4 MiB block
     of offsets passed."""
     cdef Py_ssize_t n = at.shape[0], r = rel.shape[0], k, j, i, prev
     out = np.empty((n, r), np.uint8)
