@@ -4,7 +4,7 @@ For each dataset, every file is scanned with the pure-Python opcode walker (``en
 the reference) and with the compiled one (``engine="compiled"``), and unpickled with
 ``pickle.load``, in one process, all from the page cache (every file is read once first); each
 figure is the best of ``--repeat`` passes over all files. ``walk`` columns time the opcode walk
-alone (``opcodes.walk_opcodes``), the rest of a scan being layout matching and span tables.
+alone (``picklekit.walk.walk_opcodes``), the rest of a scan being layout matching and span tables.
 
 Datasets (``pickleshard synth`` layout, ``pickle.dump((x_list, y_list))`` per file):
 (a) float32 ``(3, 32, 32)`` arrays, 12 KB samples; (b) float32 ``(3, 224, 224)`` arrays, 600 KB
@@ -35,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from pickleshard import opcodes as oc
+from pickleshard.opcodes import open_buffer
+from pickleshard.picklekit.walk import walk_opcodes
 from pickleshard.scan import ENGINE, scan_file
 from pickleshard.synth import Kind, write_synthetic
 
@@ -120,9 +121,9 @@ def _load_all(paths: list[Path]) -> None:
 
 def _walk_all(paths: list[Path], engine: str) -> None:
     for p in paths:
-        buf, size = oc.open_buffer(p)
+        buf, size = open_buffer(p)
         try:
-            oc.walk_opcodes(buf, size, str(p), engine=engine)
+            walk_opcodes(buf, size, str(p), engine=engine)
         finally:
             if not isinstance(buf, bytes):
                 buf.close()
@@ -277,7 +278,7 @@ _SETUP = """
   files in the page cache; `pickle.load` is the time to unpickle each file (its result freed
   outside the timer)
 - scan = `scan_file(path, engine=...)`: the opcode walk, layout matching, span and memo tables
-  (what an index build does per file); walk = `opcodes.walk_opcodes` alone
+  (what an index build does per file); walk = `picklekit.walk.walk_opcodes` alone
 - page touch = reading, through a fresh mmap of each file, the first and last byte of every
   sample's span (numpy fancy index, offsets computed outside the timer): the page faults any
   scanner that reads each sample's opcodes must take, with no work at all on the bytes.

@@ -1,4 +1,4 @@
-"""The compiled opcode walker (``_cscan.pyx``) against its reference (``opcodes._walk_record``):
+"""The compiled opcode walker (``_cscan.pyx``) against its reference (``walker.walk_record``):
 built and used in the dev install, equal results on valid pickles, the same exceptions (class,
 message, offset) on damaged ones."""
 
@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 
 from picklegen import build, datasets, dumps, values
 from pickleshard import _cscan, spanread
-from pickleshard import opcodes as oc
 from pickleshard import scan as scan_module
 from pickleshard.memo import MemoIdPastSpan
-from pickleshard.opcodes import Walked
+from pickleshard.picklekit import walk
+from pickleshard.picklekit.walker import RELEASE_SHIFT, Walked
 from pickleshard.scan import ScanResult, scan_bytes, scan_file
 from pickleshard.scan.fastpath import gathered
 from pickleshard.spanread import SpanReader
@@ -57,7 +57,7 @@ def _outcome(run: Callable[[], Any], facts: Callable[[Any], Outcome]) -> Outcome
 def _assert_twins(data: bytes) -> None:
     """Walk and scan ``data`` with both engines: same results, or the same exception."""
     walks = [
-        _outcome(lambda e=e: oc.walk_opcodes(data, len(data), "t.pkl", engine=e), _walked)
+        _outcome(lambda e=e: walk.walk_opcodes(data, len(data), "t.pkl", engine=e), _walked)
         for e in ENGINES
     ]
     assert walks[0] == walks[1]
@@ -68,7 +68,7 @@ def _assert_twins(data: bytes) -> None:
 def test_the_extension_is_built_and_used() -> None:
     # The dev install (`make`, `pip install -e .`) builds it: a missing build must fail here.
     assert Path(_cscan.__file__).suffix in (".so", ".pyd")
-    assert oc.compiled_walker() is _cscan.walk_record
+    assert walk.compiled_walker() is _cscan.walk_record
     assert scan_module.ENGINE == "compiled"
     scan = scan_bytes(pickle.dumps(([1], [2])))
     assert scan.engine == "compiled"
@@ -76,8 +76,8 @@ def test_the_extension_is_built_and_used() -> None:
 
 
 def test_engine_names() -> None:
-    assert oc.resolve_engine("auto") == "compiled"
-    assert oc.resolve_engine("python") == "python"
+    assert walk.resolve_engine("auto") == "compiled"
+    assert walk.resolve_engine("python") == "python"
     with pytest.raises(ValueError, match="engine must be one of"):
         scan_bytes(pickle.dumps(([1], [2])), engine="fast")
 
@@ -179,11 +179,11 @@ def test_the_compiled_walk_replays_runs_instead_of_stepping_through_them() -> No
     data = pickle.dumps((xs, list(range(2000))), protocol=5)  # FRAME headers every ~5 arrays
     _assert_twins(data)
     before = _cscan.replayed_values()
-    oc.walk_opcodes(data, len(data), "t.pkl", engine="compiled")
+    walk.walk_opcodes(data, len(data), "t.pkl", engine="compiled")
     assert _cscan.replayed_values() - before >= 1990  # all but the first few of the arrays
     before = _cscan.replayed_values()
     data4 = pickle.dumps((xs, list(range(2000))), protocol=3)  # BINPUT ids differ per sample
-    oc.walk_opcodes(data4, len(data4), "t.pkl", engine="compiled")
+    walk.walk_opcodes(data4, len(data4), "t.pkl", engine="compiled")
     assert _cscan.replayed_values() == before
 
 
@@ -207,7 +207,7 @@ def test_gather_twins_read_the_same_bytes_and_release_the_same_pages(
 ) -> None:
     a, r = np.array(at, np.int64), np.array(rel, np.int64)
     with open(big_random_file, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        made = oc._releaser(m)
+        made = walk.releaser(m)
         assert made is not None
         calls: list[list[int]] = [[], []]
 
@@ -218,12 +218,12 @@ def test_gather_twins_read_the_same_bytes_and_release_the_same_pages(
 
             return release
 
-        real = oc._releaser
-        oc._releaser = lambda buf: spy(0)  # type: ignore[assignment]
+        real = scan_module.releaser
+        scan_module.releaser = lambda buf: spy(0)  # type: ignore[assignment]
         try:
             want = gathered(m, a, r)
         finally:
-            oc._releaser = real
+            scan_module.releaser = real
         got = _cscan.gather(m, a, r, spy(1))
     assert got.dtype == want.dtype == np.uint8
     assert np.array_equal(got, want)
@@ -251,7 +251,7 @@ def test_the_mapping_closes_after_a_compiled_walk_fails(tmp_path: Path) -> None:
     with open(path, "rb") as fh:
         buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
     with pytest.raises(Exception, match="stream ends"):
-        oc.walk_opcodes(buf, len(buf), str(path), engine="compiled")
+        walk.walk_opcodes(buf, len(buf), str(path), engine="compiled")
     buf.close()  # BufferError if the compiled walker still held a view of it
     with pytest.raises(Exception, match="stream ends"):
         scan_file(path, engine="compiled")
@@ -398,16 +398,16 @@ def test_walks_unmap_the_pages_they_passed(
     path = tmp_path / "big.pkl"
     path.write_bytes(pickle.dumps((xs, list(range(120))), protocol=5))
     releasers: list[list[int]] = []  # the offsets each releaser was called with, in order made
-    make = oc._releaser
+    make = walk.releaser
 
     def spy(buf: Any) -> Any:
         release = make(buf)
         releasers.append(calls := [])
         return release and (lambda upto: (calls.append(upto), release(upto)))
 
-    monkeypatch.setattr(oc, "_releaser", spy)
+    monkeypatch.setattr(walk, "releaser", spy)
     scan = scan_file(path, engine=engine)
     released = releasers[0]  # the walk's (the scan's later checks make their own)
-    assert len(released) == path.stat().st_size >> oc.RELEASE_SHIFT  # once per block passed
+    assert len(released) == path.stat().st_size >> RELEASE_SHIFT  # once per block passed
     assert released == sorted(released)
     assert _scanned(scan) == _scanned(scan_bytes(path.read_bytes(), str(path), engine="python"))

@@ -26,7 +26,6 @@ from hypothesis import HealthCheck, given, settings
 from conftest import BAD_FILES
 from picklegen import LAYOUTS, build, datasets, dumps, oracle, write
 from pickleshard.allowlist import classify_global
-from pickleshard.audit import audit_buffer
 from pickleshard.cli import main
 from pickleshard.errors import (
     CorruptPickleError,
@@ -35,6 +34,7 @@ from pickleshard.errors import (
     TruncatedPickleError,
 )
 from pickleshard.inspection import FileReport, inspect_file
+from pickleshard.picklekit.audit import audit_buffer
 
 P4 = b"\x80\x04"
 

@@ -27,7 +27,8 @@ import pytest
 from conftest import BAD_FILES
 from pickleshard import errors
 from pickleshard.index import build_index
-from pickleshard.wholefile import check_memo_ids, load_file, load_layout, load_records
+from pickleshard.picklekit.memoids import check_memo_ids
+from pickleshard.wholefile import load_file, load_layout, load_records
 
 MID = 1_000_000  # far above every file below, harmless if ever allocated
 

@@ -15,14 +15,15 @@ from typing import Any
 
 import pytest
 
-from pickleshard import _cscan, spanrewrite
+from pickleshard import _cscan
 from pickleshard.errors import CorruptPickleError, FileChangedError, MemoIdError
 from pickleshard.memo import MemoIdPastSpan
+from pickleshard.picklekit.rewrite import rewrite_span
 from pickleshard.scan import scan_file
 from pickleshard.spanread import FileIdentity, SpanReader
 from rewrites import write_keeping_times
 
-TWINS = {"python": spanrewrite.rewrite_span, "compiled": _cscan.rewrite_span}
+TWINS = {"python": rewrite_span, "compiled": _cscan.rewrite_span}
 N = 120  # samples: 3 memo ids each at protocols 2-3, so ids cross 255 (LONG_BINPUT)
 
 

@@ -1,9 +1,10 @@
-"""Types of the compiled scanner core (``_cscan.pyx``); see that file and :mod:`.opcodes`."""
+"""Types of the compiled scanner core (``_cscan.pyx``); see that file and :mod:`.picklekit`."""
 
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .opcodes import Value, Walked
+from .picklekit.nodes import Value
+from .picklekit.walker import Walked
 
 def walk_record(
     buf: Any, pos: int, end: int, w: Walked, release: Callable[[int], None] | None = None
@@ -81,6 +82,7 @@ class SpanLoader:
     ) -> list[Any]: ...
 
 def replayed_values() -> int: ...
+def extent(buf: Any, pos: int, end: int) -> int: ...
 def gather(buf: Any, at: Any, rel: Any, release: Callable[[int], None] | None) -> Any: ...
 
 MEASURE_FALLBACK: object

@@ -1,12 +1,16 @@
 # cython: language_level=3, boundscheck=True, wraparound=True, initializedcheck=True
-"""The compiled twin of the scanner's inner loop; :mod:`pickleshard.opcodes` is the reference.
+"""The compiled twins of the pickle toolkit's walks; :mod:`pickleshard.picklekit` is the reference.
 
-:func:`walk_record` is :func:`pickleshard.opcodes._walk_record` line for line, with the opcode
+Every opcode is stepped over by :func:`_extent`, an inline C function, the twin of
+:func:`pickleshard.picklekit.extent.extent`: same offsets, same codes, and the same errors, which
+the Python side builds from them (:func:`pickleshard.picklekit.extent.extent_error`).
+
+:func:`walk_record` is :func:`pickleshard.picklekit.walker.walk_record` line for line, with the opcode
 byte, offsets and lengths held in C variables: same arguments, same nodes, same memo and GET
 arrays, same exceptions (built by the same helpers, so class, message and offset match). Bytes
 are read through a bounds-checked ``const unsigned char[:]`` view, and every length is compared
 with the bytes left before it is used, as in the reference. A text memo id (``PUT``/``GET`` of
-protocols 0-1) too large for a C integer raises ``opcodes._Unsupported``: the caller then walks
+protocols 0-1) too large for a C integer raises ``walker.Unsupported``: the caller then walks
 that pickle with the reference instead. One addition, with the same results: runs of values that
 repeat the previous value's opcodes (a list of arrays) are replayed instead of walked (see
 "template replay" below).
@@ -14,15 +18,15 @@ repeat the previous value's opcodes (a list of arrays) are replayed instead of w
 
 from cpython cimport array
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
-from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
-from libc.string cimport memcmp, memcpy
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memchr, memcmp, memcpy
 
 import array as pyarray
 
-from . import opcodes as oc
-from .errors import CorruptPickleError
+from .picklekit import extent as ex
+from .picklekit import nodes
+from .picklekit import opcodes as oc
+from .picklekit import walker as wk
 
 __all__ = [
     "MEASURE_FALLBACK",
@@ -31,6 +35,7 @@ __all__ = [
     "SpanLoader",
     "gather",
     "check_tree",
+    "extent",
     "leaf_total",
     "measure_tree",
     "rewrite_span",
@@ -82,11 +87,14 @@ def _check_tables():
             oc.A_EMPTY_LIST, oc.A_EMPTY_DICT, oc.A_EMPTY_TUPLE, oc.A_TUPLEN, oc.A_TUPLE,
             oc.A_LIST, oc.A_DICT, oc.A_APPEND, oc.A_APPENDS, oc.A_SETITEM, oc.A_SETITEMS,
             oc.A_REFUSE)
-    slots = (oc.LIST, oc.TUPLE, oc.DICT, oc.KIND, oc.START, oc.ITEMS, oc.BOUNDS, oc.SUB, oc.KEY)
+    slots = (nodes.LIST, nodes.TUPLE, nodes.DICT, nodes.KIND, nodes.START, nodes.ITEMS,
+             nodes.BOUNDS, nodes.SUB, nodes.KEY)
     ops = (oc.MEMOIZE_OP, oc.BINPUT_OP, oc.LONG_BINPUT_OP, oc.BINGET_OP, oc.LONG_BINGET_OP,
-           oc.RELEASE_SHIFT)
+           wk.RELEASE_SHIFT)
+    codes = (ex.CUT, ex.PAST_END, ex.NEGATIVE, ex.UNKNOWN, ex.SHORT)
     if (
         forms != tuple(range(8))
+        or codes != (X_CUT, X_PAST_END, X_NEGATIVE, X_UNKNOWN, X_SHORT)
         or acts != tuple(range(26))
         or slots != (1, 2, 3, 0, 1, 2, 3, 4, 5)
         or ops != (0x94, 0x71, 0x72, 0x68, 0x6A, 22)
@@ -96,9 +104,83 @@ def _check_tables():
     for b in range(256):
         FORM_[b], ARGLEN_[b], ACTION_[b] = oc.FORM[b], oc.ARGLEN[b], oc.ACTION[b]
         NPOP_[b], PUSH_STEP_[b] = oc.NPOP[b], oc.PUSH_STEP[b]
+        if oc.HEAD[b] != 1 + ARGLEN_[b] and FORM_[b] != F_BAD:
+            raise ImportError("pickleshard._cscan was built against other opcode tables")
 
 
 _check_tables()
+
+
+# -- the one stepper: the compiled twin of pickleshard.picklekit.extent.extent ---------------------
+
+cdef enum:  # extent's codes (checked against the reference's above)
+    X_CUT = -1  # the argument, length prefix or text line runs past ``end``
+    X_PAST_END = -2  # the payload runs past ``end``
+    X_NEGATIVE = -3  # BINSTRING's signed length is negative
+    X_UNKNOWN = -4  # no such opcode
+    X_SHORT = -5  # the fixed part or text line is past the ``avail`` bytes present, not ``end``
+
+
+cdef inline uint64_t _le_at(const unsigned char* p, int n) noexcept nogil:
+    """``n`` little-endian bytes at ``p`` (the caller has checked that they are there)."""
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(n - 1, -1, -1):
+        v = (v << 8) | p[i]
+    return v
+
+
+cdef inline Py_ssize_t _extent(
+    const unsigned char* b, Py_ssize_t avail, Py_ssize_t pos, Py_ssize_t end
+) noexcept nogil:
+    """:func:`pickleshard.picklekit.extent.extent` over the ``avail`` bytes at ``b``: the offset
+    just after the opcode at ``b[pos]`` (``0 <= pos < min(avail, end)``), argument and payload
+    included, at most ``end``; else an ``X_*`` code. Reads only ``b[pos:min(avail, end)]``."""
+    cdef int op = b[pos]
+    cdef int form = FORM_[op]
+    cdef Py_ssize_t head, lim
+    cdef uint64_t n
+    cdef const unsigned char* nl
+    if form == F_FIXED:
+        head = pos + 1 + ARGLEN_[op]
+        if head > end:
+            return X_CUT
+        return head if head <= avail else X_SHORT
+    if form == F_LINE or form == F_LINE2:
+        lim = end if end < avail else avail
+        nl = <const unsigned char*>memchr(b + pos + 1, 10, <size_t>(lim - pos - 1))
+        if nl != NULL and form == F_LINE2:
+            nl = <const unsigned char*>memchr(nl + 1, 10, <size_t>(b + lim - nl - 1))
+        if nl == NULL:
+            return X_SHORT if avail < end else X_CUT
+        return nl - b + 1
+    if form == F_BAD:
+        return X_UNKNOWN
+    head = pos + 1 + ARGLEN_[op]
+    if head > end:
+        return X_CUT
+    if head > avail:
+        return X_SHORT
+    if form == F_LEN1:
+        n = b[pos + 1]
+    elif form == F_LEN8U:
+        n = _le_at(b + pos + 1, 8)
+    else:
+        n = _le_at(b + pos + 1, 4)
+        if form == F_LEN4S and n >> 31:  # the sign bit of a 4-byte signed length
+            return X_NEGATIVE
+    if n > <uint64_t>(end - head):
+        return X_PAST_END
+    return head + <Py_ssize_t>n
+
+
+def extent(object buf, Py_ssize_t pos, Py_ssize_t end):
+    """:func:`_extent` over ``buf`` (for the twin tests): the same arguments and answers as
+    :func:`pickleshard.picklekit.extent.extent`."""
+    cdef const unsigned char[:] b = buf
+    if not 0 <= pos < b.shape[0] or pos >= end:
+        raise ValueError(f"extent at {pos} of a {b.shape[0]}-byte buffer ending at {end}")
+    return _extent(&b[0], b.shape[0], pos, end)
 
 
 cdef inline uint64_t _le(const unsigned char[:] b, Py_ssize_t p, int n):
@@ -173,9 +255,9 @@ cdef void _discard(list stack, Py_ssize_t m, list nodepos, dict memo) except *:
 
 
 cdef int64_t _text_id(object buf, Py_ssize_t pos, Py_ssize_t nxt, int op, object w) except? -1:
-    cdef object mid = oc._memo_arg(buf, pos, nxt, op, w)
+    cdef object mid = wk.memo_arg(buf, pos, nxt, op, w)
     if not -ID_LIMIT < mid < ID_LIMIT:
-        raise oc._Unsupported(f"memo id {mid} at byte {pos}")
+        raise wk.Unsupported(f"memo id {mid} at byte {pos}")
     return mid
 
 
@@ -229,7 +311,7 @@ cdef _Tpl _template(
     array.array goffs, array.array gkeys, dict memo,
 ):
     """The template of value ``[s, pos)`` (just walked), or None if it cannot be replayed."""
-    cdef Py_ssize_t i = s, hdr, j, nd, ng, d0, g0, hoff = 0
+    cdef Py_ssize_t i = s, hdr, nxt, j, nd, ng, d0, g0, hoff = 0
     cdef uint64_t n
     cdef int op, form, act, kind
     cdef long long key
@@ -256,8 +338,11 @@ cdef _Tpl _template(
             continue
         if act in (A_PROTO, A_STOP, A_PUT, A_POP, A_POP_MARK, A_REFUSE, A_BAD):
             return None
+        nxt = _extent(&b[0], b.shape[0], i, pos)
+        if nxt < 0:
+            return None
+        hdr = 1 + ARGLEN_[op]  # the opcode's bytes, its payload (n bytes after them) excluded
         if form == F_FIXED:
-            hdr = 1 + ARGLEN_[op]
             if act == A_MEMOIZE:
                 if nd == 0 or defs.data.as_longlongs[len(defs) - nd] != i:
                     return None
@@ -270,23 +355,16 @@ cdef _Tpl _template(
                     return None
                 kind, ng = K_GET, ng - 1
         elif F_LEN1 <= form <= F_LEN8U:
-            hdr = 2 if form == F_LEN1 else 9 if form == F_LEN8U else 5
-            if i + hdr > pos:
-                return None
-            n = b[i + 1] if form == F_LEN1 else _le(b, i + 1, 4 if form != F_LEN8U else 8)
-            if (form == F_LEN4S and n >= 0x80000000) or n > <uint64_t>(pos - i - hdr):
-                return None
+            n = <uint64_t>(nxt - i - hdr)
             t.paysum += <Py_ssize_t>n
         else:  # text arguments (memo ids in digits): walked, not replayed
-            return None
-        if i + hdr > pos:
             return None
         for v in (hdr, <Py_ssize_t>n, hoff, kind, key):
             array_push(t.ops, v)
         parts.append(bytes(b[i : i + hdr]))
         hoff += hdr
         t.nops += 1
-        i += hdr + <Py_ssize_t>n
+        i = nxt
     if i != pos or nd or ng or t.nops == 0:
         return None
     t.head = b"".join(parts)
@@ -341,11 +419,13 @@ cdef Py_ssize_t _replay(
 
 
 def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w, object release=None):
-    """:func:`pickleshard.opcodes._walk_record`, compiled: walk one pickle from just after its
-    PROTO to its STOP; return ``(root, end, first id)``."""
+    """:func:`pickleshard.picklekit.walker.walk_record`, compiled: walk one pickle from just
+    after its PROTO to its STOP; return ``(root, end, first id)``."""
     cdef const unsigned char[:] b = buf
     if end > b.shape[0] or pos < 0:
         raise ValueError(f"walk of [{pos}, {end}) over a buffer of {b.shape[0]} bytes")
+    cdef Py_ssize_t avail = b.shape[0]
+    cdef const unsigned char* bp = &b[0] if avail else NULL  # _extent reads b[:end] through it
     cdef array.array defs = w.defs
     cdef array.array goffs = w.get_offs
     cdef array.array gkeys = w.get_keys
@@ -355,18 +435,17 @@ def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w, object rel
     cdef list moffs = []
     cdef dict memo = {}
     cdef Py_ssize_t key0 = len(defs)
-    cdef Py_ssize_t fence = 0, m, lo, nxt, hdr, nl, i, k, moff
+    cdef Py_ssize_t fence = 0, m, lo, nxt, k, moff
     cdef int64_t first_id = -1, carry = -1, mid, s, start
     cdef uint64_t n, skipped = 0
-    cdef int32_t sn
-    cdef int op, step, form, act, want, kind
+    cdef int op, step, act, want, kind
     cdef object top, target, items, sub
     cdef list node
     cdef _Tpl tpl = None
     cdef Py_ssize_t nst, s_top, tpl_failed = -1, moved
     while True:
         if pos >= end:
-            raise oc._cut(w, pos, "the opcode stream (no STOP)")
+            raise wk.cut_error(w, pos, "the opcode stream (no STOP)")
         nst = PyList_GET_SIZE(stack)
         if nst > fence and carry < 0:  # a value just ended? then the next may repeat it
             top = <object>PyList_GET_ITEM(stack, nst - 1)
@@ -395,10 +474,10 @@ def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w, object rel
             continue
         if op == MEMOIZE_OP:
             if len(stack) <= fence:
-                raise oc._bad(w, pos, op, "with nothing on the stack")
+                raise wk.bad_error(w, pos, op, "with nothing on the stack")
             if first_id:
                 if first_id > 0:
-                    raise oc._Refused("MEMOIZE after PUTs that did not start at id 0", pos)
+                    raise wk.Refused("MEMOIZE after PUTs that did not start at id 0", pos)
                 first_id = 0
             top = stack[len(stack) - 1]
             k = len(defs)
@@ -408,54 +487,16 @@ def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w, object rel
             array_push(defs, pos)
             pos += 1
             continue
-        form = FORM_[op]
-        if F_LEN1 <= form <= F_LEN8U:  # every length-prefixed opcode pushes one value
-            hdr = 2 if form == F_LEN1 else 9 if form == F_LEN8U else 5
-            if hdr > end - pos:
-                raise oc._cut(w, pos, f"the length of {oc.OPNAME[op]}")
-            if form == F_LEN1:
-                n = b[pos + 1]
-            elif form == F_LEN4S:
-                sn = <int32_t><uint32_t>_le(b, pos + 1, 4)
-                if sn < 0:
-                    raise oc._bad(w, pos, op, f"declares a negative length {sn}")
-                n = <uint64_t>sn
-            else:
-                n = _le(b, pos + 1, 4 if form == F_LEN4U else 8)
-            if n > <uint64_t>(end - pos - hdr):
-                raise oc._cut(
-                    w, pos, f"the {n}-byte payload of {oc.OPNAME[op]} ({end - pos} bytes left)"
-                )
-            skipped += n
-            if release is not None and (
-                (pos + hdr + <Py_ssize_t>n) >> RELEASE_SHIFT != pos >> RELEASE_SHIFT
-            ):
+        nxt = _extent(bp, avail, pos, end)
+        if nxt < 0:
+            raise ex.extent_error(nxt, buf, pos, end, w.name)
+        if F_LEN1 <= FORM_[op] <= F_LEN8U:  # every length-prefixed opcode pushes one value
+            skipped += <uint64_t>(nxt - pos - 1 - ARGLEN_[op])
+            if release is not None and nxt >> RELEASE_SHIFT != pos >> RELEASE_SHIFT:
                 release(pos)
             stack.append(pos)
-            pos += hdr + <Py_ssize_t>n
+            pos = nxt
             continue
-        if form == F_FIXED:
-            nxt = pos + 1 + ARGLEN_[op]
-        elif form == F_LINE or form == F_LINE2:
-            nl = -1
-            for i in range(pos + 1, end):
-                if b[i] == 10:
-                    nl = i
-                    break
-            if nl >= 0 and form == F_LINE2:
-                lo = nl + 1
-                nl = -1
-                for i in range(lo, end):
-                    if b[i] == 10:
-                        nl = i
-                        break
-            if nl < 0:
-                raise oc._cut(w, pos, f"the text argument of {oc.OPNAME[op]}")
-            nxt = nl + 1
-        else:
-            raise CorruptPickleError(w.name, f"unknown opcode 0x{op:02x}", offset=pos)
-        if nxt > end:
-            raise oc._cut(w, pos, f"the argument of {oc.OPNAME[op]}")
         act = ACTION_[op]
         if act == A_GET:
             if op == BINGET_OP:
@@ -467,7 +508,7 @@ def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w, object rel
             k = mid - first_id + key0
             if first_id < 0 or not key0 <= k < len(defs):
                 why = f"GET of memo id {mid}, never stored in this pickle (a Pickler reused?)"
-                raise oc._Refused(why, pos)
+                raise wk.Refused(why, pos)
             array_push(goffs, pos)
             array_push(gkeys, k)
             start = pos if carry < 0 else carry
@@ -485,14 +526,14 @@ def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w, object rel
         elif A_APPEND <= act <= A_SETITEMS:  # APPEND, APPENDS, SETITEM, SETITEMS
             if act == A_APPENDS or act == A_SETITEMS:
                 if not marks:
-                    raise oc._bad(w, pos, op, "without a MARK")
+                    raise wk.bad_error(w, pos, op, "without a MARK")
                 m = marks.pop()
                 moffs.pop()
                 fence = marks[len(marks) - 1] if marks else 0
             else:
                 m = len(stack) - (1 if act == A_APPEND else 2)
             if m < 1 or m <= fence:
-                raise oc._bad(w, pos, op, "with no container below its items")
+                raise wk.bad_error(w, pos, op, "with no container below its items")
             target = stack[m - 1]
             want = LIST if act <= A_APPENDS else DICT
             if (
@@ -515,7 +556,7 @@ def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w, object rel
         elif act == A_TUPLEN or act == A_POPN:
             m = len(stack) - NPOP_[op]
             if m < fence:
-                raise oc._bad(w, pos, op, "underflows the stack")
+                raise wk.bad_error(w, pos, op, "underflows the stack")
             target = _start_of(stack[m])
             if act == A_POPN:
                 _discard(stack, m, nodepos, memo)
@@ -532,7 +573,7 @@ def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w, object rel
                 stack.append(node)
         elif act == A_PUT:
             if len(stack) <= fence:
-                raise oc._bad(w, pos, op, "with nothing on the stack")
+                raise wk.bad_error(w, pos, op, "with nothing on the stack")
             if op == BINPUT_OP:
                 mid = b[pos + 1]
             elif op == LONG_BINPUT_OP:
@@ -543,7 +584,7 @@ def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w, object rel
             if first_id < 0:
                 first_id = mid
             elif mid != first_id + k - key0:
-                raise oc._Refused(f"memo id {mid} stored out of order", pos)
+                raise wk.Refused(f"memo id {mid} stored out of order", pos)
             top = stack[len(stack) - 1]
             if type(top) is list:
                 memo[k] = top
@@ -551,21 +592,21 @@ def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w, object rel
             array_push(defs, pos)
         elif act == A_TUPLE or act == A_LIST or act == A_DICT or act == A_MARKPOP:
             if not marks:
-                raise oc._bad(w, pos, op, "without a MARK")
+                raise wk.bad_error(w, pos, op, "without a MARK")
             m = marks.pop()
             moff = moffs.pop()
             fence = marks[len(marks) - 1] if marks else 0
             if act == A_MARKPOP:  # e.g. FROZENSET, ADDITEMS, OBJ: an opaque value
                 lo = m - NPOP_[op]
                 if lo < fence:
-                    raise oc._bad(w, pos, op, "underflows the stack")
+                    raise wk.bad_error(w, pos, op, "underflows the stack")
                 target = _start_of(stack[lo]) if lo < m else moff
                 _discard(stack, lo, nodepos, memo)
                 stack.append(target)
             else:
                 kind = TUPLE if act == A_TUPLE else LIST if act == A_LIST else DICT
                 if kind == DICT and (len(stack) - m) % 2:
-                    raise oc._bad(w, pos, op, "with an odd number of items")
+                    raise wk.bad_error(w, pos, op, "with an odd number of items")
                 node = [kind, moff, [], [], None, -1]
                 _adopt(node, stack, m, pos, nodepos, memo)
                 nodepos.append(len(stack))
@@ -575,10 +616,10 @@ def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w, object rel
         elif act == A_FRAME:
             n = _le(b, pos + 1, 8)
             if n > <uint64_t>(end - pos - 9):
-                raise oc._cut(w, pos, f"a FRAME of {n} bytes")
+                raise wk.cut_error(w, pos, f"a FRAME of {n} bytes")
         elif act == A_STOP:
             if len(stack) != 1 or marks:
-                raise oc._Refused(f"{len(stack)} values and {len(marks)} marks at STOP", pos)
+                raise wk.Refused(f"{len(stack)} values and {len(marks)} marks at STOP", pos)
             w.skipped += skipped
             return stack[0], nxt, max(first_id, 0)
         elif act == A_POP or act == A_POP_MARK:  # only a recursive tuple: POPs, then a GET
@@ -591,19 +632,19 @@ def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w, object rel
                 fence = marks[len(marks) - 1] if marks else 0
                 _discard(stack, m, nodepos, memo)
             else:
-                raise oc._bad(w, pos, op, "on an empty stack")
+                raise wk.bad_error(w, pos, op, "on an empty stack")
             carry = s if carry < 0 else min(carry, s)
-            if oc._next_action(buf, nxt, end) not in (A_POP, A_POP_MARK, A_GET):
-                raise oc._Refused(f"{oc.OPNAME[op]} not followed by a GET", pos)
+            if wk.next_action(buf, nxt, end) not in (A_POP, A_POP_MARK, A_GET):
+                raise wk.Refused(f"{oc.OPNAME[op]} not followed by a GET", pos)
         elif act == A_PROTO:
             if b[pos + 1] > oc.HIGHEST_PROTOCOL:
-                raise oc._bad(w, pos, op, f"names unknown protocol {b[pos + 1]}")
+                raise wk.bad_error(w, pos, op, f"names unknown protocol {b[pos + 1]}")
         elif act == A_REFUSE:
-            raise oc._Refused(oc.REFUSED[op], pos)
+            raise wk.Refused(oc.REFUSED[op], pos)
         pos = nxt
 
 
-# -- the span rewrite: the compiled twin of pickleshard.spanrewrite.rewrite_span ----------------------
+# -- the span rewrite: the compiled twin of pickleshard.picklekit.rewrite.rewrite_span ---------
 
 from cpython.bytearray cimport (
     PyByteArray_AS_STRING,
@@ -632,13 +673,12 @@ cdef enum:
 if (oc.P_BYTES, oc.P_BYTEARRAY, oc.NEXT_BUFFER_OP, oc.STOP_OP) != (1, 2, 0x97, 0x2E):
     raise ImportError("pickleshard._cscan was built against other opcode tables")
 
-# a payload length beyond this is past any span: the span cannot be rewritten
-cdef uint64_t LENGTH_LIMIT = 1 << 62
 cdef object _head = None  # spanread's _head, _GETS, _PUTS, _encode_get, _encode_put (first call)
 cdef list _gets = None, _puts = None
 cdef dict _heads = {}  # (protocol, n_ext) -> _head(protocol, n_ext), for n_ext < 64
 cdef object _encode_get = None, _encode_put = None
-cdef object _past_span = None  # spanrewrite.MemoIdPastSpan (first call)
+cdef object _past_span = None  # picklekit.rewrite.MemoIdPastSpan (first call)
+cdef object _step_error = None  # picklekit.rewrite._step_error (first call)
 
 
 cdef int _put_bytes(bytearray out, bytes b) except -1:
@@ -651,7 +691,7 @@ cdef int _put_bytes(bytearray out, bytes b) except -1:
 
 cdef int _put_id(bytearray out, unsigned char short_op, int64_t ident) except -1:
     """``BINGET``/``BINPUT`` (``short_op``) of ``ident``, or ``LONG_BINGET``/``LONG_BINPUT``
-    from 256 on: what ``spanrewrite._encode_get`` / ``_encode_put`` write."""
+    from 256 on: what ``picklekit.rewrite._encode_get`` / ``_encode_put`` write."""
     cdef Py_ssize_t n0 = len(out), j
     cdef char* p
     if ident < 256:
@@ -689,14 +729,6 @@ cdef int _copy(bytearray out, const unsigned char[:] b, Py_ssize_t lo, Py_ssize_
     return 0
 
 
-cdef Py_ssize_t _find_nl(const unsigned char[:] b, Py_ssize_t lo, Py_ssize_t hi):
-    cdef Py_ssize_t i
-    for i in range(lo, hi):
-        if b[i] == 10:
-            return i
-    return -1
-
-
 def rewrite_span(
     object read_at,
     Py_ssize_t start,
@@ -709,7 +741,7 @@ def rewrite_span(
     Py_ssize_t big=64 * 1024,
     object head=None,
 ):
-    """:func:`pickleshard.spanrewrite.rewrite_span`, compiled: same arguments, same reads, same
+    """:func:`pickleshard.picklekit.rewrite.rewrite_span`, compiled: same arguments, same reads, same
     pickle, buffers and count, same exceptions."""
     return _rewrite(
         read_at, read_at(start, min(end - start, WINDOW)), start, end, protocol, memo_base,
@@ -732,15 +764,15 @@ cdef tuple _rewrite(
 ):
     """:func:`rewrite_span` once ``data``, the first window (``read_at(start, min(end - start,
     WINDOW))``), is read."""
-    global _head, _gets, _puts, _encode_get, _encode_put, _past_span
+    global _head, _gets, _puts, _encode_get, _encode_put, _past_span, _step_error
     if _head is None:
-        from .spanrewrite import _GETS, _PUTS, MemoIdPastSpan
-        from .spanrewrite import _encode_get as eg
-        from .spanrewrite import _encode_put as ep
-        from .spanrewrite import _head as make_head
+        from .picklekit.rewrite import _GETS, _PUTS, MemoIdPastSpan, _step_error
+        from .picklekit.rewrite import _encode_get as eg
+        from .picklekit.rewrite import _encode_put as ep
+        from .picklekit.rewrite import _head as make_head
 
         _gets, _puts, _encode_get, _encode_put, _head = _GETS, _PUTS, eg, ep, make_head
-        _past_span = MemoIdPastSpan
+        _past_span, _step_error = MemoIdPastSpan, _step_error
     cdef Py_ssize_t n_ext = len(externals)
     cdef dict local = {k: j for j, k in enumerate(externals)} if n_ext else {}
     if head is None:
@@ -763,15 +795,15 @@ cdef tuple _rewrite(
     )
     cdef int64_t c_base = memo_base if fast_ids else 0, c_shift = shift if fast_ids else 0
     cdef int64_t ckey, cnew
-    # a span's own ids: fewer than its bytes (see spanrewrite.MemoIdPastSpan)
+    # a span's own ids: fewer than its bytes (see memo.MemoIdPastSpan)
     cdef int64_t c_limit = n_ext + (end - start)
-    cdef Py_ssize_t here = start, blen, i = 0, mark = 0, need, nxt, nl
+    cdef Py_ssize_t here = start, blen, i = 0, mark = 0, need, nxt
     cdef uint64_t n
-    cdef int32_t sn
     cdef int op, step, form, act
     cdef object ident, key, new
     cdef const unsigned char[:] buf = data
     blen = buf.shape[0]
+    cdef const unsigned char* bp = &buf[0] if blen else NULL  # _extent reads buf through it
     while True:
         if i >= blen:  # window done; a plain opcode or payload may run on into the next one
             _copy(out, buf, mark, blen)
@@ -784,6 +816,7 @@ cdef tuple _rewrite(
             data = read_at(here, min(end - here, max(WINDOW, i + 16)))
             buf = data
             blen, mark = buf.shape[0], 0
+            bp = &buf[0] if blen else NULL
             if not blen:
                 raise EOFError(f"file ends at byte {here}, inside a span ending at {end}")
             continue
@@ -792,55 +825,41 @@ cdef tuple _rewrite(
         if step:
             i += step
             continue
-        form = FORM_[op]
-        need = 1 + ARGLEN_[op]
-        if form == F_LINE or form == F_LINE2:
-            nl = _find_nl(buf, i + 1, blen)
-            if nl >= 0 and form == F_LINE2:
-                nl = _find_nl(buf, nl + 1, blen)
-            need = nl + 1 - i if nl >= 0 else blen - i + WINDOW
-        if i + need > blen:  # the opcode's head is cut by the window: read again from it
-            if here + blen >= end:
-                raise EOFError(f"opcode at byte {here + i} runs past the span end {end}")
+        nxt = _extent(bp, blen, i, end - here)
+        if nxt == X_SHORT:  # the opcode's head is cut by the window: read again from it
+            need = 1 + ARGLEN_[op] if FORM_[op] <= F_LEN8U else blen - i + WINDOW
             _copy(out, buf, mark, i)
             here += i
             data = read_at(here, min(end - here, max(WINDOW, 2 * need)))
             buf = data
             blen, i, mark = buf.shape[0], 0, 0
+            bp = &buf[0] if blen else NULL
             if blen < min(end - here, need):
                 raise EOFError(f"file ends at byte {here + blen}, inside a span ending at {end}")
             continue
-        nxt = i + need
+        if nxt < 0:
+            raise _step_error(nxt, data, i, here, end)
+        form = FORM_[op]
         if F_LEN1 <= form <= F_LEN8U:
-            if form == F_LEN1:
-                n = buf[i + 1]
-            elif form == F_LEN4S:
-                sn = <int32_t><uint32_t>_le(buf, i + 1, 4)
-                if sn < 0:
-                    raise pickle.UnpicklingError(
-                        f"{oc.OPNAME[op]} at byte {here + i} declares a negative length {sn}"
-                    )
-                n = <uint64_t>sn
-            else:
-                n = _le(buf, i + 1, 4 if form == F_LEN4U else 8)
-            if n > LENGTH_LIMIT or <uint64_t>(here + nxt) + n > <uint64_t>end:
-                raise EOFError(f"an opcode runs past the span end {end}")
+            n = <uint64_t>(nxt - i - 1 - ARGLEN_[op])
             if (
-                <uint64_t>nxt + n > <uint64_t>blen
+                nxt > blen
                 and n >= <uint64_t>big
                 and read_payload is not None
                 and (PAYLOAD_[op] == P_BYTES or PAYLOAD_[op] == P_BYTEARRAY)
             ):
                 _copy(out, buf, mark, i)
                 _put_byte(out, NEXT_BUFFER_OP)
-                buffers.append(read_payload(here + nxt, n, PAYLOAD_[op]))
-                here += nxt + <Py_ssize_t>n  # resume after the payload, in a new window
+                buffers.append(read_payload(here + nxt - <Py_ssize_t>n, n, PAYLOAD_[op]))
+                here += nxt  # resume after the payload, in a new window
                 data = read_at(here, min(end - here, WINDOW))
                 buf = data
                 blen, i, mark = buf.shape[0], 0, 0
+                bp = &buf[0] if blen else NULL
                 continue
-            i = nxt + <Py_ssize_t>n
+            i = nxt
             continue
+        need = nxt - i
         if FINDS_CLASS_[op]:
             finds += 1
         act = ACTION_[op]
@@ -1317,7 +1336,7 @@ import numpy as np
 def gather(object buf, const int64_t[:] at, const int64_t[:] rel, object release):
     """:func:`pickleshard.scan._gathered`, compiled: ``buf[at[k] + rel]`` for every ``k`` as a
     ``(len(at), len(rel))`` uint8 array, read in offset order; ``release`` (None, or the
-    ``opcodes._releaser`` of ``buf``) is called as the reference calls it, once per 4 MiB block
+    ``picklekit.walk.releaser`` of ``buf``) is called as the reference calls it, once per 4 MiB block
     of offsets passed."""
     cdef Py_ssize_t n = at.shape[0], r = rel.shape[0], k, j, i, prev
     out = np.empty((n, r), np.uint8)

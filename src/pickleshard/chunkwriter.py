@@ -29,7 +29,7 @@ from typing import IO, Any, ClassVar
 
 import numpy as np
 
-from . import opcodes as oc
+from .picklekit.fastdump import fast_opcodes
 
 __all__ = ["ChunkPickler", "ChunkShape", "RowPayload", "SampleSource", "write_chunk"]
 
@@ -105,7 +105,7 @@ class ChunkPickler(pickle._Pickler):
     def _splice(self, obj: Any) -> None:
         """``obj`` pickled by the C pickler in fast mode (no memo opcodes), its opcodes copied
         into this stream without its PROTO, FRAME headers and STOP."""
-        pieces = oc.fast_opcodes(obj, self.proto)
+        pieces = fast_opcodes(obj, self.proto)
         self.framer.commit_frame()  # as save() does before each object
         for piece in pieces:
             if len(piece) >= _BIG and self.proto >= 4:

@@ -3,7 +3,7 @@
 :func:`inspect_file` combines three readings of a file, none of which imports or calls anything
 the file names:
 
-1. the globals audit (:func:`pickleshard.audit.audit_buffer`): protocol, number of pickles,
+1. the globals audit (:func:`pickleshard.picklekit.audit.audit_buffer`): protocol, number of pickles,
    every global referenced with its verdict, opcode counts;
 2. the scanner (:func:`pickleshard.scan.scan_file`): layout, fields, sample count, and whether
    the samples can be read in place (and the scanner's reason when they cannot);
@@ -31,9 +31,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from . import opcodes as oc
 from .allowlist import Verdict, parse_allow_globals
-from .audit import COUNTED, Audit, GlobalUse, audit_buffer
 from .bounds import DEFAULT_MAX_DEPTH, measure
 from .errors import (
     FileProblem,
@@ -43,6 +41,9 @@ from .errors import (
 )
 from .guards import CHECKS, check_call
 from .memo import ArraySpec, InspectUnpickler, NotInspectable, Payload, SpanFile, _Latin1Text
+from .opcodes import open_buffer
+from .picklekit.audit import Audit, GlobalUse, audit_buffer
+from .picklekit.auditwalk import COUNTED
 from .scan import ScanResult, scan_file
 from .scan.layouts import decode_layout, decode_records
 
@@ -503,7 +504,7 @@ def inspect_file(
     allowed = tuple(allow_globals)
     extra = parse_allow_globals(allowed)
     t0 = time.perf_counter()
-    buf, size = oc.open_buffer(name)
+    buf, size = open_buffer(name)
     try:
         audit = audit_buffer(buf, size, name)
         reader = _Reader(buf, audit.protocol, encoding)

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .opcodes import FRAME_OP, I4, MEMOIZE_OP, OPNAME, U4, U8
+from .picklekit.opcodes import FRAME_OP, I4, MEMOIZE_OP, OPNAME, U4, U8
 
 __all__ = ["ArraySpec", "ElementTable", "InspectUnpickler", "Opaque", "Payload", "SharedTable"]
 __all__ += ["MemoIdPastSpan", "SpanFile", "SpanUnpickler"]

@@ -201,7 +201,7 @@ class _FileLookup(_Lookup):
     def _where(self, qualname: str | None) -> int | None:
         if self._start is None:
             return None
-        from .audit import locate_global  # the audit imports this module
+        from .picklekit.audit import locate_global  # the audit imports this module
 
         try:
             return locate_global(self._file, self._start, self._asked, qualname)

@@ -9,9 +9,9 @@ other ``pickle`` field is unpickled from its span alone, in one of two ways that
 value:
 
 - *fast* (the default): the span is rewritten into a standalone pickle
-  (:func:`pickleshard.spanrewrite.rewrite_span`): ``PROTO p`` + a prologue that stores each
+  (:func:`pickleshard.picklekit.rewrite.rewrite_span`): ``PROTO p`` + a prologue that stores each
   external value at local memo ids ``0..k-1`` (by value when every one has a literal, see
-  :func:`~pickleshard.spanrewrite.literal_head`, else fed as persistent ids) + the span with
+  :func:`~pickleshard.picklekit.rewrite.literal_head`, else fed as persistent ids) + the span with
   FRAME headers dropped, PUT/GET renumbered to ``k + (key - memo_base)`` and external GETs
   pointed at the prologue's ids + ``STOP``, and read by the C unpickler, with the allowlist hook
   only if the span names a global. ``bytes``/``bytearray`` payloads of ``big`` bytes or more
@@ -63,7 +63,6 @@ from typing import Any, Literal
 
 import numpy as np
 
-from . import opcodes as oc
 from .errors import (
     CorruptPickleError,
     FileChangedError,
@@ -75,9 +74,8 @@ from .errors import (
 )
 from .fileidentity import FileIdentity
 from .memo import MemoIdPastSpan, SpanFile, SpanUnpickler
-from .safety import GUARD_TYPES, AllowlistFindClass, guard_misuse
-from .scan import ArrayItem, IntItem, ScanResult
-from .spanrewrite import (
+from .picklekit import opcodes as oc
+from .picklekit.rewrite import (
     BIG,
     FindClass,
     HookedUnpickler,
@@ -85,6 +83,9 @@ from .spanrewrite import (
     literal_head,
     rewrite_span,
 )
+from .picklekit.walk import resolve_engine
+from .safety import GUARD_TYPES, AllowlistFindClass, guard_misuse
+from .scan import ArrayItem, IntItem, ScanResult
 
 __all__ = ["BIG", "FileIdentity", "ReaderStats", "SpanReader", "literal_head", "rewrite_span"]
 
@@ -195,7 +196,7 @@ class SpanReader:
         self.encoding, self.errors, self.find_class = encoding, errors, find_class
         self._plain = (encoding, errors) == ("ASCII", "strict")  # pickle.loads' own defaults
         self.general = general
-        self.engine = oc.resolve_engine(engine)
+        self.engine = resolve_engine(engine)
         self._rewrite = _compiled_rewrite() if self.engine == "compiled" else rewrite_span
         self.shared_budget = shared_bytes
         self.big = big

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from . import opcodes as oc
 from .chunkwriter import ChunkShape, RowPayload, SampleSource
 from .errors import NotSpanIndexableError, UnsupportedLayoutError
+from .picklekit import opcodes as oc
 from .safety import UnpicklePolicy
 from .scan import ScanResult, scan_file
 from .scan.layouts import (

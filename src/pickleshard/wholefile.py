@@ -11,7 +11,6 @@ from __future__ import annotations
 import mmap
 import os
 import pickle
-import struct
 from typing import IO, Any
 
 from .errors import (
@@ -25,26 +24,11 @@ from .errors import (
 )
 from .fileidentity import FileIdentity
 from .gcpause import paused_gc
-from .opcodes import (
-    A_PUT,
-    ACTION,
-    ARGLEN,
-    F_FIXED,
-    F_LEN1,
-    F_LEN4S,
-    F_LEN4U,
-    F_LEN8U,
-    F_LINE,
-    F_LINE2,
-    FORM,
-    OPNAME,
-    STOP_OP,
-)
+from .picklekit.memoids import check_memo_ids
 from .safety import DEFAULT_POLICY, UnpicklePolicy, guard_misuse
 from .scan.layouts import DecodedLayout, decode_records
 
 __all__ = [
-    "check_memo_ids",
     "load_file",
     "load_layout",
     "load_records",
@@ -52,13 +36,6 @@ __all__ = [
 
 _PROTO = 0x80
 _UNFRAMED_OPENERS = (b"(", b"]", b"}", b")")  # MARK, EMPTY_LIST, EMPTY_DICT, EMPTY_TUPLE
-_PUT, _BINPUT, _LONG_BINPUT = 0x70, 0x71, 0x72
-# Size of each fixed-size opcode the memo check steps over unread (not a PUT, not STOP), else 0.
-_STEP = [
-    1 + ARGLEN[b] if FORM[b] == F_FIXED and ACTION[b] != A_PUT and b != STOP_OP else 0
-    for b in range(256)
-]
-_U4, _I4, _U8 = (struct.Struct(f).unpack_from for f in ("<I", "<i", "<Q"))
 
 
 def load_file(
@@ -97,92 +74,6 @@ def load_records(
     it was indexed, or while it was read, raises :class:`FileChangedError` instead of giving
     samples that are neither the old nor the new data."""
     return _load(path, policy, every=True, check_memo=check_memo, identity=identity)
-
-
-def check_memo_ids(buf: Any, pos: int, size: int, name: str) -> int:
-    """Refuse a memo id that cannot be legitimate in the pickle starting at ``buf[pos]``.
-
-    ``buf`` holds the whole ``size``-byte file (bytes or mmap). A pickle of ``size`` bytes
-    defines at most ``size`` memo entries, so a ``PUT``, ``BINPUT`` or ``LONG_BINPUT`` id above
-    ``size`` is corrupt: raises :class:`CorruptPickleError` naming ``name``, the opcode's offset,
-    the id and the limit; a payload length past the end of the file raises
-    :class:`TruncatedPickleError` the same way. The walk steps over fixed-size opcodes and payloads, reading only
-    opcode bytes, lengths and memo ids. Returns the offset just after the pickle's STOP, or
-    the offset of the first opcode it cannot read (unknown, or running past the end): what is
-    wrong there is the unpickler's to report, with the same error it always gave.
-    """
-    step_of, form_of = _STEP, FORM
-    try:
-        while pos < size:
-            op = buf[pos]
-            step = step_of[op]
-            if step:
-                pos += step
-                continue
-            form = form_of[op]
-            if op == STOP_OP:
-                return pos + 1
-            if form == F_LEN1:
-                pos += 2 + buf[pos + 1]
-            elif form == F_LEN4U:
-                pos = _payload_end(buf, pos, 5, _U4(buf, pos + 1)[0], size, name)
-            elif form == F_LEN8U:
-                pos = _payload_end(buf, pos, 9, _U8(buf, pos + 1)[0], size, name)
-            elif form == F_LEN4S:
-                n = _I4(buf, pos + 1)[0]
-                if n < 0:
-                    return pos
-                pos = _payload_end(buf, pos, 5, n, size, name)
-            elif op == _BINPUT:
-                _check_id(buf[pos + 1], pos, size, name)
-                pos += 2
-            elif op == _LONG_BINPUT:
-                _check_id(_U4(buf, pos + 1)[0], pos, size, name)
-                pos += 5
-            elif form in (F_LINE, F_LINE2):
-                nl = buf.find(b"\n", pos + 1)
-                if nl < 0:
-                    return pos
-                if op == _PUT:
-                    try:
-                        mid = int(buf[pos + 1 : nl])
-                    except ValueError:
-                        return pos
-                    _check_id(mid, pos, size, name)
-                if form == F_LINE2:
-                    nl = buf.find(b"\n", nl + 1)
-                    if nl < 0:
-                        return pos
-                pos = nl + 1
-            else:
-                return pos
-    except (IndexError, struct.error):  # an argument runs past the end
-        return pos
-    return pos
-
-
-def _payload_end(buf: Any, pos: int, header: int, n: int, size: int, name: str) -> int:
-    """The end of the ``n``-byte payload of the opcode at ``pos``; refuse one the file cannot
-    hold before the unpickler allocates it (CPython sizes a BYTEARRAY8 to the declared length,
-    and a failed allocation of 2**62 bytes also prints a stray ``SystemError`` traceback)."""
-    if n > size - pos - header:
-        raise TruncatedPickleError(
-            name,
-            f"{OPNAME[buf[pos]]} declares a {n:,}-byte payload, but only {size - pos - header:,} "
-            "bytes of the file are left; refused before unpickling allocates it",
-            offset=pos,
-        )
-    return pos + header + n
-
-
-def _check_id(mid: int, pos: int, size: int, name: str) -> None:
-    if mid > size:
-        raise CorruptPickleError(
-            name,
-            f"memo id {mid} is larger than the file ({size} bytes), which can define at most "
-            f"{size} memo entries; refused before unpickling sizes its memo to it",
-            offset=pos,
-        )
 
 
 def _load(

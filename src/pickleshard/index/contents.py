@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import opcodes as oc
+from ..picklekit import opcodes as oc
 from ..scan.model import MAX_TEMPLATE as _MAX_TEMPLATE
 from .checking import INT, ITEM, PICKLE, ROW, FieldCheck, IndexProblem
 from .files import FileEntry

@@ -1,6 +1,6 @@
 """Scan a pickle file into per-sample byte spans, without unpickling it.
 
-:func:`scan_file` walks the opcodes once (:func:`pickleshard.opcodes.walk_opcodes`, which seeks
+:func:`scan_file` walks the opcodes once (:func:`pickleshard.picklekit.walk.walk_opcodes`, which seeks
 over every payload), matches the top-level object against the layouts of
 :mod:`pickleshard.scan.layouts` with the same decisions and field names as
 :func:`~pickleshard.scan.layouts.decode_layout`, and reports, for sample ``i`` and field ``f``:
@@ -49,9 +49,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import opcodes as oc
 from ..errors import FieldLengthMismatchError, NotSpanIndexableError
-from ..opcodes import ITEMS, KIND, Walked
+from ..picklekit import opcodes as oc
+from ..picklekit.nodes import DICT, ITEMS, KIND, TUPLE, start_of
+from ..picklekit.walk import resolve_engine, walk_opcodes
+from ..picklekit.walker import Walked
 from .externals import assemble, element_table
 from .inspector import Inspector
 from .layouts import APPENDED, DICT_SAMPLES, SAMPLES, default_field_names
@@ -61,7 +63,7 @@ from .model import ArrayItem, ArrayRow, IntItem, ScanResult
 __all__ = ["ENGINE", "ArrayItem", "ArrayRow", "IntItem", "ScanResult", "scan_bytes", "scan_file"]
 
 # The opcode walker ``engine="auto"`` runs here: "compiled" when pickleshard._cscan is built.
-ENGINE = oc.resolve_engine("auto")
+ENGINE = resolve_engine("auto")
 
 
 def _scan_chunks(buf: Any, w: Walked, stops: list[int], encoding: str) -> ScanResult:
@@ -100,27 +102,23 @@ def _scan_chunks(buf: Any, w: Walked, stops: list[int], encoding: str) -> ScanRe
 def _scan_samples(buf: Any, w: Walked, stops: list[int], encoding: str) -> ScanResult:
     first = w.roots[0]
     kind = (
-        first[KIND]
-        if type(first) is list and first[ITEMS] and first[KIND] in (oc.TUPLE, oc.DICT)
-        else 0
+        first[KIND] if type(first) is list and first[ITEMS] and first[KIND] in (TUPLE, DICT) else 0
     )
     if (
         not all(node_kind(r) == kind and len(r[ITEMS]) == len(first[ITEMS]) for r in w.roots)
-        if kind == oc.TUPLE
+        if kind == TUPLE
         else not all(node_kind(r) == kind for r in w.roots)
-        if kind == oc.DICT
+        if kind == DICT
         else False
     ):
         raise NotSpanIndexableError(w.name, "appended pickles are samples of different shapes")
     if kind:
         leaves = [spans(w.roots)]
     else:
-        leaves = [
-            (np.array([oc.start_of(r) for r in w.roots], np.int64), np.array(stops, np.int64))
-        ]
+        leaves = [(np.array([start_of(r) for r in w.roots], np.int64), np.array(stops, np.int64))]
     table = element_table(w, leaves)
     insp = Inspector(buf, w, table, encoding)
-    if kind == oc.DICT:
+    if kind == DICT:
         names, cols = dict_rows(w.roots, insp, w.name)
         return assemble(w, table, insp, APPENDED + DICT_SAMPLES.name, names, cols)
     n = len(first[ITEMS]) if kind else 1
@@ -137,7 +135,7 @@ def _scan_samples(buf: Any, w: Walked, stops: list[int], encoding: str) -> ScanR
 
 
 def _scan(buf: Any, size: int, name: str, encoding: str, engine: str) -> ScanResult:
-    w = oc.walk_opcodes(buf, size, name, engine=engine)
+    w = walk_opcodes(buf, size, name, engine=engine)
     stops = [end - 1 for _, end, _ in w.records]
     try:
         return _scan_chunks(buf, w, stops, encoding)

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import NotSpanIndexableError
 from ..memo import ElementTable, MemoRefusal, sorted_unique
-from ..opcodes import Walked
+from ..picklekit.walker import Walked
 from .fastpath import array_item, int_item
 from .inspector import Inspector
 from .matching import Field

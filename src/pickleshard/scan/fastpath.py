@@ -12,8 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import opcodes as oc
 from ..memo import WINDOW, ArraySpec
+from ..picklekit import opcodes as oc
+from ..picklekit.extent import extent
+from ..picklekit.walk import releaser
+from ..picklekit.walker import RELEASE_SHIFT
 from .model import MAX_TEMPLATE, ArrayItem, IntItem
 
 if TYPE_CHECKING:
@@ -45,7 +48,7 @@ def _template_mask(
                 return None
             head = i + 1 + oc.ARGLEN[op]
             # the payload's own opcode ends at its header: its bytes follow
-            nxt = pay if lo == start and head == pay else oc.opcode_end(buf, i)
+            nxt = pay if lo == start and head == pay else extent(buf, i, hi)
             if oc.ACTION[op] == oc.A_PUT:
                 mask[base + i + 1 - lo : base + nxt - lo] = False
             if nxt <= i or nxt > hi:
@@ -60,15 +63,15 @@ def gathered(buf: Any, at: np.ndarray, rel: np.ndarray) -> np.ndarray:
     """``buf[at[k] + rel]`` for every ``k``, a ``(len(at), len(rel))`` uint8 array.
 
     An mmap is read 4 MiB of offsets at a time, each window's pages dropped from this process
-    after it (as the opcode walk does, see :func:`pickleshard.opcodes._releaser`): touching a
+    after it (as the opcode walk does, see :func:`pickleshard.picklekit.walk.releaser`): touching a
     few bytes of every sample would otherwise map most of a file of big samples.
     """
     out = np.empty((len(at), len(rel)), np.uint8)
     if not len(at):
         return out
     order = np.argsort(at, kind="stable")
-    cuts = np.flatnonzero(np.diff(at[order] >> oc.RELEASE_SHIFT)) + 1
-    release = oc._releaser(buf)  # None for bytes and for mappings small enough to keep
+    cuts = np.flatnonzero(np.diff(at[order] >> RELEASE_SHIFT)) + 1
+    release = releaser(buf)  # None for bytes and for mappings small enough to keep
     u8 = np.frombuffer(buf, np.uint8)
     try:
         for part in np.split(order, cuts):  # in offset order, so releases only move forward

@@ -12,11 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from .. import opcodes as oc
 from ..errors import CorruptPickleError
 from ..memo import WINDOW, ElementTable, InspectUnpickler, SpanFile
-from ..opcodes import Walked
+from ..picklekit import opcodes as oc
 from ..picklekit.externals import ExternalMemos, MemoShifts
+from ..picklekit.walk import releaser
+from ..picklekit.walker import Walked
 from .fastpath import gathered
 
 __all__ = ["UNKNOWN", "Inspector"]
@@ -50,7 +51,7 @@ class Inspector:
             from .._cscan import gather
 
             at, rel = at.astype(np.int64, copy=False), rel.astype(np.int64, copy=False)
-            return gather(self.buf, at, rel, oc._releaser(self.buf))  # type: ignore[no-any-return]
+            return gather(self.buf, at, rel, releaser(self.buf))  # type: ignore[no-any-return]
         return gathered(self.buf, at, rel)
 
     def load(self, start: int, end: int, bytes_min: int = 0) -> tuple[Any, dict[int, Any]]:

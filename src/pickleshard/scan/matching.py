@@ -16,10 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import opcodes as oc
 from ..errors import FieldLengthMismatchError, NotSpanIndexableError
 from ..memo import ArraySpec, Opaque
-from ..opcodes import ITEMS, KIND, START, Node, Value
+from ..picklekit.nodes import BOUNDS, DICT, ITEMS, KIND, LIST, START, TUPLE, Node, Value, start_of
 from .inspector import UNKNOWN, Inspector
 from .layouts import Layout, NoLayout, UnknownRows, default_field_names, match_layout
 from .model import ArrayRow
@@ -73,7 +72,7 @@ def spans(nodes: Sequence[Node]) -> tuple[np.ndarray, np.ndarray]:
     ends[:-1] = starts[1:]
     base = 0
     for n in nodes:
-        b, prev = n[oc.BOUNDS], 0
+        b, prev = n[BOUNDS], 0
         for j in range(0, len(b), 2):
             if b[j] > prev:
                 ends[base + b[j] - 1] = b[j + 1]
@@ -96,7 +95,7 @@ class Candidate:
     keys: list[tuple[int, int]]  # dict_columns: key spans
 
 
-_KIND_NAMES = {oc.LIST: "list", oc.TUPLE: "tuple", oc.DICT: "dict"}
+_KIND_NAMES = {LIST: "list", TUPLE: "tuple", DICT: "dict"}
 
 
 def _kind_name(v: Value) -> str:
@@ -156,7 +155,7 @@ def leaves(cand: Candidate) -> list[tuple[np.ndarray, np.ndarray]]:
         return [spans(cand.values)]
     out = [spans([v]) for v in cand.values if type(v) is list]
     opaque = [
-        (oc.start_of(v), e) for v, e in zip(cand.values, cand.ends, strict=True) if type(v) is int
+        (start_of(v), e) for v, e in zip(cand.values, cand.ends, strict=True) if type(v) is int
     ]
     out += [
         (np.array([s for s, _ in group], np.int64), np.array([e for _, e in group], np.int64))

@@ -125,9 +125,9 @@ def _on_alarm(signum: int, frame: Any) -> None:
 
 def _engines() -> list[str]:
     """The scanner engines to try: the pure-Python walker, and the compiled one when built."""
-    from .. import opcodes
+    from ..picklekit import walk
 
-    return ["python"] + (["compiled"] if opcodes.compiled_walker() is not None else [])
+    return ["python"] + (["compiled"] if walk.compiled_walker() is not None else [])
 
 
 def _reference(path: str) -> tuple[list[Any] | None, str]:

@@ -1,7 +1,7 @@
 """Rewrite a span of a pickle file into a standalone pickle the C unpickler reads.
 
 :func:`rewrite_span` (pure Python, the reference; ``pickleshard._cscan.rewrite_span`` is its
-compiled twin) copies a span's opcodes with FRAME headers dropped and memo ids renumbered, after
+compiled twin, both stepping with :func:`~pickleshard.picklekit.extent.extent`) copies a span's opcodes with FRAME headers dropped and memo ids renumbered, after
 a prologue that stores the span's external values at memo ids ``0..k-1``: as persistent ids by
 default, or by value with :func:`literal_head` (immutable values and vetted globals), which lets
 the result load with plain :func:`pickle.loads`. It counts the opcodes that name a global, so a
@@ -18,8 +18,10 @@ import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..memo import WINDOW, MemoIdPastSpan
 from . import opcodes as oc
-from .memo import WINDOW, MemoIdPastSpan
+from .extent import NEGATIVE, SHORT, UNKNOWN, extent
+from .fastdump import fast_opcodes
 
 __all__ = [
     "BIG",
@@ -31,7 +33,6 @@ __all__ = [
 ]
 
 BIG = 64 * 1024
-_LENGTH_LIMIT = 1 << 62  # a payload length beyond any span (what the compiled twin's ints hold)
 FindClass = Callable[[str, str], Any]
 _HEADS: dict[tuple[int, int], bytes] = {}
 _MAX_LITERAL = 256  # bytes of one value's opcodes in a literal prologue; larger ones are shared
@@ -101,29 +102,10 @@ def rewrite_span(
     out = bytearray(_head(protocol, n_ext) if head is None else head)
     buffers: list[Any] = []
     finds = 0
-    finds_class = oc.FINDS_CLASS
-    copy_step, form_of, arglen, action_of, payload_of = (
-        oc.COPY_STEP,
-        oc.FORM,
-        oc.ARGLEN,
-        oc.ACTION,
-        oc.PAYLOAD,
-    )
-    F_LINE, F_LINE2, F_LEN1, F_LEN4S, F_LEN4U, F_LEN8U = (
-        oc.F_LINE,
-        oc.F_LINE2,
-        oc.F_LEN1,
-        oc.F_LEN4S,
-        oc.F_LEN4U,
-        oc.F_LEN8U,
-    )
-    A_GET, A_PUT, A_FRAME, P_BYTES, P_BYTEARRAY = (
-        oc.A_GET,
-        oc.A_PUT,
-        oc.A_FRAME,
-        oc.P_BYTES,
-        oc.P_BYTEARRAY,
-    )
+    finds_class, copy_step, form_of, head_of = oc.FINDS_CLASS, oc.COPY_STEP, oc.FORM, oc.HEAD
+    action_of, payload_of = oc.ACTION, oc.PAYLOAD
+    F_LEN1, F_LEN8U, A_GET, A_PUT, A_FRAME = oc.F_LEN1, oc.F_LEN8U, oc.A_GET, oc.A_PUT, oc.A_FRAME
+    P_BYTES, P_BYTEARRAY = oc.P_BYTES, oc.P_BYTEARRAY
     gets, puts, unpack4 = _GETS, _PUTS, oc.U4
     here = start  # file offset of buf[0]
     buf = read_at(here, min(end - here, WINDOW))
@@ -148,16 +130,9 @@ def rewrite_span(
         if step:
             i += step
             continue
-        form = form_of[op]
-        need = 1 + arglen[op]
-        if form in (F_LINE, F_LINE2):
-            nl = buf.find(b"\n", i + 1)
-            if nl >= 0 and form == F_LINE2:
-                nl = buf.find(b"\n", nl + 1)
-            need = nl + 1 - i if nl >= 0 else blen - i + WINDOW
-        if i + need > blen:  # the opcode's head is cut by the window: read again from it
-            if here + blen >= end:
-                raise EOFError(f"opcode at byte {here + i} runs past the span end {end}")
+        nxt = extent(buf, i, end - here)
+        if nxt == SHORT:  # the opcode's head is cut by the window: read again from it
+            need = head_of[op] if form_of[op] <= F_LEN8U else blen - i + WINDOW
             out += buf[mark:i]
             here += i
             buf = read_at(here, min(end - here, max(WINDOW, 2 * need)))
@@ -165,35 +140,25 @@ def rewrite_span(
             if blen < min(end - here, need):  # else the same short read again, forever
                 raise EOFError(f"file ends at byte {here + blen}, inside a span ending at {end}")
             continue
-        nxt = i + need
+        if nxt < 0:
+            raise _step_error(nxt, buf, i, here, end)
+        form = form_of[op]
         if F_LEN1 <= form <= F_LEN8U:
-            n = (
-                buf[i + 1]
-                if form == F_LEN1
-                else (oc.I4 if form == F_LEN4S else unpack4 if form == F_LEN4U else oc.U8)(
-                    buf, i + 1
-                )[0]
-            )
-            if n < 0:  # BINSTRING's signed length: stepping back by it would loop forever
-                raise pickle.UnpicklingError(
-                    f"{oc.OPNAME[op]} at byte {here + i} declares a negative length {n}"
-                )
-            if n > _LENGTH_LIMIT or here + nxt + n > end:
-                raise EOFError(f"an opcode runs past the span end {end}")
+            n = nxt - i - head_of[op]
             if (
-                nxt + n > blen
+                nxt > blen
                 and n >= big
                 and read_payload is not None
                 and payload_of[op] in (P_BYTES, P_BYTEARRAY)
             ):
                 out += buf[mark:i]
                 out.append(oc.NEXT_BUFFER_OP)
-                buffers.append(read_payload(here + nxt, n, payload_of[op]))
-                here += nxt + n  # resume after the payload, in a new window
+                buffers.append(read_payload(here + nxt - n, n, payload_of[op]))
+                here += nxt  # resume after the payload, in a new window
                 buf = read_at(here, min(end - here, WINDOW))
                 blen, i, mark = len(buf), 0, 0
                 continue
-            i = nxt + n
+            i = nxt
             continue
         if finds_class[op]:
             finds += 1
@@ -204,9 +169,9 @@ def rewrite_span(
             if act != A_FRAME:
                 ident = (  # by form: a text id ("p100\n") may be as long as a binary one
                     int(buf[i + 1 : nxt - 1])
-                    if form in (F_LINE, F_LINE2)
+                    if form != oc.F_FIXED
                     else buf[i + 1]
-                    if need == 2
+                    if nxt - i == 2
                     else unpack4(buf, i + 1)[0]
                 )
                 key = ident + shift
@@ -235,7 +200,7 @@ _NAMED = (type, types.FunctionType, types.BuiltinFunctionType)
 def _fast_dumps(value: Any, protocol: int) -> bytes:
     """The opcodes that push ``value``, storing nothing in the memo (no PROTO, FRAME or STOP)."""
     # fast mode: nothing is stored in the memo, so the prologue's memo ids stay 0..k-1
-    return b"".join(oc.fast_opcodes(value, protocol))
+    return b"".join(fast_opcodes(value, protocol))
 
 
 def _literal(value: Any, protocol: int, find_class: FindClass | None) -> bytes | None:
@@ -291,8 +256,22 @@ def _probe(data: bytes, find_class: FindClass) -> Any:
     return HookedUnpickler(io.BytesIO(data), find_class).load()
 
 
+def _step_error(code: int, buf: Any, i: int, here: int, end: int) -> Exception:
+    """The rewrite's error for :func:`extent`'s ``code`` at ``buf[i]`` (file offset ``here + i``)
+    of a span ending at ``end``: what the reader turns into an error naming the file."""
+    op = buf[i]
+    if code == UNKNOWN:
+        return pickle.UnpicklingError(f"unknown opcode 0x{op:02x} at byte {here + i}")
+    if code == NEGATIVE:  # BINSTRING's signed length: stepping back by it would loop forever
+        n = oc.I4(buf, i + 1)[0]
+        return pickle.UnpicklingError(
+            f"{oc.OPNAME[op]} at byte {here + i} declares a negative length {n}"
+        )
+    return EOFError(f"opcode at byte {here + i} runs past the span end {end}")
+
+
 def _compiled_rewrite() -> Callable[..., tuple[bytearray, list[Any], int]]:
-    from ._cscan import rewrite_span as compiled
+    from .._cscan import rewrite_span as compiled
 
     return compiled
 
