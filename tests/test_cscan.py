@@ -20,8 +20,8 @@ from picklegen import build, datasets, dumps, values
 from pickleshard import _cscan, spanread
 from pickleshard import opcodes as oc
 from pickleshard import scan as scan_module
-from pickleshard.memo import MemoIdPastSpan
 from pickleshard.opcodes import Walked
+from pickleshard.picklekit.unpicklers import MemoIdPastSpan
 from pickleshard.scan import ScanResult, scan_bytes, scan_file
 from pickleshard.spanread import SpanReader
 

@@ -17,7 +17,7 @@ import pytest
 
 from pickleshard import _cscan, spanrewrite
 from pickleshard.errors import CorruptPickleError, FileChangedError, MemoIdError
-from pickleshard.memo import MemoIdPastSpan
+from pickleshard.picklekit.unpicklers import MemoIdPastSpan
 from pickleshard.scan import scan_file
 from pickleshard.spanread import FileIdentity, SpanReader
 from rewrites import write_keeping_times

@@ -47,19 +47,11 @@ import numpy as np
 from . import opcodes as oc
 from .errors import CorruptPickleError, FieldLengthMismatchError, NotSpanIndexableError
 from .layouts import MAX_LIST_FIELDS, default_field_names
-from .memo import (
-    WINDOW,
-    ArraySpec,
-    ElementTable,
-    InspectUnpickler,
-    MemoRefusal,
-    NotInspectable,
-    Opaque,
-    SharedTable,
-    SpanFile,
-    sorted_unique,
-)
 from .opcodes import ITEMS, KIND, START, Node, Value, Walked
+from .picklekit.inert import InspectUnpickler, NotInspectable
+from .picklekit.memotables import ElementTable, MemoRefusal, SharedTable, sorted_unique
+from .picklekit.spanfile import WINDOW, SpanFile
+from .picklekit.standins import ArraySpec, Opaque
 
 __all__ = ["ENGINE", "ArrayItem", "ArrayRow", "IntItem", "ScanResult", "scan_bytes", "scan_file"]
 

@@ -74,7 +74,8 @@ from .errors import (
     UnreadableFileError,
 )
 from .fileidentity import FileIdentity
-from .memo import MemoIdPastSpan, SpanFile, SpanUnpickler
+from .picklekit.spanfile import SpanFile
+from .picklekit.unpicklers import MemoIdPastSpan, SpanUnpickler
 from .safety import GUARD_TYPES, AllowlistFindClass, guard_misuse
 from .scan import ArrayItem, IntItem, ScanResult
 from .spanrewrite import (

@@ -19,7 +19,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import opcodes as oc
-from .memo import WINDOW, MemoIdPastSpan
+from .picklekit.spanfile import WINDOW
+from .picklekit.unpicklers import MemoIdPastSpan
 
 __all__ = [
     "BIG",
