@@ -38,7 +38,7 @@ from pickleshard.inspection import FileReport, inspect_file
 from pickleshard.picklekit.inert import InspectUnpickler
 from pickleshard.picklekit.spanfile import SpanFile
 from pickleshard.picklekit.standins import Opaque
-from pickleshard.safety import classify_global
+from pickleshard.safety import ALLOWED_GLOBALS, classify_global
 from pickleshard.scan import scan_file
 
 P4 = b"\x80\x04"
@@ -188,6 +188,26 @@ def test_appended_pickles_are_counted(tmp_path: Path) -> None:
     data = b"".join(pickle.dumps((i, f"s{i}"), 4) for i in range(5))
     r = inspect_file(_file(tmp_path, data))
     assert (r.pickles, r.layout, r.samples, r.fields) == (5, "appended_samples", 5, ("x", "y"))
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_preview_resolves_externals_across_appended_pickles(tmp_path: Path, protocol: int) -> None:
+    """Samples that ``GET`` memo entries an earlier sample defined (a repeated key string, a
+    dtype), in the second of two appended pickles (memo ids shifted): the preview resolves them
+    through the one external-memo resolver, as ``pickle.load`` sees them."""
+    from pickleshard.inspection_report import describe
+
+    parts = [
+        ([{"key": k * 10 + i, "arr": np.full(2, i, "<f4")} for i in range(3)], list(range(3)))
+        for k in range(2)
+    ]
+    data = b"".join(pickle.dumps(p, protocol) for p in parts)
+    r = inspect_file(_file(tmp_path, data), samples=6)
+    assert r.span_indexable, r.reason
+    assert r.layout == "appended_columns"
+    want = [describe(x) for p in parts for x in p[0]]
+    assert r.preview["x"] == want
+    assert want[4] == "dict len=2 ('key': int 11, ...)"
 
 
 def test_the_whole_file_reading_has_an_opcode_budget(
@@ -380,6 +400,17 @@ def test_the_inert_allowlist_never_hands_out_an_allocating_class() -> None:
     assert type(ndarray((1 << 40,))) is Opaque
     assert any("numpy.ndarray" in t for t in u.refusals.texts), u.refusals.texts
     assert u.find_class("numpy", "dtype") is np.dtype
+
+
+def test_the_inert_allowlist_is_part_of_the_loaders() -> None:
+    """What the inert evaluation treats as real or evaluates, the loader allows: every other
+    global is a stand-in for it, so an inert reading never trusts more than a load would."""
+    from pickleshard.picklekit.inert import INERT_GLOBALS
+
+    assert INERT_GLOBALS <= ALLOWED_GLOBALS
+    u = InspectUnpickler(SpanFile(lambda o, n: b"", 0, 0, 4), first_id=0, resolve=print)
+    for module, name in sorted(ALLOWED_GLOBALS - INERT_GLOBALS):
+        assert type(u.find_class(module, name)) is Opaque, (module, name)
 
 
 def test_build_on_an_inert_evaluator_changes_nothing(tmp_path: Path) -> None:
