@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from picklegen import build, datasets, dumps, values
 from pickleshard import _cscan, spanread
 from pickleshard import scan as scan_module
-from pickleshard.memo import MemoIdPastSpan
 from pickleshard.picklekit import walk
+from pickleshard.picklekit.unpicklers import MemoIdPastSpan
 from pickleshard.picklekit.walker import RELEASE_SHIFT, Walked
 from pickleshard.scan import ScanResult, scan_bytes, scan_file
 from pickleshard.scan.fastpath import gathered

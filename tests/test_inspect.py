@@ -25,16 +25,21 @@ from hypothesis import HealthCheck, given, settings
 
 from conftest import BAD_FILES
 from picklegen import LAYOUTS, build, datasets, dumps, oracle, write
-from pickleshard.allowlist import classify_global
+from pickleshard.allowlist import ALLOWED_GLOBALS, classify_global
 from pickleshard.cli import main
 from pickleshard.errors import (
     CorruptPickleError,
     NotAPickleError,
+    NotSpanIndexableError,
     PickleshardError,
     TruncatedPickleError,
 )
 from pickleshard.inspection import FileReport, inspect_file
 from pickleshard.picklekit.audit import audit_buffer
+from pickleshard.picklekit.inert import InspectUnpickler
+from pickleshard.picklekit.spanfile import SpanFile
+from pickleshard.picklekit.standins import Opaque
+from pickleshard.scan import scan_file
 
 P4 = b"\x80\x04"
 
@@ -185,6 +190,26 @@ def test_appended_pickles_are_counted(tmp_path: Path) -> None:
     assert (r.pickles, r.layout, r.samples, r.fields) == (5, "appended_samples", 5, ("x", "y"))
 
 
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_preview_resolves_externals_across_appended_pickles(tmp_path: Path, protocol: int) -> None:
+    """Samples that ``GET`` memo entries an earlier sample defined (a repeated key string, a
+    dtype), in the second of two appended pickles (memo ids shifted): the preview resolves them
+    through the one external-memo resolver, as ``pickle.load`` sees them."""
+    from pickleshard.inspection_report import describe
+
+    parts = [
+        ([{"key": k * 10 + i, "arr": np.full(2, i, "<f4")} for i in range(3)], list(range(3)))
+        for k in range(2)
+    ]
+    data = b"".join(pickle.dumps(p, protocol) for p in parts)
+    r = inspect_file(_file(tmp_path, data), samples=6)
+    assert r.span_indexable, r.reason
+    assert r.layout == "appended_columns"
+    want = [describe(x) for p in parts for x in p[0]]
+    assert r.preview["x"] == want
+    assert want[4] == "dict len=2 ('key': int 11, ...)"
+
+
 def test_the_whole_file_reading_has_an_opcode_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -318,6 +343,100 @@ class _Canary:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (os.system, (f"touch {self.path}",))
+
+
+def _record_stand_ins(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every value the one inert unpickler's ``find_class`` hands out, in order."""
+    handed: list[Any] = []
+    real = InspectUnpickler.find_class
+
+    def find_class(self: InspectUnpickler, module: str, name: str) -> Any:
+        handed.append(real(self, module, name))
+        return handed[-1]
+
+    monkeypatch.setattr(InspectUnpickler, "find_class", find_class)
+    return handed
+
+
+def test_scanner_and_preview_get_the_same_stand_in_and_run_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scanner's inspector and inspect's preview (span and whole-file) evaluate with one
+    inert unpickler: a global outside its allowlist is an :class:`Opaque` for each, never run."""
+    import pickleshard.inspection
+    import pickleshard.scan
+
+    assert pickleshard.scan.InspectUnpickler is pickleshard.inspection.InspectUnpickler
+    canary = tmp_path / "canary"
+    system = f"{os.system.__module__}.system"
+    handed = _record_stand_ins(monkeypatch)
+    # a top-level field that is no list: the scanner's inspector evaluates it
+    field = _file(tmp_path, pickle.dumps((np.zeros((3, 2)), _Canary(canary)), 4), "field.pkl")
+    with pytest.raises(NotSpanIndexableError):
+        scan_file(field)
+    by_scanner = [h for h in handed if getattr(h, "qualname", None) == system]
+    handed.clear()
+    r = inspect_file(_file(tmp_path, pickle.dumps(([_Canary(canary)], [1]), 4), "sample.pkl"))
+    assert r.span_indexable
+    assert r.preview["x"] == [f"{system}(...)"]
+    by_preview = [h for h in handed if getattr(h, "qualname", None) == system]
+    handed.clear()
+    r = inspect_file(field)  # not span-indexable: the preview reads the whole file inertly
+    assert not r.span_indexable
+    assert r.layout.startswith("unsupported: "), r.layout
+    by_whole_file = [h for h in handed if getattr(h, "qualname", None) == system]
+    for used in (by_scanner, by_preview, by_whole_file):
+        assert used
+        assert all(type(h) is Opaque for h in used), used
+    assert not canary.exists()
+
+
+def test_the_inert_allowlist_never_hands_out_an_allocating_class() -> None:
+    """``numpy.ndarray`` called directly allocates from a shape: the scanner's inspector used to
+    get the real class; now every user gets a checked stand-in, and the call is a refusal."""
+    u = InspectUnpickler(SpanFile(lambda o, n: b"", 0, 0, 4), first_id=0, resolve=print)
+    ndarray = u.find_class("numpy", "ndarray")
+    assert type(ndarray) is Opaque
+    assert type(ndarray((1 << 40,))) is Opaque
+    assert any("numpy.ndarray" in t for t in u.refusals.texts), u.refusals.texts
+    assert u.find_class("numpy", "dtype") is np.dtype
+
+
+def test_the_inert_allowlist_is_part_of_the_loaders() -> None:
+    """What the inert evaluation treats as real or evaluates, the loader allows: every other
+    global is a stand-in for it, so an inert reading never trusts more than a load would."""
+    from pickleshard.picklekit.inert import INERT_GLOBALS
+
+    assert INERT_GLOBALS <= ALLOWED_GLOBALS
+    u = InspectUnpickler(SpanFile(lambda o, n: b"", 0, 0, 4), first_id=0, resolve=print)
+    for module, name in sorted(ALLOWED_GLOBALS - INERT_GLOBALS):
+        assert type(u.find_class(module, name)) is Opaque, (module, name)
+
+
+def test_build_on_an_inert_evaluator_changes_nothing(tmp_path: Path) -> None:
+    """``BUILD`` with ``__defaults__`` state on each global the inert allowlist evaluates: the
+    loader refuses BUILD on a global; the inert evaluation must not let a data file change a
+    function of the inspecting process either (it once set ``_frombuffer.__defaults__``)."""
+    from pickleshard.picklekit import inert
+
+    before = {f: f.__defaults__ for f in (inert._frombuffer, inert._reconstruct, inert._encode)}
+    state = b"N}\x8c\x0c__defaults__K\x01K\x00\x86\x85s\x86b"
+    evil = [
+        _sg(module, name) + state
+        for module, name in [
+            ("numpy._core.numeric", "_frombuffer"),
+            ("numpy.core.multiarray", "_reconstruct"),
+            ("_codecs", "encode"),
+        ]
+    ]
+    data = P4 + b"](" + b"".join(evil) + b"e](K\x00K\x01K\x02e\x86."
+    for check_all in (False, True):
+        r = inspect_file(_file(tmp_path, data, "evil.pkl"), check_all=check_all)
+        assert r.span_indexable, r.reason
+        assert sum("BUILD on global" in t for t in r.refusals) == 3, r.refusals
+    assert {f: f.__defaults__ for f in before} == before
+    good = _file(tmp_path, pickle.dumps(([np.zeros((2, 3))] * 4, [1] * 4), 5), "good.pkl")
+    assert inspect_file(good).preview["x"][0] == "ndarray float64 (2, 3)"
 
 
 @pytest.mark.parametrize("protocol", [0, 2, 5])

@@ -17,8 +17,8 @@ import pytest
 
 from pickleshard import _cscan
 from pickleshard.errors import CorruptPickleError, FileChangedError, MemoIdError
-from pickleshard.memo import MemoIdPastSpan
 from pickleshard.picklekit.rewrite import rewrite_span
+from pickleshard.picklekit.unpicklers import MemoIdPastSpan
 from pickleshard.scan import scan_file
 from pickleshard.spanread import FileIdentity, SpanReader
 from rewrites import write_keeping_times

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pickleshard import errors
-from pickleshard.layouts import DecodedLayout
+from pickleshard.scan.layouts import DecodedLayout
 from pickleshard.wholecache import CacheBudget, WholeFileCache, estimate_nbytes
 from pickleshard.wholefile import load_layout
 

@@ -20,7 +20,6 @@ from conftest import (
     outcome_without_privileges,
 )
 from pickleshard import errors
-from pickleshard.scan.layouts import DecodedLayout
 from pickleshard.wholefile import load_file, load_layout
 
 

@@ -7,10 +7,12 @@ the file names:
    every global referenced with its verdict, opcode counts;
 2. the scanner (:func:`pickleshard.scan.scan_file`): layout, fields, sample count, and whether
    the samples can be read in place (and the scanner's reason when they cannot);
-3. an inert unpickler (:class:`InertUnpickler`) that evaluates the first few samples into
-   stand-ins for a type/shape/dtype summary: numpy arrays become
-   :class:`~pickleshard.memo.ArraySpec` (dtype and shape, payload skipped), every other global a
-   :class:`Stand` that only remembers its name and what it was called with.
+3. the inert unpickler (:class:`~pickleshard.picklekit.inert.InspectUnpickler`, the scanner's
+   too) that evaluates the first few samples into stand-ins for a type/shape/dtype summary
+   (:func:`~pickleshard.inspection_report.describe`): numpy arrays become
+   :class:`~pickleshard.picklekit.standins.ArraySpec` (dtype and shape, payload skipped), every
+   other global an :class:`~pickleshard.picklekit.standins.Opaque` that only remembers its name
+   and what it was called with.
 
 When the scanner cannot index a file (protocol 0/1, a layout it does not support, a pickled
 model object...) the inert unpickler reads the whole file instead, if it has at most
@@ -20,18 +22,16 @@ Time and bytes read are proportional to the opcodes, not to the payload bytes.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import os
 import time
 import warnings
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
-from .allowlist import Verdict, parse_allow_globals
+from .allowlist import parse_allow_globals
 from .bounds import DEFAULT_MAX_DEPTH, measure
 from .errors import (
     FileProblem,
@@ -39,294 +39,22 @@ from .errors import (
     PickleshardError,
     UnsupportedLayoutError,
 )
-from .guards import CHECKS, check_call
-from .memo import ArraySpec, InspectUnpickler, NotInspectable, Payload, SpanFile, _Latin1Text
+from .inspection_report import FileReport, describe
 from .opcodes import open_buffer
-from .picklekit.audit import Audit, GlobalUse, audit_buffer
+from .picklekit.audit import Audit, audit_buffer
 from .picklekit.auditwalk import COUNTED
+from .picklekit.externals import ExternalMemos, MemoShifts
+from .picklekit.inert import InspectUnpickler, NotInspectable
+from .picklekit.spanfile import SpanFile
+from .picklekit.standins import ArraySpec, Refusals
 from .scan import ScanResult, scan_file
 from .scan.layouts import decode_layout, decode_records
 
-__all__ = ["WHOLE_FILE_OPCODES", "FileReport", "InertUnpickler", "Stand", "inspect_file"]
+__all__ = ["WHOLE_FILE_OPCODES", "FileReport", "inspect_file"]
 
-SCHEMA = 1
 WHOLE_FILE_OPCODES = 1_000_000
 """A file the scanner cannot index is evaluated whole (inertly) only up to this many opcodes."""
-_VERDICT_RANK: dict[str, int] = {"allowed": 0, "not allowed": 1, "dangerous": 2}
-_TENSOR_REBUILDS = ("_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3")
-_SETS = {"set", "frozenset"}
 _WINDOW = 512
-
-
-class Stand:
-    """An inert stand-in for a global: its ``qualname``, and whether it was called (``made``)
-    with which ``args``. Calling it, instantiating it, giving it state or items all yield or
-    ignore stand-ins; nothing the file names is imported or run. A stand-in for a global with
-    an argument check (:data:`pickleshard.guards.CHECKS`) runs the check on each call and
-    notes a refusal in ``sink``, as loading would refuse it."""
-
-    __slots__ = ("args", "key", "made", "qualname", "sink")
-    key: tuple[str, str] | None
-    sink: list[str] | None
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Stand:
-        obj = object.__new__(Stand)
-        obj.key, obj.sink = None, None
-        if isinstance(cls, Stand):  # NEWOBJ: ``cls.__new__(cls, *args)`` on a stand-in class
-            obj.qualname, obj.args, obj.made = cls.qualname, args, True
-            if cls.sink is not None and len(cls.sink) < _MAX_REFUSALS:
-                # the loader hands out a guard, not a class, for a global with an argument check
-                cls.sink.append(f"{cls.qualname}: NEWOBJ on a global that a pickle may only call")
-        return obj
-
-    def __init__(self, qualname: str = "?", args: tuple[Any, ...] = (), made: bool = False):
-        self.qualname, self.args, self.made = qualname, args, made
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Stand:
-        if self.key is not None and self.sink is not None:
-            _check_inert(self.key, args, kwargs, self.sink)
-        return Stand(self.qualname, args, True)
-
-    def _ignore(self, *args: Any) -> None:
-        return None
-
-    __setstate__ = __setitem__ = append = extend = add = _ignore
-
-
-def _checked_stand(key: tuple[str, str], sink: list[str]) -> Stand:
-    stand = Stand(".".join(key))
-    stand.key, stand.sink = key, sink
-    return stand
-
-
-class _LenStr(str):
-    """A ``str`` of a skipped text payload's length, for the argument checks."""
-
-    length = 0
-
-    def __len__(self) -> int:
-        return self.length
-
-
-class _LenBytes(bytes):
-    """``bytes`` of a skipped payload's length, for the argument checks."""
-
-    length = 0
-
-    def __len__(self) -> int:
-        return self.length
-
-
-def _checked_value(v: Any) -> Any:
-    """What an inert value stands for, as far as an argument check looks: skipped payloads
-    become ``str``/``bytes`` of their length."""
-    kind: type[_LenStr] | type[_LenBytes]
-    if isinstance(v, Payload):
-        kind, n = (_LenStr if v.kind == "text" else _LenBytes), v.length
-    elif isinstance(v, _EncodedText) and v.length >= 0:
-        kind, n = _LenBytes, v.length
-    else:
-        return v
-    out = kind()
-    out.length = n
-    return out
-
-
-def _check_inert(
-    key: tuple[str, str], args: tuple[Any, ...], kwargs: dict[str, Any], sink: list[str]
-) -> None:
-    why = check_call(key, tuple(_checked_value(a) for a in args), kwargs)
-    if why is not None and len(sink) < _MAX_REFUSALS:
-        sink.append(f"{'.'.join(key)}: {why}")
-
-
-_MAX_REFUSALS = 20
-_HARMLESS = frozenset({(m, n) for m in ("builtins", "__builtin__") for n in ("range", "slice")})
-
-
-class InertUnpickler(InspectUnpickler):
-    """:class:`~pickleshard.memo.InspectUnpickler` whose unknown globals keep their names.
-
-    numpy's array reconstruction builds :class:`~pickleshard.memo.ArraySpec`; ``numpy.ndarray``
-    itself is a stand-in (so a file cannot call it to allocate); ``numpy.dtype`` is real, and so
-    are ``range`` and ``slice`` (lazy, so that a container fed a range is seen as loading sees
-    it). Any other global is a :class:`Stand`. Calls the loader would refuse (the shared
-    argument checks of :mod:`pickleshard.guards`) are noted in :attr:`refusals`.
-    """
-
-    _NUMPY: ClassVar[frozenset[tuple[str, str]]] = frozenset(
-        [("numpy", "dtype")]
-        + [(f"{p}.numeric", "_frombuffer") for p in ("numpy.core", "numpy._core")]
-    )
-    _RECONSTRUCT: ClassVar[frozenset[tuple[str, str]]] = frozenset(
-        (f"{p}.multiarray", "_reconstruct") for p in ("numpy.core", "numpy._core")
-    )
-
-    def __init__(self, file: SpanFile, **kwargs: Any) -> None:
-        super().__init__(file, **kwargs)
-        self.refusals: list[str] = []
-
-    def find_class(self, module: str, name: str) -> Any:
-        key = (module, name)
-        if key in self._NUMPY:
-            return super().find_class(module, name)
-        if key in _HARMLESS:
-            return range if name == "range" else slice
-        if key in self._RECONSTRUCT:
-            return functools.partial(_reconstruct, key, self.refusals)
-        if key == ("_codecs", "encode"):
-            return functools.partial(_encode, self.refusals)
-        if key in CHECKS:
-            return _checked_stand(key, self.refusals)
-        return Stand(f"{module}.{name}")
-
-
-def _reconstruct(
-    key: tuple[str, str], sink: list[str], cls: Any, shape: Any = None, typecode: Any = None
-) -> Any:
-    _check_inert(key, (cls, shape, typecode), {}, sink)
-    is_ndarray = isinstance(cls, Stand) and cls.qualname == "numpy.ndarray"
-    return ArraySpec() if is_ndarray else Stand("numpy.core.multiarray._reconstruct", (cls,), True)
-
-
-class _EncodedText(_Latin1Text):
-    """What ``_codecs.encode(text, "latin1")`` stands for: bytes (protocol <= 2), ``length``
-    of them; numpy's protocol <= 2 array data is one."""
-
-    def __init__(self, length: int) -> None:
-        self.length = length
-
-
-def _encode(sink: list[str], text: Any, encoding: str = "utf-8") -> _EncodedText:
-    _check_inert(("_codecs", "encode"), (text, encoding), {}, sink)
-    n = text.length if isinstance(text, Payload) else len(text) if isinstance(text, str) else -1
-    return _EncodedText(n)
-
-
-def describe(v: Any, depth: int = 0) -> str:
-    """A short type/shape/dtype summary of an inertly unpickled value (``?`` when the stand-ins
-    a hostile file built cannot be summarised)."""
-    try:
-        return _describe(v, depth)
-    except Exception as exc:
-        return f"? ({type(exc).__name__})"
-
-
-def _describe(v: Any, depth: int) -> str:
-    if isinstance(v, ArraySpec):
-        return f"ndarray {v.dtype if v.dtype is not None else '?'} {v.shape}"
-    if isinstance(v, np.ndarray):  # a stand-in array (see _as_ndarray): its values are not real
-        return f"ndarray {v.dtype} {v.shape}"
-    if isinstance(v, np.generic):
-        return f"numpy.{type(v).__name__}"
-    if isinstance(v, Stand):
-        return _describe_stand(v)
-    if isinstance(v, _EncodedText):
-        return f"bytes len={v.length if v.length >= 0 else '?'}"
-    if isinstance(v, Payload):
-        return f"{'str' if v.kind == 'text' else v.kind} len={v.length}"
-    if isinstance(v, (list, tuple, dict, set, frozenset)):
-        text = f"{type(v).__name__} len={len(v)}"
-        if v and depth == 0:
-            first = next(iter(v.values() if isinstance(v, dict) else v))
-            key = f"{next(iter(v))!r}: " if isinstance(v, dict) else ""
-            text += (
-                f" ({key}{describe(first, 1)}, ...)"
-                if len(v) > 1
-                else f" ({key}{describe(first, 1)})"
-            )
-        return text
-    if isinstance(v, (bytes, bytearray)):
-        return f"{type(v).__name__} len={len(v)}"
-    if isinstance(v, (str, int, float, complex, bool)) or v is None:
-        text = repr(v)
-        return f"{type(v).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
-    if isinstance(v, np.dtype):
-        return f"numpy.dtype {v}"
-    return type(v).__name__
-
-
-def _describe_stand(v: Stand) -> str:
-    module, _, name = v.qualname.rpartition(".")
-    if not v.made:
-        return f"global {v.qualname}"
-    args = v.args
-    if module == "torch._utils" and name in _TENSOR_REBUILDS and len(args) >= 3:
-        shape = tuple(args[2]) if isinstance(args[2], tuple) else "?"
-        return f"torch.Tensor shape {shape} (dtype unknown without loading)"
-    if module == "torch._utils" and name.startswith("_rebuild_parameter") and args:
-        return f"torch.nn.Parameter of {describe(args[0], 1)}"
-    if module in ("builtins", "__builtin__") and name in _SETS and args:
-        n = len(args[0]) if isinstance(args[0], (list, tuple)) else "?"
-        return f"{name} len={n}"
-    return f"{v.qualname}(...)"
-
-
-@dataclass
-class FileReport:
-    """What :func:`inspect_file` found; see the module docstring. ``fields`` and ``samples`` are
-    None when unknown without loading; ``reason`` says why a file is not span-indexable;
-    ``refusals`` what loading would refuse although every global is allowed (``BUILD`` on a
-    global, an amplifying call, a sample nested too deep), as ``--strict`` reports it."""
-
-    path: str
-    size: int
-    protocol: int
-    pickles: int
-    layout: str
-    fields: tuple[str, ...] | None
-    samples: int | None
-    span_indexable: bool
-    reason: str | None
-    kinds: tuple[str, ...] | None
-    preview: dict[str, list[str]]
-    globals: list[GlobalUse]
-    opcodes: int
-    counts: dict[str, int]
-    computed_calls: int
-    bytes_read: int
-    seconds: float
-    allow_globals: tuple[str, ...] = field(default=())
-    refusals: list[str] = field(default_factory=list)
-
-    @property
-    def verdict(self) -> Verdict | None:
-        """The worst verdict among the globals (None when the file names none)."""
-        worst: Verdict | None = None
-        for g in self.globals:
-            if worst is None or _VERDICT_RANK[g.verdict] > _VERDICT_RANK[worst]:
-                worst = g.verdict
-        return worst
-
-    @property
-    def unsafe(self) -> list[GlobalUse]:
-        """Globals that are not allowed or are dangerous (what ``--strict`` fails on)."""
-        return [g for g in self.globals if g.verdict != "allowed"]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema": SCHEMA,
-            "path": self.path,
-            "size": self.size,
-            "protocol": self.protocol,
-            "pickles": self.pickles,
-            "layout": self.layout,
-            "fields": list(self.fields) if self.fields is not None else None,
-            "samples": self.samples,
-            "counts": dict.fromkeys(self.fields or (), self.samples),
-            "span_indexable": self.span_indexable,
-            "reason": self.reason,
-            "kinds": list(self.kinds) if self.kinds is not None else None,
-            "preview": self.preview,
-            "globals": [g.to_json() for g in self.globals],
-            "verdict": self.verdict,
-            "opcodes": {"total": self.opcodes, **self.counts},
-            "computed_calls": self.computed_calls,
-            "bytes_read": self.bytes_read,
-            "seconds": round(self.seconds, 6),
-            "allow_globals": list(self.allow_globals),
-            "refusals": list(self.refusals),
-        }
 
 
 def _message(exc: FileProblem) -> str:
@@ -343,7 +71,7 @@ class _Reader:
     def __init__(self, buf: Any, protocol: int, encoding: str) -> None:
         self.buf, self.protocol, self.encoding = buf, protocol, encoding
         self.bytes_read = 0
-        self.refusals: list[str] = []
+        self.refusals = Refusals()  # shared by every span's unpickler
 
     def read_at(self, offset: int, n: int) -> bytes:
         return bytes(self.buf[offset : offset + n])
@@ -353,9 +81,10 @@ class _Reader:
     ) -> tuple[Any, dict[int, Any]]:
         # a small window: a skipped payload is never fetched into the read-ahead buffer
         span = SpanFile(self.read_at, start, end, self.protocol, window=_WINDOW)
-        u = InertUnpickler(
+        u = InspectUnpickler(
             span,
             bytes_min=64,
+            refusals=self.refusals,
             first_id=first_id,
             resolve=resolve or _no_external,
             encoding=self.encoding,
@@ -366,16 +95,15 @@ class _Reader:
                 return u.load(), dict(u.memo)
         finally:
             self.bytes_read += span.bytes_read
-            self.refusals += [r for r in u.refusals if r not in self.refusals]
 
 
-def _check_depth(value: Any, limit: int, what: str, sink: list[str]) -> None:
+def _check_depth(value: Any, limit: int, what: str, sink: Refusals) -> None:
     """Note in ``sink`` a ``value`` nested deeper than ``limit`` (as the loader's bound)."""
     try:
         measure(value, None, limit)
     except Exception as exc:  # bounds._Exceeded: too deep, or containing itself
-        if getattr(exc, "what", "") in ("depth", "cycle") and len(sink) < _MAX_REFUSALS:
-            sink.append(f"{what} nests containers deeper than max_depth={limit}")
+        if getattr(exc, "what", "") in ("depth", "cycle"):
+            sink.note(f"{what} nests containers deeper than max_depth={limit}")
 
 
 def _no_external(memo_id: int) -> Any:
@@ -383,33 +111,30 @@ def _no_external(memo_id: int) -> Any:
 
 
 class _SpanPreview:
-    """The first samples of a span-indexed file, each span evaluated with its memo externals."""
+    """The first samples of a span-indexed file, each span evaluated with its memo externals
+    (the elements defining them replayed once each, by the one external-memo resolver)."""
 
     def __init__(self, reader: _Reader, scan: ScanResult) -> None:
         self.reader, self.scan = reader, scan
-        self.memos: dict[int, dict[int, Any] | None] = {}
+        self.shifts = MemoShifts.of_records(scan.records)
+        self.externals = ExternalMemos(self._element_of, self._replay)
 
-    def _shift(self, start: int) -> int:
-        row = int(np.searchsorted(self.scan.records[:, 0], start, "right")) - 1
-        return int(self.scan.records[row, 2])
+    def _element_of(self, key: int) -> int:
+        try:
+            return self.scan.shared.element(key)
+        except KeyError:
+            return -1
+
+    def _replay(self, e: int) -> dict[int, Any]:
+        start, end, base, _ = self.scan.shared.elements[e]
+        return self._load(start, end, base)[1]
 
     def _load(self, start: int, end: int, base: int) -> tuple[Any, dict[int, Any]]:
-        shift = self._shift(start)
+        shift = self.shifts.at(start)
         value, memo = self.reader.load(
-            start, end, base - shift, lambda i: self._external(i + shift)
+            start, end, base - shift, lambda i: self.externals(i + shift)
         )
         return value, {i + shift: v for i, v in memo.items()}
-
-    def _external(self, key: int) -> Any:
-        e = self.scan.shared.element(key)
-        if e in self.memos and self.memos[e] is None:
-            raise NotInspectable(f"memo key {key} refers to its own element")
-        memo = self.memos.get(e)
-        if memo is None:
-            self.memos[e] = None
-            start, end, base, _ = self.scan.shared.elements[e]
-            memo = self.memos[e] = self._load(start, end, base)[1]
-        return memo[key]
 
     def sample(self, i: int, f: int) -> str:
         s = self.scan
@@ -518,7 +243,7 @@ def inspect_file(
         f"BUILD on global {module}.{gname} at byte {pos} (a file may not change a function or "
         "class of the loading process)"
         for pos, (module, gname) in audit.builds_on_globals
-    ] + reader.refusals
+    ] + reader.refusals.texts
     report.bytes_read += audit.bytes_read + reader.bytes_read
     report.seconds = time.perf_counter() - t0
     return report

@@ -73,7 +73,6 @@ from .errors import (
     UnreadableFileError,
 )
 from .fileidentity import FileIdentity
-from .memo import MemoIdPastSpan, SpanFile, SpanUnpickler
 from .picklekit import opcodes as oc
 from .picklekit.rewrite import (
     BIG,
@@ -83,6 +82,8 @@ from .picklekit.rewrite import (
     literal_head,
     rewrite_span,
 )
+from .picklekit.spanfile import SpanFile
+from .picklekit.unpicklers import MemoIdPastSpan, SpanUnpickler
 from .picklekit.walk import resolve_engine
 from .safety import GUARD_TYPES, AllowlistFindClass, guard_misuse
 from .scan import ArrayItem, IntItem, ScanResult

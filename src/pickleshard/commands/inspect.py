@@ -3,7 +3,7 @@
 Nothing is loaded: see :mod:`pickleshard.inspection`. Several files, directories (searched for
 ``*.pkl``, ``*.pickle``, ``*.pk``, ``*.p``) and globs may be given; each file is reported.
 
-``--json`` prints :meth:`~pickleshard.inspection.FileReport.to_json` of the file when one file
+``--json`` prints :meth:`~pickleshard.inspection_report.FileReport.to_json` of the file when one file
 is named, else a list with one entry per file (``{"path": ..., "error": ...}`` for a file that
 could not be read).
 
@@ -21,7 +21,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..inspection import FileReport
+    from ..inspection_report import FileReport
 
 EXIT_ERROR = 1
 EXIT_STRICT = 3

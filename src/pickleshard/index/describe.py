@@ -7,7 +7,7 @@ it cannot prove...) is unpickled whole to count its samples instead, and its row
 (``mode="whole"``, ``reason``). The scanner's other errors are checked against a whole-file
 load, so a bad file raises the same :class:`~pickleshard.errors.PickleshardError` either way.
 Either way a memo id larger than the file is refused
-(:func:`pickleshard.wholefile.check_memo_ids`), so that no file an index holds makes a later
+(:func:`pickleshard.picklekit.memoids.check_memo_ids`), so that no file an index holds makes a later
 whole-file load allocate a huge memo. The file's identity, fingerprint and memo check read it
 through :mod:`pickleshard.io`.
 """
@@ -23,10 +23,11 @@ import numpy as np
 
 from ..errors import NotSpanIndexableError
 from ..io import LocalFile
+from ..picklekit.memoids import check_memo_ids
 from ..safety import DEFAULT_POLICY, UnpicklePolicy
 from ..scan import ScanResult, scan_file
 from ..wholecache import estimate_nbytes
-from ..wholefile import check_memo_ids, load_layout
+from ..wholefile import load_layout
 from .files import FileEntry, fingerprint
 
 __all__ = ["Described", "describe_file", "staged_name"]

@@ -28,8 +28,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import CorruptPickleError, EmptyPickleError, NotAPickleError, TruncatedPickleError
 from ..allowlist import Verdict, classify_global
+from ..errors import CorruptPickleError, EmptyPickleError, NotAPickleError, TruncatedPickleError
 from . import opcodes as oc
 from .auditwalk import UNRESOLVED, GlobalKey, Walk, walk_record
 

@@ -6,8 +6,8 @@ import io
 import sys
 import zipfile
 
-from ..errors import PickleshardError
 from ..allowlist import classify_global
+from ..errors import PickleshardError
 from .audit import Audit
 from .auditwalk import Blob, GlobalKey, Walk, walk_record
 

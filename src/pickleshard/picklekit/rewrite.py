@@ -18,10 +18,11 @@ import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..memo import WINDOW, MemoIdPastSpan
 from . import opcodes as oc
 from .extent import NEGATIVE, SHORT, UNKNOWN, extent
 from .fastdump import fast_opcodes
+from .spanfile import WINDOW
+from .unpicklers import MemoIdPastSpan
 
 __all__ = [
     "BIG",

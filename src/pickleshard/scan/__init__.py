@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FieldLengthMismatchError, NotSpanIndexableError
+from ..opcodes import open_buffer
 from ..picklekit import opcodes as oc
 from ..picklekit.nodes import DICT, ITEMS, KIND, TUPLE, start_of
 from ..picklekit.walk import resolve_engine, walk_opcodes
@@ -164,7 +165,7 @@ def scan_file(
     other :class:`~pickleshard.errors.PickleshardError` classes for bad files.
     """
     name = os.fspath(path)
-    buf, size = oc.open_buffer(name)
+    buf, size = open_buffer(name)
     try:
         return _scan(buf, size, name, encoding, engine)
     finally:

@@ -2,7 +2,7 @@
 
 :func:`element_table` numbers every element (sample field, dict key, opaque field) of a file and
 finds, from the walk's memo definitions and GETs, which memo keys each refers to that an earlier
-element defined (:class:`~pickleshard.memo.ElementTable`); :func:`externals` lays them out per
+element defined (:class:`~pickleshard.picklekit.memotables.ElementTable`); :func:`externals` lays them out per
 (sample, field) as CSR arrays; :func:`assemble` builds the result, with each field's fast path.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import NotSpanIndexableError
-from ..memo import ElementTable, MemoRefusal, sorted_unique
+from ..picklekit.memotables import ElementTable, MemoRefusal, sorted_unique
 from ..picklekit.walker import Walked
 from .fastpath import array_item, int_item
 from .inspector import Inspector

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..memo import WINDOW, ArraySpec
 from ..picklekit import opcodes as oc
 from ..picklekit.extent import extent
+from ..picklekit.spanfile import WINDOW
+from ..picklekit.standins import ArraySpec
 from ..picklekit.walk import releaser
 from ..picklekit.walker import RELEASE_SHIFT
 from .model import MAX_TEMPLATE, ArrayItem, IntItem

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import FieldLengthMismatchError, NotSpanIndexableError
-from ..memo import ArraySpec, Opaque
 from ..picklekit.nodes import BOUNDS, DICT, ITEMS, KIND, LIST, START, TUPLE, Node, Value, start_of
+from ..picklekit.standins import ArraySpec, Opaque
 from .inspector import UNKNOWN, Inspector
 from .layouts import Layout, NoLayout, UnknownRows, default_field_names, match_layout
 from .model import ArrayRow

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ..memo import SharedTable
 from ..picklekit import opcodes as oc
+from ..picklekit.memotables import SharedTable
 from .dtypes import dtype_from_json, dtype_to_json
 
 __all__ = ["ARRAYS", "FORMAT", "MAX_TEMPLATE", "ArrayItem", "ArrayRow", "IntItem", "ScanResult"]
