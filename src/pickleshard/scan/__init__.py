@@ -51,7 +51,6 @@ import numpy as np
 
 from ..errors import FieldLengthMismatchError, NotSpanIndexableError
 from ..opcodes import open_buffer
-from ..picklekit import opcodes as oc
 from ..picklekit.nodes import DICT, ITEMS, KIND, TUPLE, start_of
 from ..picklekit.walk import resolve_engine, walk_opcodes
 from ..picklekit.walker import Walked
