@@ -39,13 +39,14 @@ from __future__ import annotations
 import os
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from . import opcodes as oc
 from .errors import CorruptPickleError, FieldLengthMismatchError, NotSpanIndexableError
+from .io import ByteSource, open_source, storage_read_bytes
 from .layouts import MAX_LIST_FIELDS, default_field_names
 from .memo import (
     WINDOW,
@@ -60,6 +61,7 @@ from .memo import (
     sorted_unique,
 )
 from .opcodes import ITEMS, KIND, START, Node, Value, Walked
+from .scanio import fetched_since, scan_buffer
 
 __all__ = ["ENGINE", "ArrayItem", "ArrayRow", "IntItem", "ScanResult", "scan_bytes", "scan_file"]
 
@@ -222,7 +224,9 @@ class ScanResult:
     Per sample (shape ``(N, F)``, int64): ``starts``, ``ends``, ``memo_base``. CSR externals:
     ``ext_offsets`` (``N * F + 1``) and ``ext_keys``. Per file: ``records`` (``(R, 3)`` int64:
     start, end after STOP, memo-key shift of each pickle in the file), ``shared`` and the rest.
-    ``bytes_read`` is how many bytes of the file the scan examined. ``engine`` is the opcode
+    ``bytes_read`` is how many bytes of the file the scan examined; ``bytes_fetched`` how many
+    storage delivered to the scanning process meanwhile (readahead included; None where not
+    measured: ``/proc/self/io`` missing, or bytes scanned). ``engine`` is the opcode
     walker that ran ("compiled" or "python"; empty when rebuilt from the stored form); it takes
     no part in comparisons, since both give equal results.
     """
@@ -244,6 +248,7 @@ class ScanResult:
     bytes_read: int
     engine: str = field(default="", compare=False)
     items: tuple[ArrayItem | IntItem | None, ...] = ()
+    bytes_fetched: int | None = field(default=None, compare=False)
 
     @property
     def num_samples(self) -> int:
@@ -256,6 +261,8 @@ class ScanResult:
     def meta(self) -> dict[str, Any]:
         """The per-file part, JSON-serialisable (the per-sample part is :meth:`arrays_dict`)."""
         plain = {k: getattr(self, k) for k in ("size", "protocol", "layout", "bytes_read")}
+        if self.bytes_fetched is not None:
+            plain["bytes_fetched"] = self.bytes_fetched
         return {
             **plain,
             "format": _FORMAT,
@@ -292,6 +299,7 @@ class ScanResult:
             ext_offsets=arrays["ext_offsets"],
             ext_keys=arrays["ext_keys"],
             records=arrays["records"],
+            bytes_fetched=meta.get("bytes_fetched"),
             **plain,
         )
 
@@ -955,23 +963,27 @@ def _scan(buf: Any, size: int, name: str, encoding: str, engine: str) -> ScanRes
 
 
 def scan_file(
-    path: str | os.PathLike[str], *, encoding: str = "ASCII", engine: str = "auto"
+    path: str | os.PathLike[str] | ByteSource, *, encoding: str = "ASCII", engine: str = "auto"
 ) -> ScanResult:
     """Scan the pickle file at ``path`` (see the module docstring for what is reported).
 
-    ``encoding`` decodes Python 2 ``str`` dict keys, as in :func:`pickle.load`. ``engine`` picks
-    the opcode walker: ``"auto"`` (the compiled one when built, see :data:`ENGINE`),
-    ``"compiled"`` or ``"python"`` (the reference); results and errors are the same. Raises
-    :class:`~pickleshard.errors.NotSpanIndexableError` when the file must be read whole, and the
-    other :class:`~pickleshard.errors.PickleshardError` classes for bad files.
+    ``path`` is a path or URL (opened with :func:`pickleshard.io.open_source`, closed after) or
+    an open :class:`~pickleshard.io.ByteSource` (left open). The source is advised as
+    :func:`pickleshard.scanio.choose_pattern` decides, so a sparse scan fetches only the pages
+    it examines. ``encoding`` decodes Python 2 ``str`` dict keys, as in :func:`pickle.load`.
+    ``engine`` picks the opcode walker: ``"auto"`` (the compiled one when built, see
+    :data:`ENGINE`), ``"compiled"`` or ``"python"`` (the reference); results and errors are the
+    same. Raises :class:`~pickleshard.errors.NotSpanIndexableError` when the file must be read
+    whole, and the other :class:`~pickleshard.errors.PickleshardError` classes for bad files.
     """
-    name = os.fspath(path)
-    buf, size = oc.open_buffer(name)
+    source = path if isinstance(path, ByteSource) else open_source(path)
+    before = storage_read_bytes()
     try:
-        return _scan(buf, size, name, encoding, engine)
-    finally:
-        if not isinstance(buf, bytes):
-            buf.close()
+        result = _scan(scan_buffer(source), source.size, source.name, encoding, engine)
+    finally:  # the source's map goes with it
+        if source is not path:
+            source.close()
+    return replace(result, bytes_fetched=fetched_since(before))
 
 
 def scan_bytes(
