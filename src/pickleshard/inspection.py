@@ -31,7 +31,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from . import opcodes as oc
 from .audit import COUNTED, Audit, GlobalUse, audit_buffer
 from .bounds import DEFAULT_MAX_DEPTH, measure
 from .errors import (
@@ -41,10 +40,12 @@ from .errors import (
     UnsupportedLayoutError,
 )
 from .guards import CHECKS, check_call
+from .io import open_source
 from .layouts import decode_layout, decode_records
 from .memo import ArraySpec, InspectUnpickler, NotInspectable, Payload, SpanFile, _Latin1Text
 from .safety import Verdict, parse_allow_globals
 from .scan import ScanResult, scan_file
+from .scanio import scan_buffer
 
 __all__ = ["WHOLE_FILE_OPCODES", "FileReport", "InertUnpickler", "Stand", "inspect_file"]
 
@@ -503,14 +504,11 @@ def inspect_file(
     allowed = tuple(allow_globals)
     extra = parse_allow_globals(allowed)
     t0 = time.perf_counter()
-    buf, size = oc.open_buffer(name)
-    try:
+    with open_source(name) as source:  # its map (the buffer) closes with it
+        buf, size = scan_buffer(source), source.size
         audit = audit_buffer(buf, size, name)
         reader = _Reader(buf, audit.protocol, encoding)
         report = _report(name, buf, audit, reader, encoding, max(samples, 0), check_all)
-    finally:
-        if not isinstance(buf, bytes):
-            buf.close()
     report.globals = audit.globals(extra)
     report.allow_globals = allowed
     report.refusals = [
