@@ -4,6 +4,7 @@ and scans choose their readahead so that a cold sparse scan fetches what it exam
 
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 
@@ -145,6 +146,7 @@ def test_a_cold_sparse_scan_fetches_what_it_examines(tmp_path: Path) -> None:
     of it: the default readahead (8 MiB on a disk whose read_ahead_kb is 8192) fetched it all."""
     path = _seed_file(tmp_path / "cold.pkl", 200, (3, 112, 112))  # 30 MB
     source = LocalFile(path)
+    os.fsync(source.fileno())  # dirty pages are not evicted
     source.evict()
     before = storage_read_bytes()
     source.read_at(path.stat().st_size // 2, 1)
