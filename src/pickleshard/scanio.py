@@ -24,7 +24,7 @@ from .io import AccessPattern, ByteSource, storage_read_bytes
 __all__ = ["PROBE_BYTES", "SPARSE_PAGES", "choose_pattern", "fetched_since", "scan_buffer"]
 
 PROBE_BYTES = 256 << 10  # the head examined to choose the pattern
-PROBE_OPCODES = 4096  # ... or this many opcodes, whichever ends first (dense files end early)
+PROBE_OPCODES = 1024  # ... or this many opcodes, whichever ends first (dense files end early)
 PAGE = 4096
 SPARSE_PAGES = 16  # opcodes on under one page in 16 (64 KiB apart or more): read "random"
 
@@ -48,13 +48,16 @@ def choose_pattern(source: ByteSource) -> AccessPattern:
         head = source.read_at(0, PROBE_BYTES)
     pages: set[int] = set()
     pos = 2 if head[:1] == bytes((oc.PROTO_OP,)) else 0
+    dense = len(head) // PAGE // SPARSE_PAGES  # more pages touched than this: dense already
     for _ in range(PROBE_OPCODES):
         if pos >= len(head):
             break
         pages.add(pos // PAGE)
+        if len(pages) > dense:
+            return "sequential"
         try:
             pos = oc.opcode_end(head, pos)
-        except Exception:
+        except Exception:  # a probe: the walk reports bad bytes, with their offset
             break
     spanned = min(pos, len(head)) // PAGE + 1
     return "random" if len(pages) * SPARSE_PAGES <= spanned else "sequential"
