@@ -4,6 +4,7 @@ and scans choose their readahead so that a cold sparse scan fetches what it exam
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pickleshard.cli import main
 from pickleshard.fileidentity import FileIdentity
 from pickleshard.io import ByteSource, LocalFile, storage_read_bytes
 from pickleshard.io.base import _check_range
@@ -157,3 +159,23 @@ def test_a_cold_sparse_scan_fetches_what_it_examines(tmp_path: Path) -> None:
     scan = scan_file(path)
     assert scan.bytes_fetched is not None
     assert scan.bytes_fetched < 0.15 * path.stat().st_size, scan.bytes_fetched
+
+
+def test_index_and_inspect_report_bytes_fetched_beside_bytes_examined(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    paths = [_seed_file(data / f"part-{k}.pkl", 30, (3, 64, 64)) for k in range(2)]
+    assert main(["index", str(data), "--index", str(tmp_path / "idx"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["span_bytes"] == sum(p.stat().st_size for p in paths)
+    assert doc["bytes_examined"] == sum(scan_file(p).bytes_read for p in paths)
+    assert 0 < doc["bytes_examined"] < doc["span_bytes"]
+    if storage_read_bytes() is None:
+        assert doc["bytes_fetched"] is None
+    else:
+        assert 0 <= doc["bytes_fetched"] <= 2 * doc["span_bytes"]
+    assert main(["inspect", str(paths[0])]) == 0
+    text = capsys.readouterr().out
+    assert ("fetched" in text) == (storage_read_bytes() is not None)
