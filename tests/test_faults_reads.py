@@ -550,37 +550,14 @@ def test_an_io_error_in_a_whole_load_is_an_unreadable_file(
     the file, not a corrupt pickle."""
     import errno
 
-    import pickleshard.wholefile as wholefile
-
     path = tmp_path / "mixed.pkl"
     path.write_bytes(pickle.dumps([({"a": i}, np.zeros(3) + i) for i in range(20)], 5))
     ds = PickleDataset(tmp_path, mode="whole")
 
-    class Failing:
-        """The file, whose reads fail but for the 2-byte read of its head."""
+    def failing(*args: Any) -> Any:  # the unpickler's reads (preadv), not the head's (pread)
+        raise OSError(errno.EIO, "Input/output error")
 
-        def __init__(self, fh: Any) -> None:
-            self.fh = fh
-
-        def __getattr__(self, name: str) -> Any:
-            attr = getattr(self.fh, name)
-            if name not in ("read", "readinto", "readline", "peek"):
-                return attr
-
-            def call(*args: Any) -> Any:
-                if (name, args) != ("read", (2,)):  # the unpickler's reads, not the head's
-                    raise OSError(errno.EIO, "Input/output error")
-                return attr(*args)
-
-            return call
-
-        def __enter__(self) -> Failing:
-            return self
-
-        def __exit__(self, *exc: Any) -> None:
-            self.fh.close()
-
-    monkeypatch.setattr(wholefile, "open", lambda *a: Failing(open(*a)), raising=False)  # noqa: SIM115
+    monkeypatch.setattr(os, "preadv", failing)
     with pytest.raises(UnreadableFileError, match="Input/output error") as info:
         ds[0]
     assert str(path) in str(info.value)

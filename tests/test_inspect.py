@@ -591,10 +591,12 @@ def test_cli_json_schema(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         "opcodes",
         "computed_calls",
         "bytes_read",
+        "bytes_fetched",
         "seconds",
         "allow_globals",
         "refusals",
     }
+    assert doc["bytes_fetched"] is None or doc["bytes_fetched"] >= 0
     assert doc["schema"] == 1
     assert doc["layout"] == "columns"
     assert doc["fields"] == ["x", "y"]

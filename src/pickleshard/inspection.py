@@ -40,7 +40,7 @@ from .errors import (
     UnsupportedLayoutError,
 )
 from .inspection_report import FileReport, describe
-from .opcodes import open_buffer
+from .io import open_source
 from .picklekit.audit import Audit, audit_buffer
 from .picklekit.auditwalk import COUNTED
 from .picklekit.externals import ExternalMemos, MemoShifts
@@ -49,6 +49,7 @@ from .picklekit.spanfile import SpanFile
 from .picklekit.standins import ArraySpec, Refusals
 from .scan import ScanResult, scan_file
 from .scan.layouts import decode_layout, decode_records
+from .scanio import scan_buffer
 
 __all__ = ["WHOLE_FILE_OPCODES", "FileReport", "inspect_file"]
 
@@ -229,14 +230,11 @@ def inspect_file(
     allowed = tuple(allow_globals)
     extra = parse_allow_globals(allowed)
     t0 = time.perf_counter()
-    buf, size = open_buffer(name)
-    try:
+    with open_source(name) as source:  # its map (the buffer) closes with it
+        buf, size = scan_buffer(source), source.size
         audit = audit_buffer(buf, size, name)
         reader = _Reader(buf, audit.protocol, encoding)
         report = _report(name, buf, audit, reader, encoding, max(samples, 0), check_all)
-    finally:
-        if not isinstance(buf, bytes):
-            buf.close()
     report.globals = audit.globals(extra)
     report.allow_globals = allowed
     report.refusals = [

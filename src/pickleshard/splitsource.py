@@ -4,8 +4,8 @@
 under the caller's :class:`~pickleshard.safety.UnpicklePolicy` (one reader per field over a
 one-field view of the scan, so writing a column reads only that column), and copies the rows of
 an ``array_row`` field from the file in blocks of ``COPY_BLOCK`` bytes. :func:`shape_from_scan`
-tells the container types from the opcodes that close them (a few bytes each, by ``pread``; the
-file is not mapped). :class:`LoadedSource` holds a file the scanner refused, loaded whole by
+tells the container types from the opcodes that close them (a few bytes each, read from the
+file's :mod:`byte source <pickleshard.io>`; the file is not mapped). :class:`LoadedSource` holds a file the scanner refused, loaded whole by
 :func:`open_source` when ``WHOLE_FILE_FACTOR`` times its size fits the memory budget.
 """
 
@@ -22,6 +22,7 @@ import numpy as np
 
 from .chunkwriter import ChunkShape, RowPayload, SampleSource
 from .errors import NotSpanIndexableError, UnsupportedLayoutError
+from .io import open_source as open_bytes
 from .picklekit import opcodes as oc
 from .safety import UnpicklePolicy
 from .scan import ScanResult, scan_file
@@ -194,7 +195,7 @@ def _top_closer(tail: bytes) -> str:
 
 def shape_from_scan(scan: ScanResult) -> ChunkShape:
     """Container types of a scanned file, from the opcodes that close them (a few bytes each,
-    read with ``pread``; no mapping of the file)."""
+    read from its byte source; no mapping of the file)."""
     entry = layout_named(scan.layout, scan.path)
     layout = entry.name
     dtypes = tuple(
@@ -205,10 +206,9 @@ def shape_from_scan(scan: ScanResult) -> ChunkShape:
     )
     if entry.rows:
         return ChunkShape(layout, "list", scan.fields, (), dtypes)
-    fd = os.open(scan.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    try:
+    with open_bytes(scan.path) as data:
         end = int(scan.records[0, 1])
-        top = _top_closer(os.pread(fd, min(end, 8), end - min(end, 8)))
+        top = _top_closer(data.read_at(end - min(end, 8), min(end, 8)))
         if entry.per_pickle:
             return ChunkShape(layout, "", scan.fields, (), dtypes, tuple_samples=top == "tuple")
         containers = []
@@ -219,10 +219,8 @@ def shape_from_scan(scan: ScanResult) -> ChunkShape:
             elif last < 0:
                 containers.append("list")  # an empty field: no closing opcode to read
             else:
-                op = os.pread(fd, 1, int(scan.ends[last, f]))
+                op = data.read_at(int(scan.ends[last, f]), 1)
                 containers.append(_CLOSERS.get(op[0], "?") if op else "?")
-    finally:
-        os.close(fd)
     if "?" in containers or top not in ("list", "tuple", "dict"):
         raise NotSpanIndexableError(scan.path, "a container whose type split cannot tell")
     return ChunkShape(layout, top, scan.fields, tuple(containers), dtypes)
@@ -245,13 +243,14 @@ def open_source(
     path: Path, policy: UnpicklePolicy, memory_bytes: int, scan: ScanResult | None
 ) -> tuple[SampleSource, ChunkShape, bool]:
     try:
-        st = path.stat()  # before the scan: a change during it shows in every read after
-        if scan is None:
-            scan = scan_file(path, encoding=policy.encoding)
-        elif scan.size != st.st_size:
-            raise ValueError(f"scan= is of a file of {scan.size} bytes, not of {path}")
+        with open_bytes(path) as data:
+            recorded = data.identity()  # before the scan: a change during it shows after
+            if scan is None:
+                scan = scan_file(data, encoding=policy.encoding)
+            elif scan.size != recorded.size:
+                raise ValueError(f"scan= is of a file of {scan.size} bytes, not of {path}")
     except NotSpanIndexableError as exc:
-        need = WHOLE_FILE_FACTOR * path.stat().st_size
+        need = WHOLE_FILE_FACTOR * recorded.size
         if need > memory_bytes:
             raise NotSpanIndexableError(
                 path,
@@ -262,9 +261,7 @@ def open_source(
             ) from None
         columns, shape = _load_whole(path, policy)
         return LoadedSource(columns, _protocol_of(path), path, policy), shape, True
-    src = SpanSource(
-        scan, policy, FileIdentity(scan.size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-    )
+    src = SpanSource(scan, policy, recorded)
     try:
         return src, shape_from_scan(scan), False
     except BaseException:
@@ -321,6 +318,6 @@ def _load_whole(path: Path, policy: UnpicklePolicy) -> tuple[Sequence[Any], Chun
 
 
 def _protocol_of(path: Path) -> int:
-    with open(path, "rb") as fh:
-        head = fh.read(2)
+    with open_bytes(path) as data:
+        head = data.read_at(0, 2)
     return head[1] if len(head) == 2 and head[0] == oc.PROTO_OP else 0

@@ -8,7 +8,6 @@ reader is tested against.
 
 from __future__ import annotations
 
-import mmap
 import os
 import pickle
 from typing import IO, Any
@@ -24,6 +23,7 @@ from .errors import (
 )
 from .fileidentity import FileIdentity
 from .gcpause import paused_gc
+from .io import ByteSource, open_reader, open_source
 from .picklekit.memoids import check_memo_ids
 from .safety import DEFAULT_POLICY, UnpicklePolicy, guard_misuse
 from .scan.layouts import DecodedLayout, decode_records
@@ -85,23 +85,16 @@ def _load(
     identity: FileIdentity | None = None,
 ) -> list[Any]:
     where = os.fspath(path)
-    try:
-        fh = open(where, "rb")  # noqa: SIM115 - closed below; errors classified separately
-    except OSError as exc:
-        raise UnreadableFileError(where, f"cannot open: {exc.strerror or exc}") from None
-    with fh:
-        try:
-            head = fh.read(2)
-            size = os.fstat(fh.fileno()).st_size
-        except OSError as exc:
-            raise UnreadableFileError(where, f"cannot read: {exc.strerror or exc}") from None
+    with open_source(where) as source:
+        head = source.read_at(0, 2)  # UnreadableFileError "cannot open"/"cannot read" itself
+        size = source.size
         if identity is not None:
-            _check_identity(fh, where, identity, "")
+            _check_identity(source, where, identity, "")
         if not head:
             raise EmptyPickleError(where, "file is empty; expected a pickle stream", offset=0)
-        fh.seek(0)
-        buf = _map(fh, where) if check_memo else None
-        try:
+        source.advise("sequential")  # the unpickler reads every byte, in order
+        buf = _map(source) if check_memo else None
+        with open_reader(source) as fh:
             records: list[Any] = []
             while True:
                 if buf is not None:
@@ -109,28 +102,21 @@ def _load(
                 records.append(_load_one(fh, where, size, policy))
                 if not every or fh.tell() >= size:
                     if identity is not None:  # a write that raced the load has stamped it
-                        _check_identity(fh, where, identity, " (it changed while it was read)")
+                        _check_identity(source, where, identity, " (it changed while it was read)")
                     return records
-        finally:
-            if isinstance(buf, mmap.mmap):
-                buf.close()
 
 
-def _check_identity(fh: IO[bytes], where: str, identity: FileIdentity, when: str) -> None:
-    try:
-        what = identity.differs(os.fstat(fh.fileno()))
-    except OSError as exc:
-        raise UnreadableFileError(where, f"cannot stat: {exc.strerror or exc}") from None
+def _check_identity(source: ByteSource, where: str, identity: FileIdentity, when: str) -> None:
+    what = source.changed_since(identity)  # UnreadableFileError "cannot stat" itself
     if what is not None:
         # FileChangedError's message says "the file changed since it was indexed" itself
         raise FileChangedError(where, f"{what}{when}")
 
 
-def _map(fh: IO[bytes], where: str) -> mmap.mmap:
-    try:
-        return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    except (OSError, ValueError) as exc:
-        raise UnreadableFileError(where, f"cannot map: {exc}") from None
+def _map(source: ByteSource) -> Any:
+    """The whole file as a buffer (its map; its bytes where it cannot be mapped)."""
+    buf = source.map()
+    return source.read_at(0, source.size) if buf is None else buf
 
 
 def _load_one(fh: IO[bytes], where: str, size: int, policy: UnpicklePolicy) -> Any:

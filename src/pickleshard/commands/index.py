@@ -1,10 +1,16 @@
-"""``pickleshard index``: build the dataset index of a directory, glob or file of pickles."""
+"""``pickleshard index``: build the dataset index of a directory, glob or file of pickles.
+
+The summary says what the scans examined (``bytes_examined``) and what storage delivered to
+the scanning processes (``bytes_fetched``, ``read_bytes`` of ``/proc/self/io`` around each
+file's scan: the index may be built in worker processes, each measures its own).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ._common import add_safety_flags, policy_from_args, show_progress
@@ -38,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
         "whole_files": whole,
         "skipped": skipped,
         "seconds": round(elapsed, 3),
+        **_reads(idx.files),
     }
     if args.json:
         print(json.dumps(summary, indent=1))
@@ -48,6 +55,14 @@ def run(args: argparse.Namespace) -> int:
         f"{summary['span_files']} read by span, {len(whole)} whole) "
         f"in {elapsed:.2f} s -> {summary['index']}"
     )
+    if summary["span_bytes"]:
+        fetched = summary["bytes_fetched"]
+        pct = 100 / summary["span_bytes"]
+        print(
+            f"  scans examined {summary['bytes_examined']:,} bytes "
+            f"({pct * summary['bytes_examined']:.2f}% of the span files)"
+            + ("" if fetched is None else f", fetched {fetched:,} ({pct * fetched:.2f}%)")
+        )
     for w in whole:
         print(f"  whole: {w['path']}: {w['reason']}")
     if skipped:
@@ -55,6 +70,21 @@ def run(args: argparse.Namespace) -> int:
         for s in skipped:
             print(f"  {s['error']}: {s['message']}")
     return 0
+
+
+def _reads(files: Sequence[Any]) -> dict[str, Any]:
+    """What the scans of the span files examined and what storage delivered to the processes
+    that scanned them (each measured around its own scan; None when a file's count is missing:
+    no ``/proc/self/io``, or an index built before it was recorded). Whole files are unpickled,
+    every byte read; their bytes are ``whole_bytes``."""
+    scans = [f.scan for f in files if f.mode == "span" and f.scan is not None]
+    fetched = [s.get("bytes_fetched") for s in scans]
+    return {
+        "span_bytes": sum(int(s["size"]) for s in scans),
+        "bytes_examined": sum(int(s["bytes_read"]) for s in scans),
+        "bytes_fetched": None if None in fetched else sum(int(f) for f in fetched),
+        "whole_bytes": sum(f.size for f in files if f.mode == "whole"),
+    }
 
 
 def register(sub: Any) -> None:

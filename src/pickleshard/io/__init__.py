@@ -10,6 +10,7 @@ from .base import (
 )
 from .counters import storage_read_bytes
 from .local import LocalFile
+from .reader import SourceReader, open_reader
 from .windowed import WindowedBuffer
 
 __all__ = [
@@ -17,7 +18,9 @@ __all__ = [
     "AccessPattern",
     "ByteSource",
     "LocalFile",
+    "SourceReader",
     "WindowedBuffer",
+    "open_reader",
     "open_source",
     "register_source",
     "registered_sources",

@@ -45,15 +45,17 @@ from __future__ import annotations
 
 import os
 from array import array
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from ..errors import FieldLengthMismatchError, NotSpanIndexableError
-from ..opcodes import open_buffer
+from ..io import ByteSource, open_source, storage_read_bytes
 from ..picklekit.nodes import DICT, ITEMS, KIND, TUPLE, start_of
 from ..picklekit.walk import resolve_engine, walk_opcodes
 from ..picklekit.walker import Walked
+from ..scanio import fetched_since, scan_buffer
 from .externals import assemble, element_table
 from .inspector import Inspector
 from .layouts import APPENDED, DICT_SAMPLES, SAMPLES, default_field_names
@@ -153,23 +155,27 @@ def _scan(buf: Any, size: int, name: str, encoding: str, engine: str) -> ScanRes
 
 
 def scan_file(
-    path: str | os.PathLike[str], *, encoding: str = "ASCII", engine: str = "auto"
+    path: str | os.PathLike[str] | ByteSource, *, encoding: str = "ASCII", engine: str = "auto"
 ) -> ScanResult:
     """Scan the pickle file at ``path`` (see the module docstring for what is reported).
 
-    ``encoding`` decodes Python 2 ``str`` dict keys, as in :func:`pickle.load`. ``engine`` picks
-    the opcode walker: ``"auto"`` (the compiled one when built, see :data:`ENGINE`),
-    ``"compiled"`` or ``"python"`` (the reference); results and errors are the same. Raises
-    :class:`~pickleshard.errors.NotSpanIndexableError` when the file must be read whole, and the
-    other :class:`~pickleshard.errors.PickleshardError` classes for bad files.
+    ``path`` is a path or URL (opened with :func:`pickleshard.io.open_source`, closed after) or
+    an open :class:`~pickleshard.io.ByteSource` (left open). The source is advised as
+    :func:`pickleshard.scanio.choose_pattern` decides, so a sparse scan fetches only the pages
+    it examines. ``encoding`` decodes Python 2 ``str`` dict keys, as in :func:`pickle.load`.
+    ``engine`` picks the opcode walker: ``"auto"`` (the compiled one when built, see
+    :data:`ENGINE`), ``"compiled"`` or ``"python"`` (the reference); results and errors are the
+    same. Raises :class:`~pickleshard.errors.NotSpanIndexableError` when the file must be read
+    whole, and the other :class:`~pickleshard.errors.PickleshardError` classes for bad files.
     """
-    name = os.fspath(path)
-    buf, size = open_buffer(name)
+    source = path if isinstance(path, ByteSource) else open_source(path)
+    before = storage_read_bytes()
     try:
-        return _scan(buf, size, name, encoding, engine)
-    finally:
-        if not isinstance(buf, bytes):
-            buf.close()
+        result = _scan(scan_buffer(source), source.size, source.name, encoding, engine)
+    finally:  # the source's map goes with it
+        if source is not path:
+            source.close()
+    return replace(result, bytes_fetched=fetched_since(before))
 
 
 def scan_bytes(

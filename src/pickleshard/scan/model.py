@@ -165,7 +165,9 @@ class ScanResult:
     Per sample (shape ``(N, F)``, int64): ``starts``, ``ends``, ``memo_base``. CSR externals:
     ``ext_offsets`` (``N * F + 1``) and ``ext_keys``. Per file: ``records`` (``(R, 3)`` int64:
     start, end after STOP, memo-key shift of each pickle in the file), ``shared`` and the rest.
-    ``bytes_read`` is how many bytes of the file the scan examined. ``engine`` is the opcode
+    ``bytes_read`` is how many bytes of the file the scan examined; ``bytes_fetched`` how many
+    storage delivered to the scanning process meanwhile (readahead included; None where not
+    measured: ``/proc/self/io`` missing, or bytes scanned). ``engine`` is the opcode
     walker that ran ("compiled" or "python"; empty when rebuilt from the stored form); it takes
     no part in comparisons, since both give equal results.
     """
@@ -187,6 +189,7 @@ class ScanResult:
     bytes_read: int
     engine: str = field(default="", compare=False)
     items: tuple[ArrayItem | IntItem | None, ...] = ()
+    bytes_fetched: int | None = field(default=None, compare=False)
 
     @property
     def num_samples(self) -> int:
@@ -199,6 +202,8 @@ class ScanResult:
     def meta(self) -> dict[str, Any]:
         """The per-file part, JSON-serialisable (the per-sample part is :meth:`arrays_dict`)."""
         plain = {k: getattr(self, k) for k in ("size", "protocol", "layout", "bytes_read")}
+        if self.bytes_fetched is not None:
+            plain["bytes_fetched"] = self.bytes_fetched
         return {
             **plain,
             "format": FORMAT,
@@ -235,6 +240,7 @@ class ScanResult:
             ext_offsets=arrays["ext_offsets"],
             ext_keys=arrays["ext_keys"],
             records=arrays["records"],
+            bytes_fetched=meta.get("bytes_fetched"),
             **plain,
         )
 
