@@ -26,8 +26,8 @@ from pickleshard.errors import (
     TruncatedPickleError,
 )
 from pickleshard.layouts import decode_layout
+from pickleshard.read import SpanReader
 from pickleshard.scan import ScanResult, scan_bytes, scan_file
-from pickleshard.spanread import SpanReader
 
 
 @pytest.fixture(autouse=True, params=["python", "compiled"])

@@ -17,9 +17,10 @@ import pytest
 
 from pickleshard import _cscan, spanrewrite
 from pickleshard.errors import CorruptPickleError, FileChangedError, MemoIdError
+from pickleshard.fileidentity import FileIdentity
 from pickleshard.memo import MemoIdPastSpan
+from pickleshard.read import SpanReader
 from pickleshard.scan import scan_file
-from pickleshard.spanread import FileIdentity, SpanReader
 from rewrites import write_keeping_times
 
 TWINS = {"python": spanrewrite.rewrite_span, "compiled": _cscan.rewrite_span}

@@ -19,8 +19,9 @@ from pickleshard.errors import (
     TruncatedPickleError,
     UnsupportedLayoutError,
 )
+from pickleshard.read import SpanReader
 from pickleshard.scan import ScanResult, scan_file
-from pickleshard.spanread import SpanReader, rewrite_span
+from pickleshard.spanrewrite import rewrite_span
 from rewrites import write_keeping_times
 
 # pickles written with numpy 1.x module paths load through numpy's deprecated numpy.core shims
@@ -200,7 +201,7 @@ def test_a_file_changed_after_the_scan_raises_a_file_error(tmp_path: Path) -> No
 @pytest.mark.parametrize("protocol", [2, 3, 4, 5])
 def test_literal_head_stores_each_value_by_value(protocol: int) -> None:
     from pickleshard.safety import AllowlistFindClass
-    from pickleshard.spanread import literal_head
+    from pickleshard.spanrewrite import literal_head
 
     values: list[Any] = ["tokens", 2**100, -1, 0.5, None, True, ("a", 1), np.frombuffer]
     values += [b"raw"] if protocol >= 3 else []
@@ -452,7 +453,8 @@ def test_compiled_batch_reads_name_the_label_of_a_refused_sample(tmp_path: Path)
     path.write_bytes(pickle.dumps((xs, list(range(8))), protocol=4))
     reader = SpanReader(scan_file(path))
     reader.read_sample(1)
-    assert reader._plan_ok  # batches now go through one compiled call
+    assert reader.plan is not None
+    assert reader.plan.compiled
     assert [s[1] for s in reader.read_samples([5, 3, 7], labels=[50, 30, 70])] == [5, 3, 7]
     with pytest.raises(UnsafePickleError) as info:
         reader.read_samples([3, 4, 5], labels=[30, 40, 50])
@@ -586,7 +588,7 @@ def test_big_shared_values_are_not_copied_into_prologues(tmp_path: Path) -> None
     with SpanReader(scan_file(path)) as reader:
         for i in range(1, 50):
             assert reader.read_sample(i)[0][0] == big
-        assert sum(len(h) for h in reader._heads.values() if h) < 64 * 1024
+        assert sum(len(h) for h in reader.spans.heads.values() if h) < 64 * 1024
 
 
 def test_cached_extension_codes_still_meet_the_allowlist(tmp_path: Path) -> None:

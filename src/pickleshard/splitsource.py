@@ -1,6 +1,6 @@
 """Where :func:`pickleshard.splitting.split` reads samples from, and the layout it writes.
 
-:class:`SpanSource` reads a scanned file through :class:`~pickleshard.spanread.SpanReader`
+:class:`SpanSource` reads a scanned file through :class:`~pickleshard.read.SpanReader`
 under the caller's :class:`~pickleshard.safety.UnpicklePolicy` (one reader per field over a
 one-field view of the scan, so writing a column reads only that column), and copies the rows of
 an ``array_row`` field from the file in blocks of ``COPY_BLOCK`` bytes. :func:`shape_from_scan`
@@ -23,10 +23,11 @@ import numpy as np
 from . import opcodes as oc
 from .chunkwriter import ChunkShape, RowPayload, SampleSource
 from .errors import NotSpanIndexableError, UnsupportedLayoutError
+from .fileidentity import FileIdentity
 from .layouts import decode_layout, default_field_names
+from .read import SpanReader
 from .safety import UnpicklePolicy
 from .scan import ScanResult, scan_file
-from .spanread import FileIdentity, SpanReader
 from .wholefile import load_records
 
 __all__ = [

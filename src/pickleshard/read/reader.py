@@ -1,0 +1,523 @@
+"""Read samples straight out of an unmodified pickle file: one :class:`SpanReader` per file.
+
+The reader executes the file's :class:`~pickleshard.read.plan.ReadPlan`, settled by the first
+read in each process (:meth:`SpanReader._settle`): an ``array_row`` field is read by
+:class:`~pickleshard.read.items.ArrayRows`; an :class:`~pickleshard.scan.ArrayItem` field, once
+one of its samples unpickled from its span proved the same array, by
+:class:`~pickleshard.read.items.ArrayItems`; an :class:`~pickleshard.scan.IntItem` field by
+:class:`~pickleshard.read.ints.IntColumn`; any other field by span
+(:class:`~pickleshard.read.spans.SpanFields`). With the compiled extension, a plan whose fields
+are small ints with decoded values, array items and at most one span is also given to
+``pickleshard._cscan.SpanLoader``, which then reads a whole sample (and a batch of them) in one
+call; anything it declines takes the Python path, which is the reference.
+
+Bytes come from the file's :class:`~pickleshard.io.ByteSource` (a
+:class:`~pickleshard.io.LocalFile` advised for random reads unless one is given), the compiled
+loader reading its ``fileno()``. Reads check what they rely on: an array read from its payload is
+read with the bytes around it, which must be the framing the scan proved; a small int is decoded
+only from its opcode; and the file's identity (size, mtime, ctime, inode, as indexed) is checked
+when it is opened and after the reads of every call, so a write that raced a read is caught
+before its samples are returned, as :class:`~pickleshard.errors.FileChangedError` naming the file
+and the sample. What no check can see: a file whose payload bytes alone changed while its size,
+mtime *and* ctime stayed.
+
+The sample label that errors name (a dataset's global index) is an argument of every read.
+:meth:`read_sample` / :meth:`read_samples` take indices as a caller gives them (negative ones
+count from the end; out of range is an ``IndexError``); :meth:`one` / :meth:`many` are what a
+dataset calls once it has checked and ordered its indices.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, Literal
+
+import numpy as np
+
+from .. import opcodes as oc
+from ..errors import (
+    FileChangedError,
+    MemoIdError,
+    PickleshardError,
+    TruncatedPickleError,
+)
+from ..fileidentity import FileIdentity
+from ..io import ByteSource, LocalFile
+from ..memo import MemoIdPastSpan
+from ..safety import AllowlistFindClass
+from ..scan import ArrayItem, IntItem, ScanResult
+from ..spanrewrite import BIG, FindClass
+from .failures import changed, damaged, named
+from .ints import IntColumn
+from .items import ArrayItems, ArrayRows, flat, same_array
+from .plan import INT, ITEM, ROW, SPAN, FieldReader, ReaderStats, ReadPlan
+from .spans import SLOW, SpanFields
+
+__all__ = ["BATCH_READ_MIN", "SpanReader"]
+
+BATCH_READ_MIN = 16  # samples of one file that many() reads field by field (fewer: one by one)
+
+
+class SpanReader:
+    """Reads samples of one scanned file by span; one per file and process.
+
+    ``encoding`` / ``errors`` are those of :func:`pickle.load`. ``find_class(module, name)``
+    replaces the global lookup of every unpickler this reader builds; by default
+    (``"allowlist"``) it is the allowlist of :mod:`pickleshard.safety`, and ``None`` (a trusted
+    file) is the plain lookup. ``general=True`` reads every pickle span with the pure-Python
+    general path; ``engine`` picks the fast path's span rewrite, compiled or Python. Immutable
+    shared values are cached up to ``shared_bytes``. ``identity`` (default: the scanned size) is
+    what the file must still be; ``verify=False`` turns the checks off (only the benchmark that
+    measures their cost uses it). ``source`` is the file's byte source (default: a
+    :class:`~pickleshard.io.LocalFile` of ``scan.path`` advised ``"random"``); it opens in each
+    process on first use, and a pickled reader travels without it.
+    """
+
+    def __init__(
+        self,
+        scan: ScanResult,
+        *,
+        encoding: str = "ASCII",
+        errors: str = "strict",
+        find_class: FindClass | Literal["allowlist"] | None = "allowlist",
+        general: bool = False,
+        shared_bytes: int = 64 << 20,
+        big: int = BIG,
+        engine: str = "auto",
+        identity: FileIdentity | None = None,
+        verify: bool = True,
+        source: ByteSource | None = None,
+    ) -> None:
+        # plain ndarray views of the index's memory-mapped arrays: np.memmap's Python-level
+        # __array_finalize__ runs on every slice of a memmap, several times per sample read
+        self.scan = scan = replace(
+            scan,
+            starts=np.asarray(scan.starts),
+            ends=np.asarray(scan.ends),
+            memo_base=np.asarray(scan.memo_base),
+            ext_offsets=np.asarray(scan.ext_offsets),
+            ext_keys=np.asarray(scan.ext_keys),
+            records=np.asarray(scan.records),
+        )
+        self.path = scan.path
+        self.source = source if source is not None else LocalFile(scan.path, pattern="random")
+        self.identity = identity if identity is not None else FileIdentity(scan.size)
+        self.verify = verify
+        if isinstance(find_class, str):  # restricted unless the caller says otherwise
+            find_class = AllowlistFindClass(scan.path)
+        self.encoding, self.errors, self.find_class = encoding, errors, find_class
+        self.general = general
+        self.engine = oc.resolve_engine(engine)
+        self.stats = ReaderStats()
+        self.spans = SpanFields(
+            scan,
+            self.source,
+            self.stats,
+            encoding=encoding,
+            errors=errors,
+            find_class=find_class,
+            general=general,
+            engine=self.engine,
+            big=big,
+            shared_bytes=shared_bytes,
+            bad_span=self._bad_span,
+        )
+        self._n = scan.num_samples
+        self._pid = -1
+        self._plan: ReadPlan | None = None
+        self._loader: Any = None  # the compiled reads (_cscan.SpanLoader), per process
+
+    @property
+    def plan(self) -> ReadPlan | None:
+        """How this process reads each field of the file (None until its first read)."""
+        return self._plan
+
+    # -- the file -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self.source.close()
+        self._pid = -1
+
+    def __enter__(self) -> SpanReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.update(_pid=-1, _plan=None, _loader=None)
+        return state
+
+    def _open(self) -> None:
+        """This process's view of the file: opened (its identity checked), caches emptied,
+        the compiled loader built (and given the plan when there is one)."""
+        self.spans.reset()
+        self._loader, self._pid = None, -1
+        self.source.fileno()  # opens it: an UnreadableFileError names the file
+        if self.verify:  # a file replaced or rewritten since the scan is refused on open
+            try:
+                self._check_opened()
+            except PickleshardError:
+                self.close()  # and checked again on the next open
+                raise
+        self._pid = os.getpid()
+        self._loader = self._make_loader()
+        if self._plan is not None and self._plan.compiled:
+            self._plan = self._compile(self._plan)
+
+    def _check_opened(self) -> None:
+        now = self.source.identity()
+        if now.size < self.identity.size:  # as SpanFiles says it before it builds a reader
+            raise TruncatedPickleError(
+                self.path,
+                f"file is {now.size} bytes, {self.identity.size} when indexed: cut short since",
+                offset=now.size,
+            )
+        what = self.identity.differs_from(now)
+        if what is not None:
+            raise changed(self.path, what, None, None)
+
+    def read_raw(self, offset: int, n: int) -> bytes:
+        """Up to ``n`` bytes at ``offset`` (the file opened with its identity checked): bytes
+        used raw (an array row's) are checked after the reads by :meth:`check_identity`."""
+        if self._pid != os.getpid():
+            self._open()
+        data = self.source.read_at(offset, n)
+        self.stats.bytes_read += len(data)
+        return data
+
+    def check_identity(self, samples: Sequence[int]) -> None:
+        """Raise :class:`FileChangedError` naming ``samples`` if the file is no longer the one
+        indexed (nothing unless ``verify``): after raw reads, a write that raced them has
+        stamped the file by now."""
+        if self.verify:
+            if self._pid != os.getpid():
+                self._open()
+            self._check_same(samples)
+
+    def _check_same(self, samples: Sequence[int] | None) -> None:
+        what = self.identity.differs_from(self.source.identity())
+        if what is not None:
+            raise changed(self.path, what, None, samples)
+
+    def _make_loader(self) -> Any:
+        """The compiled reads over this process's caches, or None (pure engine, general reads,
+        appended pickles, span arrays that are not int64, or a source with no descriptor)."""
+        scan = self.scan
+        arrays = (scan.ends, scan.memo_base, scan.ext_offsets, scan.ext_keys)
+        shift = self.spans.shifts.single
+        if (
+            self.engine != "compiled"
+            or self.general
+            or shift is None
+            or self.source.fileno() is None
+            or any(a.dtype != np.int64 for a in arrays)
+        ):
+            return None
+        from .._cscan import SpanLoader
+
+        hooked = None if self.find_class is None else self.spans.hooked_load
+        loader = SpanLoader(
+            *arrays, self.spans.heads, scan.protocol, shift, self.spans.loads(), hooked, self.stats
+        )
+        if self.verify:
+            ident = self.identity
+            got = (ident.mtime_ns, ident.ctime_ns, ident.ino)
+            mtime, ctime, ino = (-1 if v is None else v for v in got)  # -1: not compared
+            loader.identify(ident.size, mtime, ctime, ino, self._stale)
+        return loader
+
+    def _stale(self, what: str | None, offset: int, samples: list[int]) -> Exception:
+        """The compiled reads' error for a changed file: ``what`` changed (None: its identity,
+        described here), at ``offset`` (-1: none), while reading ``samples``."""
+        if what is None:
+            what = self.identity.differs_from(self.source.identity()) or "its identity changed"
+        return changed(self.path, what, offset if offset >= 0 else None, samples)
+
+    def _bad_span(self, start: int, exc: Exception, label: int | None) -> Exception:
+        """The error for the span at ``start`` that raised ``exc`` read for sample ``label``."""
+        if not isinstance(exc, MemoIdPastSpan):
+            return damaged(self.path, start, exc)
+        # a file rewritten since its scan is the likelier cause, but only its identity can say
+        mine = self._pid == os.getpid()
+        what = self.identity.differs_from(self.source.identity()) if self.verify and mine else None
+        samples = None if label is None else [label]
+        if what is not None:
+            return changed(self.path, what, exc.offset, samples)
+        return MemoIdError(
+            self.path,
+            f"{exc}: the data file does not match its index (a crafted file or index)",
+            offset=exc.offset,
+            sample=label,
+        )
+
+    # -- the plan -------------------------------------------------------------------------------
+
+    def _settle(self, label: int) -> ReadPlan:
+        """Decide how each field is read in this process (see the module docstring); errors of
+        the first reads name ``label``."""
+        scan = self.scan
+        items = (None,) * len(scan.kinds) if self.general or not scan.items else scan.items
+        hows: list[int] = []
+        readers: list[FieldReader | None] = []
+        for f, (kind, item) in enumerate(zip(scan.kinds, items, strict=True)):
+            st, en = scan.starts[:, f], scan.ends[:, f]
+            reader: FieldReader | None = None
+            if kind == "array_row":
+                spec = scan.arrays[f]
+                assert spec is not None
+                reader = ArrayRows(self.path, f, spec, self.source, self.stats, st, en)
+                how = ROW
+            elif isinstance(item, ArrayItem):
+                reader = self._checked_items(f, item)
+                how = SPAN if reader is None else ITEM
+            elif isinstance(item, IntItem):
+                reader = IntColumn(self.path, f, self.source, self.stats, st, en)
+                how = INT
+            else:
+                how = SPAN
+            hows.append(how)
+            readers.append(reader)
+        plan = ReadPlan(tuple(hows), tuple(readers))
+        return self._compile(plan)
+
+    def _checked_items(self, f: int, spec: ArrayItem) -> ArrayItems | None:
+        """Field ``f``'s array reader, if one of its samples read from its payload is the array
+        that unpickling its span gives (under this reader's policy); None if not (a damaged
+        file the scan could not tell): the field is then read by span, so errors surface as
+        they would there. A changed file is raised: the plan is settled again next time."""
+        scan = self.scan
+        exceptions = frozenset(spec.exceptions)
+        t = next(i for i in range(scan.num_samples) if i not in exceptions)
+        reader = ArrayItems(
+            self.path,
+            f,
+            spec,
+            self.source,
+            self.stats,
+            scan.starts[:, f],
+            scan.ends[:, f],
+            self.spans.definers,
+            self.verify,
+        )
+        stats = replace(self.stats)
+        try:
+            want = self.spans.check_read(t, f, t)
+            got = reader.one(t, int(scan.starts[t, f]), int(scan.ends[t, f]), t)
+            same = same_array(want, got)
+        except FileChangedError:
+            raise
+        except PickleshardError:
+            same = False
+        finally:
+            vars(self.stats).update(vars(stats))  # the check is not a read of the caller's
+        return reader if same else None
+
+    def _compile(self, plan: ReadPlan) -> ReadPlan:
+        """``plan``, given to this process's compiled loader when every field is read the way
+        it compiles (at most one by span, ints with decoded values, array items)."""
+        loader = self._loader
+        if loader is None or sum(h == SPAN for h in plan.hows) > 1:
+            return replace(plan, compiled=False, span_field=-1)
+        cols: list[int] = []
+        items: list[tuple[Any, ...] | None] = []
+        ints: list[np.ndarray] = []
+        for how, reader in zip(plan.hows, plan.readers, strict=True):
+            if isinstance(reader, ArrayItems):
+                spec = reader.spec
+                try:  # the compiled read fills the array through the buffer protocol
+                    memoryview(np.empty((0,), spec.dtype))  # type: ignore[arg-type]
+                except (TypeError, ValueError):
+                    return replace(plan, compiled=False, span_field=-1)
+                nbytes = int(np.prod(spec.shape)) * spec.dtype.itemsize
+                fields = (spec.shape, spec.dtype, spec.prefix, nbytes, spec.swap, spec.readonly)
+                template = (
+                    spec.head,
+                    spec.tail,
+                    flat(spec.head_masked),
+                    flat(spec.tail_masked),
+                    np.asarray(spec.bounds, np.int64),
+                )
+                items.append((*fields, reader.exceptions, *template))
+            elif isinstance(reader, IntColumn) and reader.values is not None:
+                ints.append(reader.values)
+                items.append(None)
+            elif how == SPAN:
+                items.append(None)
+            else:
+                return replace(plan, compiled=False, span_field=-1)
+            cols.append(len(ints) - 1 if how == INT else -1)
+        table = np.stack(ints, axis=1) if ints else np.zeros((self._n, 0), np.int64)
+        loader.plan(
+            self.scan.starts,
+            list(plan.hows),
+            table.astype(np.int64),
+            cols,
+            items,
+            self.spans.definers,
+            np.empty,
+        )
+        span = plan.hows.index(SPAN) if SPAN in plan.hows else -1
+        return replace(plan, compiled=True, span_field=span)
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def read_sample(self, i: int) -> tuple[Any, ...]:
+        """Sample ``i`` (negative counts from the end) as a tuple with one value per field,
+        equal to the whole-file reading; a refused global names sample ``i``."""
+        n = self._n
+        if not -n <= i < n:
+            raise IndexError(f"sample {i} out of range for {self.path} ({n} samples)")
+        i = int(i) + n if i < 0 else int(i)
+        return self.one(i, i)
+
+    def read_samples(
+        self, indices: Sequence[int], labels: Sequence[int] | None = None
+    ) -> list[tuple[Any, ...]]:
+        """Samples at ``indices`` (in that order), equal to :meth:`read_sample` of each; a
+        refused global names ``labels[k]`` for ``indices[k]`` (default: the index itself)."""
+        picked: Any = indices  # a sequence of ints; also an array of them, or one int
+        if isinstance(picked, (int, np.integer)):
+            picked = [picked]
+        wanted = np.asarray(picked, np.int64).reshape(-1)
+        if not len(wanted):
+            return []
+        n = self._n
+        if int(wanted.min()) < -n or int(wanted.max()) >= n:
+            bad = next(int(i) for i in wanted.tolist() if not -n <= i < n)
+            raise IndexError(f"sample {bad} out of range for {self.path} ({n} samples)")
+        wanted = np.where(wanted < 0, wanted + n, wanted)
+        names = wanted if labels is None else np.asarray(labels, np.int64).reshape(-1)
+        order = np.argsort(wanted, kind="stable")
+        got = self.many(wanted[order].tolist(), names[order].tolist())
+        out: list[tuple[Any, ...]] = [()] * len(got)
+        for k, value in zip(order.tolist(), got, strict=True):
+            out[k] = value
+        return out
+
+    def one(self, i: int, label: int) -> tuple[Any, ...]:
+        """Sample ``i`` (in range: the caller checked), errors naming ``label``; the file's
+        identity is checked after the reads."""
+        if self._pid != os.getpid():
+            self._open()
+        plan = self._plan
+        if plan is None:
+            plan = self._plan = self._settle(label)
+        if plan.compiled:
+            try:
+                got = self._loader.load_sample(self.source.fileno(), i, self.verify, label)
+            except PickleshardError as exc:
+                raise named(exc, label) from None
+            except Exception as exc:  # bad bytes make the unpickler raise many types
+                if plan.span_field < 0:  # only the span can meet bad bytes
+                    raise
+                start = int(self.scan.starts[i, plan.span_field])
+                raise self._bad_span(start, exc, label) from None
+            if got is not SLOW:
+                return got  # type: ignore[no-any-return]
+        out = self._execute(plan, i, label)
+        if self.verify:
+            self._check_same([label])
+        return out
+
+    def many(self, items: list[int], labels: list[int]) -> list[tuple[Any, ...]]:
+        """Samples ``items`` (in range and in offset order: the caller checked and sorted
+        them), errors naming ``labels[k]`` for ``items[k]``; the file's identity is checked
+        once, after the reads. Fewer than :data:`BATCH_READ_MIN` samples, or a plan the
+        compiled loader reads whole with no arrays, go one by one (one compiled call for the
+        batch); otherwise field by field: the arrays of one field land in one ``(n, ...)``
+        block (each sample gets a view of its row), small ints come from the decoded column."""
+        if not items:
+            return []
+        if self._pid != os.getpid():
+            self._open()
+        plan = self._plan
+        if plan is None:
+            plan = self._plan = self._settle(labels[0])
+        if len(items) < BATCH_READ_MIN or not plan.by_field:
+            return self._each(plan, items, labels)
+        out = self._by_field(plan, items, labels)
+        if self.verify:  # after the reads: a write that raced them has stamped the file by now
+            self._check_same(labels)
+        return out
+
+    def _execute(self, plan: ReadPlan, i: int, label: int) -> tuple[Any, ...]:
+        """Sample ``i`` read by ``plan`` in Python (the reference of the compiled reads)."""
+        scan = self.scan
+        starts = scan.starts[i].tolist()
+        out: list[Any] = [None] * len(starts)
+        spans: list[int] = []
+        for f, reader in enumerate(plan.readers):
+            s = starts[f]
+            if reader is None or (isinstance(reader, ArrayItems) and not reader.direct(i, s)):
+                spans.append(f)
+            else:
+                out[f] = reader.one(i, s, int(scan.ends[i, f]), label)
+        if spans:
+            try:
+                self.spans.many(out, i, starts, spans, label, self._loader)
+            except PickleshardError as exc:
+                raise named(exc, label) from None
+        return tuple(out)
+
+    def _each(self, plan: ReadPlan, items: list[int], labels: list[int]) -> list[tuple[Any, ...]]:
+        """Samples ``items`` one by one: by one compiled call when the plan is compiled, else
+        by :meth:`_execute` each; the identity checked once after."""
+        if plan.compiled:
+            try:  # the compiled read checks the file's identity after the batch
+                return self._loader.load_samples(  # type: ignore[no-any-return]
+                    self.source.fileno(), items, labels, self._fallback
+                )
+            except PickleshardError as exc:
+                raise named(exc, labels[self._loader.at]) from None
+            except Exception as exc:  # bad bytes make the unpickler raise many types
+                if plan.span_field < 0:  # only the span can meet bad bytes
+                    raise
+                at = self._loader.at
+                start = int(self.scan.starts[items[at], plan.span_field])
+                raise self._bad_span(start, exc, labels[at]) from None
+        got = [self._execute(plan, i, label) for i, label in zip(items, labels, strict=True)]
+        if self.verify:
+            self._check_same(labels)
+        return got
+
+    def _fallback(self, i: int, label: int) -> tuple[Any, ...]:
+        """What the compiled batch read calls for a sample it declines."""
+        assert self._plan is not None
+        return self._execute(self._plan, i, label)
+
+    def _by_field(
+        self, plan: ReadPlan, items: list[int], labels: list[int]
+    ) -> list[tuple[Any, ...]]:
+        """:meth:`many` of a batch, field by field (see there); samples that a field cannot
+        read from its payloads are read by :meth:`_execute`."""
+        cols: list[list[Any] | None] = [
+            None if reader is None else reader.many(items, labels, self._loader)
+            for reader in plan.readers
+        ]
+        whole = [
+            k
+            for f, col in enumerate(cols)
+            if plan.hows[f] == ITEM and col is not None
+            for k, v in enumerate(col)
+            if v is None
+        ]
+        wholes = set(whole)
+        spans = list(plan.spans)
+        starts_l = self.scan.starts[items].tolist() if spans else None
+        out: list[tuple[Any, ...]] = [()] * len(items)
+        for k, (i, label) in enumerate(zip(items, labels, strict=True)):
+            if k in wholes:
+                out[k] = self._execute(plan, i, label)
+                continue
+            row = [None if c is None else c[k] for c in cols]
+            if starts_l is not None:
+                try:
+                    self.spans.many(row, i, starts_l[k], spans, label, self._loader)
+                except PickleshardError as exc:
+                    raise named(exc, label) from None
+            out[k] = tuple(row)
+        return out
