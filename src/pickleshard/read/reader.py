@@ -38,7 +38,6 @@ import numpy as np
 
 from .. import opcodes as oc
 from ..errors import (
-    FileChangedError,
     MemoIdError,
     PickleshardError,
     TruncatedPickleError,
@@ -47,12 +46,12 @@ from ..fileidentity import FileIdentity
 from ..io import ByteSource, LocalFile
 from ..memo import MemoIdPastSpan
 from ..safety import AllowlistFindClass
-from ..scan import ArrayItem, IntItem, ScanResult
+from ..scan import ScanResult
 from ..spanrewrite import BIG, FindClass
 from .failures import changed, damaged, named
-from .ints import IntColumn
-from .items import ArrayItems, ArrayRows, flat, same_array
-from .plan import INT, ITEM, ROW, SPAN, FieldReader, ReaderStats, ReadPlan
+from .items import ArrayItems
+from .plan import ITEM, ReaderStats, ReadPlan
+from .planner import compile_plan, settle_plan
 from .spans import SLOW, SpanFields
 
 __all__ = ["BATCH_READ_MIN", "SpanReader"]
@@ -166,7 +165,7 @@ class SpanReader:
         self._pid = os.getpid()
         self._loader = self._make_loader()
         if self._plan is not None and self._plan.compiled:
-            self._plan = self._compile(self._plan)
+            self._plan = compile_plan(self._plan, self._loader, self.scan, self.spans.definers)
 
     def _check_opened(self) -> None:
         now = self.source.identity()
@@ -254,114 +253,13 @@ class SpanReader:
             sample=label,
         )
 
-    # -- the plan -------------------------------------------------------------------------------
-
-    def _settle(self, label: int) -> ReadPlan:
-        """Decide how each field is read in this process (see the module docstring); errors of
-        the first reads name ``label``."""
-        scan = self.scan
-        items = (None,) * len(scan.kinds) if self.general or not scan.items else scan.items
-        hows: list[int] = []
-        readers: list[FieldReader | None] = []
-        for f, (kind, item) in enumerate(zip(scan.kinds, items, strict=True)):
-            st, en = scan.starts[:, f], scan.ends[:, f]
-            reader: FieldReader | None = None
-            if kind == "array_row":
-                spec = scan.arrays[f]
-                assert spec is not None
-                reader = ArrayRows(self.path, f, spec, self.source, self.stats, st, en)
-                how = ROW
-            elif isinstance(item, ArrayItem):
-                reader = self._checked_items(f, item)
-                how = SPAN if reader is None else ITEM
-            elif isinstance(item, IntItem):
-                reader = IntColumn(self.path, f, self.source, self.stats, st, en)
-                how = INT
-            else:
-                how = SPAN
-            hows.append(how)
-            readers.append(reader)
-        plan = ReadPlan(tuple(hows), tuple(readers))
-        return self._compile(plan)
-
-    def _checked_items(self, f: int, spec: ArrayItem) -> ArrayItems | None:
-        """Field ``f``'s array reader, if one of its samples read from its payload is the array
-        that unpickling its span gives (under this reader's policy); None if not (a damaged
-        file the scan could not tell): the field is then read by span, so errors surface as
-        they would there. A changed file is raised: the plan is settled again next time."""
-        scan = self.scan
-        exceptions = frozenset(spec.exceptions)
-        t = next(i for i in range(scan.num_samples) if i not in exceptions)
-        reader = ArrayItems(
-            self.path,
-            f,
-            spec,
-            self.source,
-            self.stats,
-            scan.starts[:, f],
-            scan.ends[:, f],
-            self.spans.definers,
-            self.verify,
+    def _settle(self) -> ReadPlan:
+        """This process's plan (see :func:`~pickleshard.read.planner.settle_plan`), given to
+        its compiled loader when it compiles."""
+        plan = settle_plan(
+            self.scan, self.source, self.stats, self.spans, self.verify, self.general
         )
-        stats = replace(self.stats)
-        try:
-            want = self.spans.check_read(t, f, t)
-            got = reader.one(t, int(scan.starts[t, f]), int(scan.ends[t, f]), t)
-            same = same_array(want, got)
-        except FileChangedError:
-            raise
-        except PickleshardError:
-            same = False
-        finally:
-            vars(self.stats).update(vars(stats))  # the check is not a read of the caller's
-        return reader if same else None
-
-    def _compile(self, plan: ReadPlan) -> ReadPlan:
-        """``plan``, given to this process's compiled loader when every field is read the way
-        it compiles (at most one by span, ints with decoded values, array items)."""
-        loader = self._loader
-        if loader is None or sum(h == SPAN for h in plan.hows) > 1:
-            return replace(plan, compiled=False, span_field=-1)
-        cols: list[int] = []
-        items: list[tuple[Any, ...] | None] = []
-        ints: list[np.ndarray] = []
-        for how, reader in zip(plan.hows, plan.readers, strict=True):
-            if isinstance(reader, ArrayItems):
-                spec = reader.spec
-                try:  # the compiled read fills the array through the buffer protocol
-                    memoryview(np.empty((0,), spec.dtype))  # type: ignore[arg-type]
-                except (TypeError, ValueError):
-                    return replace(plan, compiled=False, span_field=-1)
-                nbytes = int(np.prod(spec.shape)) * spec.dtype.itemsize
-                fields = (spec.shape, spec.dtype, spec.prefix, nbytes, spec.swap, spec.readonly)
-                template = (
-                    spec.head,
-                    spec.tail,
-                    flat(spec.head_masked),
-                    flat(spec.tail_masked),
-                    np.asarray(spec.bounds, np.int64),
-                )
-                items.append((*fields, reader.exceptions, *template))
-            elif isinstance(reader, IntColumn) and reader.values is not None:
-                ints.append(reader.values)
-                items.append(None)
-            elif how == SPAN:
-                items.append(None)
-            else:
-                return replace(plan, compiled=False, span_field=-1)
-            cols.append(len(ints) - 1 if how == INT else -1)
-        table = np.stack(ints, axis=1) if ints else np.zeros((self._n, 0), np.int64)
-        loader.plan(
-            self.scan.starts,
-            list(plan.hows),
-            table.astype(np.int64),
-            cols,
-            items,
-            self.spans.definers,
-            np.empty,
-        )
-        span = plan.hows.index(SPAN) if SPAN in plan.hows else -1
-        return replace(plan, compiled=True, span_field=span)
+        return compile_plan(plan, self._loader, self.scan, self.spans.definers)
 
     # -- reads ----------------------------------------------------------------------------------
 
@@ -405,7 +303,7 @@ class SpanReader:
             self._open()
         plan = self._plan
         if plan is None:
-            plan = self._plan = self._settle(label)
+            plan = self._plan = self._settle()
         if plan.compiled:
             try:
                 got = self._loader.load_sample(self.source.fileno(), i, self.verify, label)
@@ -436,7 +334,7 @@ class SpanReader:
             self._open()
         plan = self._plan
         if plan is None:
-            plan = self._plan = self._settle(labels[0])
+            plan = self._plan = self._settle()
         if len(items) < BATCH_READ_MIN or not plan.by_field:
             return self._each(plan, items, labels)
         out = self._by_field(plan, items, labels)
