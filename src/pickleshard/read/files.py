@@ -15,7 +15,6 @@ their cost does.
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from typing import Any
 
@@ -23,6 +22,7 @@ from ..errors import CorruptPickleError, TruncatedPickleError
 from ..index import DatasetIndex
 from ..io import LocalFile
 from ..safety import UnpicklePolicy
+from .plan import FORKS
 from .reader import SpanReader
 
 __all__ = ["DEFAULT_MAX_OPEN", "SpanFiles"]
@@ -63,16 +63,16 @@ class SpanFiles:
         self.policy = policy
         self.max_open = max_open
         self._readers: OrderedDict[int, SpanReader] = OrderedDict()
-        self._pid = os.getpid()
+        self._gen = FORKS[0]  # the process (fork) whose readers these are
         self.opened = 0  # readers built in this process (a counter for tests and benchmarks)
         self.verify = True  # readers check framing and identity (off: the cost benchmark only)
         self._last = -1  # the file read last
 
     def reader(self, pos: int) -> SpanReader:
         """The reader of file ``pos``, built on first use in this process."""
-        if self._pid != os.getpid():
+        if self._gen != FORKS[0]:
             # The parent's readers (their fds and cached objects) stay untouched in the parent.
-            self._readers, self._pid, self.opened = OrderedDict(), os.getpid(), 0
+            self._readers, self._gen, self.opened = OrderedDict(), FORKS[0], 0
         got = self._readers.get(pos)
         if got is not None:
             if pos != self._last:  # least recently used first out; a repeat needs no move
@@ -104,8 +104,8 @@ class SpanFiles:
         return reader
 
     def close(self) -> None:
-        if self._pid != os.getpid():
-            self._readers, self._pid, self.opened = OrderedDict(), os.getpid(), 0
+        if self._gen != FORKS[0]:
+            self._readers, self._gen, self.opened = OrderedDict(), FORKS[0], 0
         while self._readers:
             _, reader = self._readers.popitem()
             reader.close()
@@ -115,5 +115,5 @@ class SpanFiles:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_readers=OrderedDict(), opened=0, _pid=-1)
+        state.update(_readers=OrderedDict(), opened=0, _gen=-1)
         return state

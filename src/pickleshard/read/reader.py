@@ -29,7 +29,6 @@ dataset calls once it has checked and ordered its indices.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Literal
@@ -50,7 +49,7 @@ from ..scan import ScanResult
 from ..spanrewrite import BIG, FindClass
 from .failures import changed, damaged, named
 from .items import ArrayItems
-from .plan import ITEM, ReaderStats, ReadPlan
+from .plan import FORKS, ITEM, ReaderStats, ReadPlan
 from .planner import compile_plan, settle_plan
 from .spans import SLOW, SpanFields
 
@@ -124,7 +123,8 @@ class SpanReader:
             bad_span=self._bad_span,
         )
         self._n = scan.num_samples
-        self._pid = -1
+        self._gen = -1  # FORKS[0] when this process opened the file (-1: not open here)
+        self._fd = -1  # the source's descriptor in this process (for the compiled reads)
         self._plan: ReadPlan | None = None
         self._loader: Any = None  # the compiled reads (_cscan.SpanLoader), per process
 
@@ -137,7 +137,7 @@ class SpanReader:
 
     def close(self) -> None:
         self.source.close()
-        self._pid = -1
+        self._gen, self._fd = -1, -1
 
     def __enter__(self) -> SpanReader:
         return self
@@ -147,22 +147,23 @@ class SpanReader:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_pid=-1, _plan=None, _loader=None)
+        state.update(_gen=-1, _fd=-1, _plan=None, _loader=None)
         return state
 
     def _open(self) -> None:
         """This process's view of the file: opened (its identity checked), caches emptied,
         the compiled loader built (and given the plan when there is one)."""
         self.spans.reset()
-        self._loader, self._pid = None, -1
-        self.source.fileno()  # opens it: an UnreadableFileError names the file
+        self._loader, self._gen = None, -1
+        fd = self.source.fileno()  # opens it: an UnreadableFileError names the file
+        self._fd = -1 if fd is None else fd
         if self.verify:  # a file replaced or rewritten since the scan is refused on open
             try:
                 self._check_opened()
             except PickleshardError:
                 self.close()  # and checked again on the next open
                 raise
-        self._pid = os.getpid()
+        self._gen = FORKS[0]
         self._loader = self._make_loader()
         if self._plan is not None and self._plan.compiled:
             self._plan = compile_plan(self._plan, self._loader, self.scan, self.spans.definers)
@@ -182,7 +183,7 @@ class SpanReader:
     def read_raw(self, offset: int, n: int) -> bytes:
         """Up to ``n`` bytes at ``offset`` (the file opened with its identity checked): bytes
         used raw (an array row's) are checked after the reads by :meth:`check_identity`."""
-        if self._pid != os.getpid():
+        if self._gen != FORKS[0]:
             self._open()
         data = self.source.read_at(offset, n)
         self.stats.bytes_read += len(data)
@@ -193,7 +194,7 @@ class SpanReader:
         indexed (nothing unless ``verify``): after raw reads, a write that raced them has
         stamped the file by now."""
         if self.verify:
-            if self._pid != os.getpid():
+            if self._gen != FORKS[0]:
                 self._open()
             self._check_same(samples)
 
@@ -212,7 +213,7 @@ class SpanReader:
             self.engine != "compiled"
             or self.general
             or shift is None
-            or self.source.fileno() is None
+            or self._fd < 0
             or any(a.dtype != np.int64 for a in arrays)
         ):
             return None
@@ -241,7 +242,7 @@ class SpanReader:
         if not isinstance(exc, MemoIdPastSpan):
             return damaged(self.path, start, exc)
         # a file rewritten since its scan is the likelier cause, but only its identity can say
-        mine = self._pid == os.getpid()
+        mine = self._gen == FORKS[0]
         what = self.identity.differs_from(self.source.identity()) if self.verify and mine else None
         samples = None if label is None else [label]
         if what is not None:
@@ -299,14 +300,14 @@ class SpanReader:
     def one(self, i: int, label: int) -> tuple[Any, ...]:
         """Sample ``i`` (in range: the caller checked), errors naming ``label``; the file's
         identity is checked after the reads."""
-        if self._pid != os.getpid():
+        if self._gen != FORKS[0]:
             self._open()
         plan = self._plan
         if plan is None:
             plan = self._plan = self._settle()
         if plan.compiled:
             try:
-                got = self._loader.load_sample(self.source.fileno(), i, self.verify, label)
+                got = self._loader.load_sample(self._fd, i, self.verify, label)
             except PickleshardError as exc:
                 raise named(exc, label) from None
             except Exception as exc:  # bad bytes make the unpickler raise many types
@@ -330,7 +331,7 @@ class SpanReader:
         block (each sample gets a view of its row), small ints come from the decoded column."""
         if not items:
             return []
-        if self._pid != os.getpid():
+        if self._gen != FORKS[0]:
             self._open()
         plan = self._plan
         if plan is None:
@@ -367,7 +368,7 @@ class SpanReader:
         if plan.compiled:
             try:  # the compiled read checks the file's identity after the batch
                 return self._loader.load_samples(  # type: ignore[no-any-return]
-                    self.source.fileno(), items, labels, self._fallback
+                    self._fd, items, labels, self._fallback
                 )
             except PickleshardError as exc:
                 raise named(exc, labels[self._loader.at]) from None
