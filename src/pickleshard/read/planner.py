@@ -5,12 +5,14 @@ field is read a way it compiles."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from ..errors import FileChangedError, PickleshardError
+from ..fileidentity import FileIdentity
 from ..io import ByteSource
 from ..scan import ArrayItem, IntItem, ScanResult
 from .ints import IntColumn
@@ -18,7 +20,7 @@ from .items import ArrayItems, ArrayRows, flat, same_array
 from .plan import INT, ITEM, ROW, SPAN, FieldReader, ReaderStats, ReadPlan
 from .spans import SpanFields
 
-__all__ = ["compile_plan", "settle_plan"]
+__all__ = ["compile_plan", "make_loader", "settle_plan"]
 
 
 def settle_plan(
@@ -120,3 +122,31 @@ def compile_plan(
     )
     span = plan.hows.index(SPAN) if SPAN in plan.hows else -1
     return replace(plan, compiled=True, span_field=span)
+
+
+def make_loader(
+    scan: ScanResult,
+    spans: SpanFields,
+    hooked: bool,
+    identity: FileIdentity | None,
+    stale: Callable[[str | None, int, list[int]], Exception],
+) -> Any:
+    """A compiled loader (``_cscan.SpanLoader``) over ``spans``' caches, or None when the file
+    has appended pickles or span arrays that are not int64. ``hooked``: spans that name a
+    global load through ``spans``' lookup; ``identity`` (None: unchecked) is what the file
+    must still be, ``stale`` builds the error when it is not."""
+    arrays = (scan.ends, scan.memo_base, scan.ext_offsets, scan.ext_keys)
+    shift = spans.shifts.single
+    if shift is None or any(a.dtype != np.int64 for a in arrays):
+        return None
+    from .._cscan import SpanLoader
+
+    load = spans.hooked_load if hooked else None
+    loader = SpanLoader(
+        *arrays, spans.heads, scan.protocol, shift, spans.loads(), load, spans.stats
+    )
+    if identity is not None:
+        got = (identity.mtime_ns, identity.ctime_ns, identity.ino)
+        mtime, ctime, ino = (-1 if v is None else v for v in got)  # -1: not compared
+        loader.identify(identity.size, mtime, ctime, ino, stale)
+    return loader

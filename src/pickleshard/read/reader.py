@@ -50,7 +50,7 @@ from ..spanrewrite import BIG, FindClass
 from .failures import changed, damaged, named
 from .items import ArrayItems
 from .plan import FORKS, ITEM, ReaderStats, ReadPlan
-from .planner import compile_plan, settle_plan
+from .planner import compile_plan, make_loader, settle_plan
 from .spans import SLOW, SpanFields
 
 __all__ = ["BATCH_READ_MIN", "SpanReader"]
@@ -204,31 +204,13 @@ class SpanReader:
             raise changed(self.path, what, None, samples)
 
     def _make_loader(self) -> Any:
-        """The compiled reads over this process's caches, or None (pure engine, general reads,
-        appended pickles, span arrays that are not int64, or a source with no descriptor)."""
-        scan = self.scan
-        arrays = (scan.ends, scan.memo_base, scan.ext_offsets, scan.ext_keys)
-        shift = self.spans.shifts.single
-        if (
-            self.engine != "compiled"
-            or self.general
-            or shift is None
-            or self._fd < 0
-            or any(a.dtype != np.int64 for a in arrays)
-        ):
+        """This process's compiled loader, or None (see :func:`make_loader`)."""
+        if self.engine != "compiled" or self.general or self._fd < 0:
             return None
-        from .._cscan import SpanLoader
-
-        hooked = None if self.find_class is None else self.spans.hooked_load
-        loader = SpanLoader(
-            *arrays, self.spans.heads, scan.protocol, shift, self.spans.loads(), hooked, self.stats
+        identity = self.identity if self.verify else None
+        return make_loader(
+            self.scan, self.spans, self.find_class is not None, identity, self._stale
         )
-        if self.verify:
-            ident = self.identity
-            got = (ident.mtime_ns, ident.ctime_ns, ident.ino)
-            mtime, ctime, ino = (-1 if v is None else v for v in got)  # -1: not compared
-            loader.identify(ident.size, mtime, ctime, ino, self._stale)
-        return loader
 
     def _stale(self, what: str | None, offset: int, samples: list[int]) -> Exception:
         """The compiled reads' error for a changed file: ``what`` changed (None: its identity,
