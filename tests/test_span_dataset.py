@@ -225,6 +225,24 @@ def test_getitems_reads_each_file_in_offset_order(
         assert_same(got, want[i])
 
 
+def test_span_reads_go_through_a_local_file_advised_random(tmp_path: Path) -> None:
+    """Span reads want no readahead: each file's reader reads through a LocalFile advised
+    "random", and closing the dataset's readers closes their descriptors."""
+    from pickleshard.io import LocalFile
+
+    files = write_synthetic(tmp_path / "data", files=2, per_file=6, shape=(3,))
+    ds = PickleDataset(tmp_path / "data", mode="span")
+    want = _expected(files)
+    assert_same(ds[7], want[7])
+    reader = ds.span_files.reader(1)
+    assert isinstance(reader.source, LocalFile)
+    assert reader.source.pattern == "random"
+    assert reader.source.name == str(files[1])
+    ds.span_files.close()
+    assert reader.source._fd == -1
+    assert_same(ds[7], want[7])  # reopened on the next read
+
+
 def test_transform_applies_in_span_mode(tmp_path: Path) -> None:
     files = write_synthetic(tmp_path / "data", files=1, per_file=4, shape=(3,))
     ds = PickleDataset(tmp_path / "data", mode="span", transform=lambda s: (s[1], s[0].sum()))

@@ -461,6 +461,37 @@ def test_compiled_batch_reads_name_the_label_of_a_refused_sample(tmp_path: Path)
     assert info.value.sample == 40
 
 
+def test_the_sample_label_is_an_argument_never_state_on_the_lookup(tmp_path: Path) -> None:
+    """A refusal names the label of the read that met it, by every path (compiled one by one
+    and in a batch, Python), and the allowlist lookup the readers share is never written: a
+    read in one reader cannot relabel a refusal in another."""
+    from fractions import Fraction
+
+    from pickleshard.errors import UnsafePickleError
+    from pickleshard.safety import AllowlistFindClass
+
+    path = tmp_path / "f.pkl"
+    xs = [{"k": Fraction(i, 3)} if i in (4, 6) else {"k": i} for i in range(8)]
+    path.write_bytes(pickle.dumps((xs, list(range(8))), protocol=4))
+    lookup = AllowlistFindClass(str(path))
+    scan = scan_file(path)
+    readers = [SpanReader(scan, find_class=lookup, engine=e) for e in ("compiled", "python")]
+    for r in readers:
+        assert r.read_sample(1)[1] == 1
+    for r in readers:
+        for read, want in (
+            (lambda r=r: r.read_samples([4], labels=[400]), 400),
+            (lambda r=r: r.read_samples([3, 5, 6], labels=[30, 50, 60]), 60),
+            (lambda r=r: r.many([4], [41]), 41),
+            (lambda r=r: r.read_sample(6), 6),
+        ):
+            with pytest.raises(UnsafePickleError) as info:
+                read()
+            assert info.value.sample == want
+            assert f"(sample {want})" in str(info.value)
+            assert lookup.sample is None
+
+
 def test_read_samples_takes_any_integer_indices(tmp_path: Path) -> None:
     path = tmp_path / "f.pkl"
     path.write_bytes(pickle.dumps(([{"a": i} for i in range(6)], list(range(6))), protocol=5))
