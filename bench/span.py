@@ -3,7 +3,8 @@
 Part 1, speed. The same samples, read two ways in one process, side by side:
 
 - **span**: ``PickleDataset(mode="span")`` over the original pickles (``pickle.dump((x_list,
-  y_list))`` per file): every sample read by ``os.pread`` of its byte span and unpickled alone.
+  y_list))`` per file): every sample's byte span read through its byte source (``LocalFile``,
+  ``pread``) and unpickled alone.
 - **memmap**: the converted data a user would otherwise train from, a numpy memmap ``Dataset``:
   for arrays ``x.npy`` ``(N, 3, 32, 32)`` float32 and ``y.npy`` opened with ``mmap_mode="r"``,
   ``ds[i] = (np.array(x[i]), int(y[i]))``; for Python objects (which no ``.npy`` holds) the

@@ -17,8 +17,8 @@ import pytest
 
 from pickleshard import build_index, open_index
 from pickleshard.errors import CorruptPickleError, PickleshardError, StaleIndexError
+from pickleshard.read import SpanReader
 from pickleshard.scan import scan_bytes, scan_file
-from pickleshard.spanread import SpanReader
 from pickleshard.testing.corpus import Case, generate, opcode_offsets, valid_files
 from pickleshard.testing.corpus_run import run_corpus
 from pickleshard.testing.corpus_worker import deep_diff

@@ -17,14 +17,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from picklegen import build, datasets, dumps, values
-from pickleshard import _cscan, spanread
+from pickleshard import _cscan
 from pickleshard import scan as scan_module
 from pickleshard.picklekit import walk
+from pickleshard.picklekit.rewrite import rewrite_span as py_rewrite_span
 from pickleshard.picklekit.unpicklers import MemoIdPastSpan
 from pickleshard.picklekit.walker import RELEASE_SHIFT, Walked
+from pickleshard.read import SpanReader
 from pickleshard.scan import ScanResult, scan_bytes, scan_file
 from pickleshard.scan.fastpath import gathered
-from pickleshard.spanread import SpanReader
 
 ENGINES = ("python", "compiled")
 Outcome = tuple[Any, ...]
@@ -285,7 +286,7 @@ def _rewrites(data: bytes, scan: ScanResult, damage: int | None = None) -> list[
                 "big": 1024,
             }
             pair = []
-            twins = (spanread.rewrite_span, _cscan.rewrite_span)
+            twins = (py_rewrite_span, _cscan.rewrite_span)
             for log, rewrite in zip(reads, twins, strict=True):
 
                 def read_at(offset: int, n: int, log: list[tuple[int, int]] = log) -> bytes:
@@ -327,7 +328,7 @@ def test_rewrite_twins_on_edge_cases(
 ) -> None:
     data = span[:file_end] if file_end is not None else span
     outcomes = []
-    for rewrite in (spanread.rewrite_span, _cscan.rewrite_span):
+    for rewrite in (py_rewrite_span, _cscan.rewrite_span):
         run = functools.partial(
             rewrite,
             lambda offset, n: data[offset : offset + n],
@@ -378,7 +379,7 @@ def test_rewrite_twins_renumber_memo_ids_alike(
             ),
             lambda r: (bytes(r[0]), r[1], r[2]),
         )
-        for rewrite in (spanread.rewrite_span, _cscan.rewrite_span)
+        for rewrite in (py_rewrite_span, _cscan.rewrite_span)
     ]
     assert outcomes[0] == outcomes[1]
     assert outcomes[0][1] is error if error else outcomes[0][0] == "returned"

@@ -24,8 +24,9 @@ from pickleshard.errors import (
     StaleIndexError,
     UnreadableFileError,
 )
+from pickleshard.fileidentity import FileIdentity
+from pickleshard.read import SpanReader
 from pickleshard.scan import ArrayItem, scan_file
-from pickleshard.spanread import FileIdentity, SpanReader
 from rewrites import write_keeping_times
 
 SHAPE = (3, 32, 32)  # float32: 12 KB samples, as in the issue
@@ -416,7 +417,8 @@ def test_both_engines_refuse_an_edited_framing_alike(tmp_path: Path) -> None:
     for r in readers.values():
         for i in [*range(20, 30), *range(20, 30)]:  # the compiled one then reads by its plan
             r.read_sample(i)
-    assert readers["compiled"]._plan_ok
+    assert readers["compiled"].plan is not None
+    assert readers["compiled"].plan.compiled
     _edit_shape(path, 40)
     outcomes = []
     for r in readers.values():
@@ -477,7 +479,7 @@ def test_a_file_refused_on_open_is_refused_again(tmp_path: Path) -> None:
     for _ in range(2):
         with pytest.raises(FileChangedError, match="mtime"):
             reader.read_sample(0)
-    assert reader._fd == -1
+    assert reader.source._fd == -1  # not left open
 
 
 def test_whole_mode_refuses_a_file_rewritten_after_it_was_indexed(tmp_path: Path) -> None:

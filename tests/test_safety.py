@@ -21,9 +21,9 @@ from pickleshard import allowlist, build_index, safety
 from pickleshard.conversion import convert
 from pickleshard.dataset import PickleDataset
 from pickleshard.errors import UnsafePickleError
+from pickleshard.read import SpanReader
 from pickleshard.safety import DEFAULT_POLICY, UnpicklePolicy
 from pickleshard.scan import scan_file
-from pickleshard.spanread import SpanReader
 from pickleshard.splitting import split
 from pickleshard.testing import SLOW_GLOBAL, SlowInt
 from pickleshard.wholefile import load_file, load_records

@@ -25,9 +25,9 @@ from pickleshard.errors import (
     NotSpanIndexableError,
     TruncatedPickleError,
 )
+from pickleshard.read import SpanReader
 from pickleshard.scan import ScanResult, scan_bytes, scan_file
 from pickleshard.scan.layouts import decode_layout
-from pickleshard.spanread import SpanReader
 
 
 @pytest.fixture(autouse=True, params=["python", "compiled"])

@@ -160,7 +160,7 @@ def test_index_built_without_spans_reads_whole(tmp_path: Path) -> None:
 def test_getitems_reads_each_file_in_offset_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pickleshard.spanread import SpanReader
+    from pickleshard.read import SpanReader
 
     files = write_synthetic(tmp_path / "data", files=3, per_file=6, shape=(2,), kind="objects")
     ds = PickleDataset(tmp_path / "data", mode="span")
@@ -169,11 +169,11 @@ def test_getitems_reads_each_file_in_offset_order(
     def start(reader: SpanReader, i: int) -> tuple[str, int]:
         return Path(reader.path).name, int(reader.scan.starts[i].min())
 
-    real = SpanReader._sample
+    real = SpanReader._execute
 
-    def traced(self: SpanReader, i: int, label: int | None, check: bool = False) -> tuple[Any, ...]:
+    def traced(self: SpanReader, plan: Any, i: int, label: int) -> tuple[Any, ...]:
         reads.append(start(self, i))  # a sample read by the Python path
-        return real(self, i, label, check)
+        return real(self, plan, i, label)
 
     class Spy:  # samples read by one compiled call (once a reader has its plan)
         def __init__(self, reader: SpanReader) -> None:
@@ -198,16 +198,22 @@ def test_getitems_reads_each_file_in_offset_order(
                     reads.append(start(self.reader, i))
             return out
 
-    monkeypatch.setattr(SpanReader, "_sample", traced)
+    monkeypatch.setattr(SpanReader, "_execute", traced)
     indices = [13, 2, 7, 0, 13, 17, 1, 6]  # files 2, 0, 1, 0, 2, 2, 0, 1
     for attempt in ("python path", "compiled"):
-        if attempt == "compiled":
-            for pos in range(3):
-                reader, _ = ds.span_files.reader(pos)
-                assert reader._plan_ok  # planned by the first batch
-                monkeypatch.setattr(reader, "_loader", Spy(reader))
-        reads.clear()
-        batch = ds.__getitems__(indices)
+        with monkeypatch.context() as m:
+            ds = PickleDataset(tmp_path / "data", mode="span")
+            if attempt == "python path":  # no compiled loader: every sample read by _execute
+                m.setattr(SpanReader, "_make_loader", lambda self: None)
+            else:
+                ds.__getitems__(indices)  # settles each file's plan (given to its loader)
+                for pos in range(3):
+                    reader = ds.span_files.reader(pos)
+                    assert reader.plan is not None
+                    assert reader.plan.compiled
+                    m.setattr(reader, "_loader", Spy(reader))
+            reads.clear()
+            batch = ds.__getitems__(indices)
         visited = [name for k, (name, _) in enumerate(reads) if k == 0 or reads[k - 1][0] != name]
         assert sorted(visited) == sorted(set(visited)) == [p.name for p in files]  # each once
         for name in visited:
@@ -217,6 +223,24 @@ def test_getitems_reads_each_file_in_offset_order(
     want = _expected(files)
     for got, i in zip(batch, indices, strict=True):
         assert_same(got, want[i])
+
+
+def test_span_reads_go_through_a_local_file_advised_random(tmp_path: Path) -> None:
+    """Span reads want no readahead: each file's reader reads through a LocalFile advised
+    "random", and closing the dataset's readers closes their descriptors."""
+    from pickleshard.io import LocalFile
+
+    files = write_synthetic(tmp_path / "data", files=2, per_file=6, shape=(3,))
+    ds = PickleDataset(tmp_path / "data", mode="span")
+    want = _expected(files)
+    assert_same(ds[7], want[7])
+    reader = ds.span_files.reader(1)
+    assert isinstance(reader.source, LocalFile)
+    assert reader.source.pattern == "random"
+    assert reader.source.name == str(files[1])
+    ds.span_files.close()
+    assert reader.source._fd == -1
+    assert_same(ds[7], want[7])  # reopened on the next read
 
 
 def test_transform_applies_in_span_mode(tmp_path: Path) -> None:

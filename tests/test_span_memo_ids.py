@@ -17,10 +17,11 @@ import pytest
 
 from pickleshard import _cscan
 from pickleshard.errors import CorruptPickleError, FileChangedError, MemoIdError
+from pickleshard.fileidentity import FileIdentity
 from pickleshard.picklekit.rewrite import rewrite_span
 from pickleshard.picklekit.unpicklers import MemoIdPastSpan
+from pickleshard.read import SpanReader
 from pickleshard.scan import scan_file
-from pickleshard.spanread import FileIdentity, SpanReader
 from rewrites import write_keeping_times
 
 TWINS = {"python": rewrite_span, "compiled": _cscan.rewrite_span}

@@ -19,8 +19,9 @@ from pickleshard.errors import (
     TruncatedPickleError,
     UnsupportedLayoutError,
 )
+from pickleshard.picklekit.rewrite import rewrite_span
+from pickleshard.read import BATCH_READ_MIN, SpanReader
 from pickleshard.scan import ScanResult, scan_file
-from pickleshard.spanread import BATCH_READ_MIN, SpanReader, rewrite_span
 from rewrites import write_keeping_times
 
 # pickles written with numpy 1.x module paths load through numpy's deprecated numpy.core shims
@@ -199,8 +200,8 @@ def test_a_file_changed_after_the_scan_raises_a_file_error(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("protocol", [2, 3, 4, 5])
 def test_literal_head_stores_each_value_by_value(protocol: int) -> None:
+    from pickleshard.picklekit.rewrite import literal_head
     from pickleshard.safety import AllowlistFindClass
-    from pickleshard.spanread import literal_head
 
     values: list[Any] = ["tokens", 2**100, -1, 0.5, None, True, ("a", 1), np.frombuffer]
     values += [b"raw"] if protocol >= 3 else []
@@ -452,11 +453,43 @@ def test_compiled_batch_reads_name_the_label_of_a_refused_sample(tmp_path: Path)
     path.write_bytes(pickle.dumps((xs, list(range(8))), protocol=4))
     reader = SpanReader(scan_file(path))
     reader.read_sample(1)
-    assert reader._plan_ok  # batches now go through one compiled call
+    assert reader.plan is not None
+    assert reader.plan.compiled
     assert [s[1] for s in reader.read_samples([5, 3, 7], labels=[50, 30, 70])] == [5, 3, 7]
     with pytest.raises(UnsafePickleError) as info:
         reader.read_samples([3, 4, 5], labels=[30, 40, 50])
     assert info.value.sample == 40
+
+
+def test_the_sample_label_is_an_argument_never_state_on_the_lookup(tmp_path: Path) -> None:
+    """A refusal names the label of the read that met it, by every path (compiled one by one
+    and in a batch, Python), and the allowlist lookup the readers share is never written: a
+    read in one reader cannot relabel a refusal in another."""
+    from fractions import Fraction
+
+    from pickleshard.errors import UnsafePickleError
+    from pickleshard.safety import AllowlistFindClass
+
+    path = tmp_path / "f.pkl"
+    xs = [{"k": Fraction(i, 3)} if i in (4, 6) else {"k": i} for i in range(8)]
+    path.write_bytes(pickle.dumps((xs, list(range(8))), protocol=4))
+    lookup = AllowlistFindClass(str(path))
+    scan = scan_file(path)
+    readers = [SpanReader(scan, find_class=lookup, engine=e) for e in ("compiled", "python")]
+    for r in readers:
+        assert r.read_sample(1)[1] == 1
+    for r in readers:
+        for read, want in (
+            (lambda r=r: r.read_samples([4], labels=[400]), 400),
+            (lambda r=r: r.read_samples([3, 5, 6], labels=[30, 50, 60]), 60),
+            (lambda r=r: r.many([4], [41]), 41),
+            (lambda r=r: r.read_sample(6), 6),
+        ):
+            with pytest.raises(UnsafePickleError) as info:
+                read()
+            assert info.value.sample == want
+            assert f"(sample {want})" in str(info.value)
+            assert lookup.sample is None
 
 
 def test_read_samples_takes_any_integer_indices(tmp_path: Path) -> None:
@@ -599,7 +632,7 @@ def test_big_shared_values_are_not_copied_into_prologues(tmp_path: Path) -> None
     with SpanReader(scan_file(path)) as reader:
         for i in range(1, 50):
             assert reader.read_sample(i)[0][0] == big
-        assert sum(len(h) for h in reader._heads.values() if h) < 64 * 1024
+        assert sum(len(h) for h in reader.spans.heads.values() if h) < 64 * 1024
 
 
 def test_cached_extension_codes_still_meet_the_allowlist(tmp_path: Path) -> None:

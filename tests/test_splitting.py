@@ -21,10 +21,11 @@ from pickleshard.errors import (
     UnsafePickleError,
     UnsupportedLayoutError,
 )
+from pickleshard.fileidentity import FileIdentity
+from pickleshard.read import SpanReader
 from pickleshard.safety import UnpicklePolicy
 from pickleshard.scan import scan_file
 from pickleshard.scan.layouts import decode_layout
-from pickleshard.spanread import FileIdentity, SpanReader
 from pickleshard.splitsource import SpanSource
 from pickleshard.splitting import MANIFEST, split
 
@@ -278,8 +279,8 @@ def test_splits_a_file_larger_than_the_memory_it_may_use(tmp_path: Path) -> None
     import subprocess
     import sys
 
+    from pickleshard.read import SpanReader
     from pickleshard.scan import scan_file
-    from pickleshard.spanread import SpanReader
 
     n, row = 300, 1 << 18  # 300 samples of 1 MiB: a 300 MiB file
     src = tmp_path / "big.pickle"

@@ -59,7 +59,6 @@ class SpanLoader:
         items: list[tuple[Any, ...] | None],
         definers: dict[int, int],
         empty: Any,
-        labeler: Any = None,
     ) -> None: ...
     def load(self, fd: int, i: int, f: int, start: int) -> Any: ...
     def fill_rows(

@@ -1011,7 +1011,7 @@ cdef class SpanLoader:
     cdef Py_ssize_t nf, n, p_bytes, p_items, p_fast  # p_*: counts not yet in stats
     cdef int protocol
     cdef bint planned, verify
-    cdef object shift, loads, hooked, stats, empty, labeler, label, stale, name
+    cdef object shift, loads, hooked, stats, empty, stale, name
     cdef public Py_ssize_t at  # load_samples: the position of the sample being read
     cdef dict heads, definers
     cdef list hows, intcols, items, frames
@@ -1026,7 +1026,7 @@ cdef class SpanLoader:
         self.heads, self.protocol, self.shift = heads, protocol, shift
         self.loads, self.hooked, self.stats = loads, hooked, stats
         self.planned = self.verify = False
-        self.labeler, self.label, self.at, self.name = None, None, -1, None
+        self.at, self.name = -1, None
 
     def identify(self, int64_t size, int64_t mtime_ns, int64_t ctime_ns, int64_t ino, stale):
         """Check what the reads rely on: an array item's framing (read with its payload in one
@@ -1061,15 +1061,13 @@ cdef class SpanLoader:
 
     def plan(
         self, starts, list hows, ints, list intcols, list items, dict definers, empty,
-        labeler=None,
     ):
         """Enable :meth:`load_sample`. Per field: ``hows[f]`` (0 span, 2 array item, 3 int),
         ``intcols[f]`` its column of ``ints`` (every int field's values, int64 ``(n, k)``),
         ``items[f]`` ``(shape, dtype, prefix, nbytes, swap, readonly, exceptions, head, tail,
         head_masked, tail_masked, bounds)`` (the last five: ``ArrayItem``'s framing, the masked
         ranges flat);
-        ``definers`` the span starts that define shared values; ``empty`` is ``numpy.empty``;
-        ``labeler`` the allowlist whose ``sample`` :meth:`load_samples` sets, or None."""
+        ``definers`` the span starts that define shared values; ``empty`` is ``numpy.empty``."""
         if len(hows) != self.nf or any(h not in (H_SPAN, H_ITEM, H_INT) for h in hows):
             raise ValueError(f"no compiled plan for fields read as {hows}")
         frames = [None if it is None else Framing(*(<tuple>it)[7:12]) for it in items]
@@ -1078,7 +1076,7 @@ cdef class SpanLoader:
                 raise ValueError(f"field {f}: an array item's framing does not fit its prefix")
         self.starts, self.ints = starts, ints
         self.hows, self.intcols, self.items, self.frames = hows, intcols, items, frames
-        self.definers, self.empty, self.labeler = definers, empty, labeler
+        self.definers, self.empty = definers, empty
         self.planned = True
 
     cdef object _head(self, Py_ssize_t i, Py_ssize_t f, Py_ssize_t start):
@@ -1129,8 +1127,6 @@ cdef class SpanLoader:
             None, 0, hk[0],
         )
         if finds and self.hooked is not None:
-            if self.label is not None and self.labeler is not None:
-                self.labeler.sample = self.label  # a refusal names the sample
             return self.hooked(out)
         return self.loads(out)
 
@@ -1188,7 +1184,6 @@ cdef class SpanLoader:
         if hk is None:
             return SLOW
         self.p_bytes = self.p_items = self.p_fast = 0
-        self.label = None
         return self._span(fd, i, f, start, hk)
 
     def fill_rows(
@@ -1249,7 +1244,6 @@ cdef class SpanLoader:
         the error). Fields are read in the Python path's order: arrays, then the span. With
         ``check`` the file's identity is checked after the reads; errors name sample ``name``
         (default ``i``)."""
-        self.label = None
         self.name = i if name is None else name
         v = self._sample(fd, i)
         if check and v is not SLOW:
@@ -1259,23 +1253,20 @@ cdef class SpanLoader:
     def load_samples(self, int fd, list items, list labels, fallback):
         """:meth:`load_sample` of each of ``items`` (in that order), in a list, with
         ``fallback(item, label)`` reading the samples it cannot (the caller's path, in turn);
-        a refused global names ``labels[k]`` (through the plan's ``labeler``). On an exception
-        :attr:`at` is the position of the sample that raised it."""
+        errors raised here name ``labels[k]``; on an exception :attr:`at` is the position of
+        the sample that raised it (the caller names a refusal raised by ``hooked`` with its
+        label: the label is never stored on the lookup)."""
         cdef Py_ssize_t k, m = len(items)
         if len(labels) != m:
             raise ValueError(f"{m} samples but {len(labels)} labels")
         out = [None] * m
-        try:
-            for k in range(m):
-                self.at, self.label = k, labels[k]
-                self.name = labels[k]
-                v = self._sample(fd, items[k])
-                if v is SLOW:
-                    self.label = None
-                    v = fallback(items[k], labels[k])
-                out[k] = v
-        finally:
-            self.label = None
+        for k in range(m):
+            self.at = k
+            self.name = labels[k]
+            v = self._sample(fd, items[k])
+            if v is SLOW:
+                v = fallback(items[k], labels[k])
+            out[k] = v
         self._same_file(fd, labels, None)  # after the reads: a write that raced them shows by now
         return out
 

@@ -23,10 +23,10 @@ except ImportError:  # pragma: no cover - exercised only without torch
 from .bounds import DEFAULT_MAX_DEPTH, DEFAULT_MAX_SAMPLE_BYTES, check_sample
 from .errors import NotSpanIndexableError
 from .index import Rebuild, SkippedFilesWarning, open_index
+from .read import SpanFiles
 from .safety import UnpicklePolicy
 from .scan.layouts import DecodedLayout
 from .sources import Source
-from .spanfiles import SpanFiles
 from .wholecache import CacheBudget, CacheStats, WholeFileCache
 from .wholefile import load_layout
 
@@ -52,7 +52,7 @@ class PickleDataset(_DatasetBase[Any]):
     ``transform``, if given, is applied to that tuple.
 
     ``mode`` says how samples are read. ``"auto"`` (default): each sample of a span-indexed file
-    is read alone, straight out of the pickle (:class:`~pickleshard.spanread.SpanReader`), and
+    is read alone, straight out of the pickle (:class:`~pickleshard.read.SpanReader`), and
     the files the scanner refused are unpickled whole; ``"span"``: like auto, but raises
     :class:`~pickleshard.errors.NotSpanIndexableError` naming the first file that cannot be read
     by span and why; ``"whole"``: every file is unpickled whole. :attr:`file_modes` says which
@@ -208,14 +208,15 @@ class PickleDataset(_DatasetBase[Any]):
         pos = bisect.bisect_right(self._firsts, j) - 1
         item = j - self._firsts[pos]
         if self._is_span[pos]:
-            return self._finish(self._spans.read(pos, item, j), pos, j)
+            return self._finish(self._spans.reader(pos).one(item, j), pos, j)
         columns = self._file(pos).columns
         return self._finish(tuple([col[item] for col in columns]), pos, j)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        """Fetch a batch, returned in request order. Each file is visited once: span-read files
-        through :meth:`SpanReader.read_samples` (in offset order), whole files in order of first
-        appearance, their samples in item order."""
+        """Fetch a batch, returned in request order. Indices are checked and put in (file,
+        item) order here, once: each file is visited once, span-read files through
+        :meth:`SpanReader.many` (their samples in item order, which is offset order), whole
+        files in order of first appearance, their samples in item order."""
         wanted = np.asarray(indices, dtype=np.int64).reshape(-1)
         if not len(wanted):
             return []
@@ -240,8 +241,7 @@ class PickleDataset(_DatasetBase[Any]):
             if not self._is_span[pos]:
                 whole = True
             else:  # one by one or as a batch, as the reader sees fit
-                reader, _ = self._spans.reader(pos)
-                got = reader.read_samples(its[a:b], labels=labels[a:b])
+                got = self._spans.reader(pos).many(its[a:b], labels[a:b])
                 got = [
                     self._finish(v, pos, label) for v, label in zip(got, labels[a:b], strict=True)
                 ]

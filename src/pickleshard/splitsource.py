@@ -1,6 +1,6 @@
 """Where :func:`pickleshard.splitting.split` reads samples from, and the layout it writes.
 
-:class:`SpanSource` reads a scanned file through :class:`~pickleshard.spanread.SpanReader`
+:class:`SpanSource` reads a scanned file through :class:`~pickleshard.read.SpanReader`
 under the caller's :class:`~pickleshard.safety.UnpicklePolicy` (one reader per field over a
 one-field view of the scan, so writing a column reads only that column), and copies the rows of
 an ``array_row`` field from the file in blocks of ``COPY_BLOCK`` bytes. :func:`shape_from_scan`
@@ -22,8 +22,10 @@ import numpy as np
 
 from .chunkwriter import ChunkShape, RowPayload, SampleSource
 from .errors import NotSpanIndexableError, UnsupportedLayoutError
+from .fileidentity import FileIdentity
 from .io import open_source as open_bytes
 from .picklekit import opcodes as oc
+from .read import SpanReader
 from .safety import UnpicklePolicy
 from .scan import ScanResult, scan_file
 from .scan.layouts import (
@@ -34,7 +36,6 @@ from .scan.layouts import (
     default_field_names,
     layout_named,
 )
-from .spanread import FileIdentity, SpanReader
 from .wholefile import load_records
 
 __all__ = [

@@ -16,7 +16,7 @@ as protocol 2. Object identity between two *fields* of one sample of a column la
 
 How a chunk is written without holding it (:mod:`pickleshard.chunkwriter`): the container
 opcodes are written one by one and each sample, read alone through
-:class:`~pickleshard.spanread.SpanReader` under the caller's
+:class:`~pickleshard.read.SpanReader` under the caller's
 :class:`~pickleshard.safety.UnpicklePolicy`, is saved into the same stream; the rows of an array
 field are copied from the source in blocks (:mod:`pickleshard.splitsource`). Memory: the
 largest sample, one 8 MiB copy block, the scan's per-sample arrays (``8 * (3F + 2)`` bytes a

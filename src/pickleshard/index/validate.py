@@ -15,7 +15,7 @@ the ``.npy`` files and their contents against the header by :mod:`pickleshard.in
 :mod:`pickleshard.index.contents`.
 
 What the index alone cannot tell (a span's bytes edited with it) is the read path's business:
-:mod:`pickleshard.spanread` checks one sample of each array field against a real unpickling
+:mod:`pickleshard.read` checks one sample of each array field against a real unpickling
 (and, with issue 12's read-time checks, every payload's framing).
 """
 

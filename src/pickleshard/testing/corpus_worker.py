@@ -9,7 +9,7 @@ limits itself (``RLIMIT_AS`` to ``MEMORY`` bytes, ``RLIMIT_CPU`` to ``CPU`` more
     :func:`pickleshard.wholefile.load_records` (every appended pickle).
 ``scan:<engine>``
     :func:`pickleshard.scan.scan_file` with each available engine, then
-    :meth:`~pickleshard.spanread.SpanReader.read_sample` of every sample (span rewrite of the
+    :meth:`~pickleshard.read.SpanReader.read_sample` of every sample (span rewrite of the
     same engine, globals restricted to the allowlist).
 ``scan:general``
     the python scan read by the pure-Python general span path (the fast path's oracle), for
@@ -224,8 +224,8 @@ class _Worker:
 
     def _scan(self, path: str, ref: list[Any] | None, ref_error: str, engine: str) -> str | None:
         """``engine`` "general": the python scan read by the pure-Python general span path."""
+        from ..read import SpanReader
         from ..scan import scan_file
-        from ..spanread import SpanReader
 
         general = engine == "general"
         engine = "python" if general else engine
@@ -252,8 +252,8 @@ class _Worker:
     def _stale(self, path: str, original: str, engine: str) -> str | None:
         """Spans of the valid original read from the damaged bytes (a file changed after
         indexing): every sample must read or raise a package error; values are not checked."""
+        from ..read import SpanReader
         from ..scan import scan_file
-        from ..spanread import SpanReader
 
         with open(original, "rb") as fh:
             key = (engine, fh.read())
@@ -313,7 +313,7 @@ def _worker_main(manifest: str, out_path: str, memory: int, cpu: int) -> None:
         from .. import cli, conversion, splitting, verification  # noqa: F401 - before the limits
     else:
         worker = _Worker(spec["index_dir"], spec["canary"])
-    from .. import dataset, index, scan, spanread, wholefile  # noqa: F401 - imported before the limits
+    from .. import dataset, index, read, scan, wholefile  # noqa: F401 - imported before the limits
 
     _limit(memory, cpu)
     signal.signal(signal.SIGPROF, _on_alarm)
