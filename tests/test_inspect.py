@@ -364,9 +364,9 @@ def test_scanner_and_preview_get_the_same_stand_in_and_run_nothing(
     """The scanner's inspector and inspect's preview (span and whole-file) evaluate with one
     inert unpickler: a global outside its allowlist is an :class:`Opaque` for each, never run."""
     import pickleshard.inspection
-    import pickleshard.scan
+    import pickleshard.scan.inspector
 
-    assert pickleshard.scan.InspectUnpickler is pickleshard.inspection.InspectUnpickler
+    assert pickleshard.scan.inspector.InspectUnpickler is pickleshard.inspection.InspectUnpickler
     canary = tmp_path / "canary"
     system = f"{os.system.__module__}.system"
     handed = _record_stand_ins(monkeypatch)
