@@ -150,20 +150,22 @@ def audit_buffer(buf: Any, size: int, name: str) -> Audit:
 
 def locate_global(file: Any, start: int, key: GlobalKey | None, qualname: str | None) -> int | None:
     """The offset of the opcode behind a refusal in the pickle starting at ``start`` of ``file``
-    (a file object or a buffer): the ``BUILD`` on global ``qualname`` when there is one, else the
-    first opcode naming ``key``; None when the walk finds neither. Read with ``pread`` or from
-    the buffer: the file's position is left as it is (an unpickler is reading it)."""
-    import mmap
-    import os
-
+    (a buffer, an in-memory file, or a reader over a :class:`~pickleshard.io.ByteSource`, such as
+    :func:`pickleshard.io.open_reader` gives): the ``BUILD`` on global ``qualname`` when there is
+    one, else the first opcode naming ``key``; None when the walk finds neither (or the file is
+    none of those). Read from the buffer or the source by range: the file's position is left as
+    it is (an unpickler is reading it)."""
     buf: Any
+    source = getattr(getattr(file, "raw", file), "source", None)
     if isinstance(file, (bytes, bytearray)):
         buf = file
     elif hasattr(file, "getbuffer"):
         buf = bytes(file.getbuffer())  # the walk needs find(); a refusal is rare
+    elif source is not None:
+        mapped = source.map()
+        buf = mapped if mapped is not None else source.read_at(0, source.size)
     else:
-        fd = file.fileno()
-        buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if os.fstat(fd).st_size else b""
+        return None
     size = len(buf)
     audit = Audit("<refusal>", size)
     w = Walk(audit, buf, size)
