@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from pickleshard.cli import main
+from pickleshard.errors import UnreadableFileError
 from pickleshard.fileidentity import FileIdentity
 from pickleshard.io import ByteSource, LocalFile, storage_read_bytes
 from pickleshard.io.base import _check_range
@@ -180,3 +181,12 @@ def test_index_and_inspect_report_bytes_fetched_beside_bytes_examined(
     assert main(["inspect", str(paths[0])]) == 0
     text = capsys.readouterr().out
     assert ("fetched" in text) == (storage_read_bytes() is not None)
+
+
+def test_identity_of_an_unopenable_file_says_it_cannot_be_opened(tmp_path: Path) -> None:
+    # the open's own error, not re-wrapped as "cannot stat: ... cannot open"
+    missing = LocalFile(tmp_path / "gone.pkl")
+    with pytest.raises(UnreadableFileError) as info:
+        missing.identity()
+    assert "cannot open" in str(info.value)
+    assert "cannot stat" not in str(info.value)

@@ -124,8 +124,9 @@ class LocalFile(ByteSource):
         return data
 
     def identity(self) -> FileIdentity:
+        fd = self.fileno()  # its own UnreadableFileError ("cannot open") passes through as is
         try:
-            st = os.fstat(self.fileno())
+            st = os.fstat(fd)
         except OSError as exc:  # ESTALE (a file replaced on NFS), EIO
             raise UnreadableFileError(self.name, f"cannot stat: {exc.strerror or exc}") from None
         return FileIdentity.of(st)
