@@ -23,13 +23,13 @@ stored) raises the :mod:`pickleshard.errors` classes with the file and offset.
 from __future__ import annotations
 
 import contextlib
-import gc
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..allowlist import Verdict, classify_global
 from ..errors import CorruptPickleError, EmptyPickleError, NotAPickleError, TruncatedPickleError
+from ..gcpause import paused_gc
 from . import opcodes as oc
 from .auditwalk import UNRESOLVED, GlobalKey, Walk, walk_record
 
@@ -125,10 +125,9 @@ def audit_buffer(buf: Any, size: int, name: str) -> Audit:
             why = f"PROTO opcode names unknown protocol {buf[pos + 1]}"
             raise NotAPickleError(name, why, offset=pos + 1)
         w = Walk(audit, buf, size)
-        collecting = gc.isenabled()
-        gc.disable()  # the walk makes no cycles; collections over its memo would cost time
-        try:
-            nxt = walk_record(w, pos)
+        try:  # the walk makes no cycles; collections over its memo would cost time
+            with paused_gc():
+                nxt = walk_record(w, pos)
         except CorruptPickleError as exc:
             # as whole-file mode classifies: no PROTO and no protocol 0/1 container opener that
             # ran out of bytes means these bytes were never a pickle
@@ -138,9 +137,6 @@ def audit_buffer(buf: Any, size: int, name: str) -> Audit:
                 detail = str(exc).removeprefix(f"{name}: ")
                 raise NotAPickleError(name, f"{what}: {detail}", offset=pos) from None
             raise
-        finally:
-            if collecting:
-                gc.enable()
         if not audit.records:
             audit.protocol = w.proto if w.proto >= 0 else min(w.hi, 1)
         audit.records.append((pos, nxt))

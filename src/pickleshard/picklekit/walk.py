@@ -9,7 +9,6 @@ what makes a file readable only as a whole into :class:`~pickleshard.errors.NotS
 from __future__ import annotations
 
 import functools
-import gc
 import mmap
 from array import array
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from ..errors import (
     NotSpanIndexableError,
     TruncatedPickleError,
 )
+from ..gcpause import paused_gc
 from .nodes import Value
 from .opcodes import HIGHEST_PROTOCOL, PROTO_OP
 from .walker import Refused, Release, Unsupported, Walked, walk_record
@@ -124,10 +124,10 @@ def walk_opcodes(buf: Any, size: int, name: str, *, engine: str = "auto") -> Wal
             if not first:
                 why = f"bytes after pickle #{len(w.records)} are not a protocol {w.protocol} pickle"
             raise NotSpanIndexableError(name, why, offset=pos)
-        key0, collecting = len(w.defs), gc.isenabled()
-        gc.disable()  # the walk makes no cycles; GC passes over its lists cost half its time
-        try:
-            root, nxt, first_id = _walk_with(walk, buf, pos + 2, size, w, release)
+        key0 = len(w.defs)
+        try:  # the walk makes no cycles; GC passes over its lists cost half its time
+            with paused_gc():
+                root, nxt, first_id = _walk_with(walk, buf, pos + 2, size, w, release)
         except Refused as exc:
             raise NotSpanIndexableError(name, exc.reason, offset=exc.offset) from None
         except CorruptPickleError as exc:
@@ -135,9 +135,6 @@ def walk_opcodes(buf: Any, size: int, name: str, *, engine: str = "auto") -> Wal
                 raise
             why = f"pickle #{len(w.records) + 1} is damaged: {exc}"
             raise NotSpanIndexableError(name, why, offset=pos) from None
-        finally:
-            if collecting:
-                gc.enable()
         w.protocol = proto
         w.roots.append(root)
         w.records.append((pos, nxt, key0 - first_id))
