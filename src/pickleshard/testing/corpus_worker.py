@@ -36,7 +36,6 @@ kills it is named.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
 import math
 import os
@@ -52,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from ..gcpause import paused_gc
 from .oracle import reference_samples
 
 __all__ = ["CASE_SECONDS", "ORIGINAL", "deep_diff"]
@@ -64,13 +64,8 @@ GENERAL_MAX_BYTES = 64 << 10  # the pure-Python span path is slow on the 100k-de
 def deep_diff(got: Any, want: Any) -> str | None:
     """How ``got`` differs from ``want`` (types, values, array bits), or None; iterative, so
     100,000 nested lists compare without recursion (the report gives the nesting depth)."""
-    collecting = gc.isenabled()
-    gc.disable()  # the walk makes no cycles; GC passes over deep values would dominate it
-    try:
+    with paused_gc():  # the walk makes no cycles; GC passes over deep values would dominate it
         return _deep_diff(got, want)
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def _deep_diff(got: Any, want: Any) -> str | None:
