@@ -1,6 +1,6 @@
 """Lightning: ``Trainer(accelerator="cpu", max_epochs=1)`` fits through a LightningDataModule.
 
-The module below is the README's "Training with Lightning" example, plus a record of the ids
+The module below is the Lightning example of docs/usage.md, plus a record of the ids
 (the data's ``y``) each training step saw.
 """
 
