@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench bench-suite peers clean
 
 # The editable install compiles the scanner's Cython core (setup.py): editing the .pyx
 # re-runs it here; by hand, `pip install -e .` rebuilds it.
@@ -28,6 +28,19 @@ test: lint
 bench: $(STAMP)
 	$(PY) -m bench
 
+# The peers (LitData, Mosaic Streaming) pin an older numpy than pickleshard's environment: they
+# get their own virtualenv, used by the suite's peer rows through --peer-python.
+PEERS := .venv-peers
+$(PEERS)/.installed: ci/constraints.txt
+	test -x $(PEERS)/bin/python || $(PYTHON) -m venv $(PEERS)
+	$(PEERS)/bin/python -m pip install -q -c ci/constraints.txt torch litdata mosaicml-streaming datasets psutil
+	touch $@
+
+peers: $(PEERS)/.installed
+
+bench-suite: $(STAMP) peers
+	$(PY) -m bench --suite full --peer-python $(PEERS)/bin/python
+
 clean:
-	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PEERS) build dist .pytest_cache .mypy_cache .ruff_cache
 	rm -f src/pickleshard/*.so src/pickleshard/*.c

@@ -3,7 +3,8 @@
 ``python -m bench scan ...`` runs ``bench.scan`` instead (index build: scanner vs unpickling),
 ``python -m bench span ...`` runs ``bench.span`` (shuffled epochs by span vs numpy memmap),
 ``python -m bench index-open ...`` runs ``bench.index_open`` (the cost of validating an index),
-``python -m bench first-epoch ...`` runs ``bench.first_epoch`` (whole-file first epoch vs folk).
+``python -m bench first-epoch ...`` runs ``bench.first_epoch`` (whole-file first epoch vs folk),
+``python -m bench --suite full|quick`` runs ``bench.suite`` (every loader side by side).
 
 Rows: {null, naive list, folk JSON, PickleDataset + BlockShuffleSampler} x {sequential,
 shuffled} x the ``--workers`` counts, each in a fresh process through the same DataLoader loop.
@@ -193,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "--":
         argv = argv[1:]  # `pickleshard bench -- --quick` passes its separator through
     given = sys.argv[1:] if argv is None else argv
+    if any(a == "--suite" or a.startswith("--suite=") for a in given):  # the loader suite
+        from .suite.main import main as suite_main
+
+        return suite_main(given)
     if given[:1] == ["index-open"]:  # `python -m bench index-open ...`
         from .index_open import main as index_open_main
 

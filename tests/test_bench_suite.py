@@ -1,0 +1,44 @@
+"""The loader suite's harness (``python -m bench --suite quick``) on a subset of its loaders.
+
+Runs the real harness, each preparation and row in its own process, on the quick 12 KB-array
+dataset (cold: its files evicted before each row) and checks what the report rests on: every
+row delivered every sample of its epoch, the cold rows fetched the bytes they read from storage,
+and the JSON, the Markdown and the three plots are written.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_quick_suite_runs_rows_and_reports(tmp_path: Path) -> None:
+    loaders = "naive,span,memmap-plain,folk-shuffled"
+    cmd = [sys.executable, "-m", "bench", "--suite", "quick", "--kinds", "arrays12k"]
+    cmd += ["--loaders", loaders, "--data", str(tmp_path / "data"), "--out", str(tmp_path)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    raw = json.loads((tmp_path / "suite-quick.json").read_text())
+    rows = {r["loader"]: r for r in raw["rows"]}
+    assert set(rows) == set(loaders.split(","))
+    total = rows["span"]["samples_total"]
+    for name in ("naive", "span", "memmap-plain"):
+        assert rows[name]["samples"] == total, rows[name]
+        assert rows[name]["seconds"] > 0
+        assert rows[name]["peak_pss"] > 0
+    assert rows["folk-shuffled"]["samples"] == min(128, total)  # the quick suite's cap
+    # cold rows: the pickles (or the converted copy) were evicted, so reading every sample
+    # fetched at least most of their bytes from storage
+    assert rows["span"]["bytes_fetched"] >= 0.5 * rows["span"]["dataset_bytes"]
+    assert rows["memmap-plain"]["bytes_fetched"] >= 0.5 * rows["span"]["dataset_bytes"]
+    report = (tmp_path / "suite-quick.md").read_text()
+    assert "PickleDataset span reads + ShuffleSampler" in report
+    for plot in ("throughput", "pss", "prep"):
+        assert (tmp_path / f"suite-quick-{plot}.png").stat().st_size > 1000
