@@ -48,7 +48,8 @@ def _names(allowed: dict[str, Any] | tuple[str, ...], text: str) -> tuple[str, .
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench --suite", description=__doc__)
     p.add_argument("--suite", choices=tuple(SUITES), required=True)
-    p.add_argument("--kinds", type=lambda t: _names(KINDS, t), default=tuple(KINDS))
+    p.add_argument("--quick", action="store_true", help="same as --suite quick (a smoke run)")
+    p.add_argument("--kinds", type=lambda t: _names(KINDS, t), default=None)
     p.add_argument("--loaders", type=lambda t: _names(LOADERS, t), default=tuple(LOADERS))
     p.add_argument("--workers", type=lambda t: tuple(int(w) for w in t.split(",")), default=None)
     p.add_argument("--batch-size", type=int, default=64)
@@ -197,6 +198,10 @@ def main(argv: list[str]) -> int:
     from .report import write_report
 
     args = parser().parse_args(argv)
+    if args.quick:
+        args.suite = "quick"
+    if args.kinds is None:  # the quick suite is a smoke run of one kind
+        args.kinds = tuple(KINDS) if args.suite == "full" else ("arrays12k",)
     name = args.name or f"suite-{args.suite}"
     if args.render is not None:
         raw = json.loads(args.render.read_text())
