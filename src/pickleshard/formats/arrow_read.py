@@ -1,0 +1,184 @@
+"""Reading the Arrow and Parquet formats: random access by row group, batches by ``__getitems__``.
+
+:class:`TableDataset` maps a sample index to its row group (the descriptor's
+``row_group_rows``; every group but the last is full), reads that group's columns and turns the
+wanted rows back into values (:func:`~pickleshard.formats.arrow_values.from_arrow`). A batch
+reads each row group it touches once.
+
+- ``data.arrow`` (Arrow IPC stream) is memory-mapped: its record batches are views of the
+  mapping, so a read copies only the rows it returns; nothing is cached.
+- ``data.parquet`` is memory-mapped too, but a row group must be decoded whole: decoded groups
+  are kept in a :class:`RowGroupCache` of at most ``cache_bytes`` (LRU; ``hits`` and ``misses``
+  count lookups), so a sequential read decodes each group once.
+
+Each process opens the file for itself (DataLoader workers after fork, or unpickled copies).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .arrow_values import from_arrow
+from .arrow_write import METADATA_KEY
+from .base import ConvertedDataset, Sample
+
+__all__ = ["DEFAULT_CACHE_BYTES", "RowGroupCache", "TableDataset"]
+
+#: decoded Parquet row groups kept per process
+DEFAULT_CACHE_BYTES = 64 << 20
+
+
+class RowGroupCache:
+    """Decoded row groups, least recently used dropped first, holding at most ``budget`` bytes
+    (a group bigger than the budget is returned but not kept)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.held = 0
+        self.hits = 0
+        self.misses = 0
+        self._groups: OrderedDict[int, tuple[list[Any], int]] = OrderedDict()
+
+    def get(self, k: int) -> list[Any] | None:
+        found = self._groups.get(k)
+        if found is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._groups.move_to_end(k)
+        return found[0]
+
+    def put(self, k: int, columns: list[Any], nbytes: int) -> None:
+        if nbytes > self.budget:
+            return
+        self._groups[k] = (columns, nbytes)
+        self.held += nbytes
+        while self.held > self.budget:
+            _, (_, dropped) = self._groups.popitem(last=False)
+            self.held -= dropped
+
+
+class TableDataset(ConvertedDataset):
+    """Reads a Parquet or Arrow conversion (module docstring)."""
+
+    def __init__(
+        self, root: Path, descriptor: dict[str, Any], cache_bytes: int = DEFAULT_CACHE_BYTES
+    ) -> None:
+        super().__init__(root, descriptor)
+        self.cache_bytes = cache_bytes
+        self.path = root / str(descriptor.get("file", ""))
+        self.parquet = self.path.suffix == ".parquet"
+        self.rows = max(1, int(descriptor.get("row_group_rows", 1)))
+        self._entries: list[dict[str, Any]] = descriptor["fields"]
+        self._pid = -1
+        self._open()
+
+    # ---- opening ------------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        if self._pid == os.getpid():
+            return
+        import pyarrow as pa
+
+        try:
+            if self.parquet:
+                import pyarrow.parquet as pq
+
+                self._file: Any = pq.ParquetFile(self.path, memory_map=True)
+                schema = self._file.schema_arrow
+                sizes = [
+                    self._file.metadata.row_group(k).num_rows
+                    for k in range(self._file.num_row_groups)
+                ]
+                self._batches: list[Any] = []
+            else:
+                self._file = pa.ipc.open_stream(pa.memory_map(os.fspath(self.path)))
+                schema = self._file.schema
+                self._batches = list(self._file)
+                sizes = [b.num_rows for b in self._batches]
+        except (OSError, pa.ArrowException) as exc:
+            raise self._corrupt(f"cannot open {self.path.name}: {exc}") from None
+        self._check_file(schema, sizes)
+        self._cache = RowGroupCache(self.cache_bytes)
+        self._pid = os.getpid()
+
+    def _check_file(self, schema: Any, sizes: list[int]) -> None:
+        names = schema.names
+        self._columns: list[list[int]] = []
+        for e in self._entries:
+            cols = [e["column"]] + ([e["shape_column"]] if "shape_column" in e else [])
+            if any(c not in names for c in cols):
+                raise self._corrupt(f"{self.path.name} has no column {cols!r}")
+            self._columns.append([names.index(c) for c in cols])
+        n = len(self)
+        want = [self.rows] * (n // self.rows) + ([n % self.rows] if n % self.rows else [])
+        if sizes != want:
+            raise self._corrupt(
+                f"{self.path.name} holds row groups of {sizes[:4]}... rows ({sum(sizes)} in all), "
+                f"expected {len(want)} groups of {self.rows} ({n} in all)"
+            )
+        if schema.metadata is None or METADATA_KEY not in schema.metadata:
+            raise self._corrupt(f"{self.path.name} carries no pickleshard schema metadata")
+
+    def _group(self, k: int) -> list[Any]:
+        """Row group ``k``'s columns as Arrow arrays."""
+        self._open()
+        if not self.parquet:
+            return list(self._batches[k].columns)
+        cols = self._cache.get(k)
+        if cols is None:
+            import pyarrow as pa
+
+            try:
+                table = self._file.read_row_group(k, use_threads=False)
+            except (OSError, pa.ArrowException) as exc:
+                raise self._corrupt(f"cannot read row group {k}: {exc}", k * self.rows) from None
+            cols = [c.combine_chunks() for c in table.columns]
+            self._cache.put(k, cols, int(table.nbytes))
+        return cols
+
+    # ---- reading ------------------------------------------------------------------------------
+
+    def _rows(self, k: int, local: np.ndarray[Any, Any]) -> list[list[Any]]:
+        """Per field, the values of rows ``local`` of row group ``k``."""
+        import pyarrow as pa
+
+        cols = self._group(k)
+        first = k * self.rows + int(local[0])
+        if len(local) == 1:
+            j = int(local[0])
+            picked = [[cols[c].slice(j, 1) for c in f] for f in self._columns]
+        else:
+            take = pa.array(local)
+            picked = [[cols[c].take(take) for c in f] for f in self._columns]
+        out = []
+        for e, arrays in zip(self._entries, picked, strict=True):
+            try:
+                out.append(from_arrow(e["type"], arrays))
+            except (ValueError, pa.ArrowException) as exc:
+                raise self._corrupt(f"cannot decode field {e['name']!r}: {exc}", first) from None
+        return out
+
+    def _get(self, i: int) -> Sample:
+        k, j = divmod(i, self.rows)
+        return tuple(values[0] for values in self._rows(k, np.array([j])))
+
+    def _get_many(self, idx: np.ndarray[Any, Any]) -> list[Sample]:
+        out: list[Sample | None] = [None] * len(idx)
+        groups = idx // self.rows
+        order = np.argsort(groups, kind="stable")
+        bounds = np.flatnonzero(np.diff(groups[order])) + 1
+        for run in np.split(order, bounds) if len(order) else []:
+            k = int(groups[run[0]])
+            values = self._rows(k, idx[run] - k * self.rows)
+            for pos, sample in zip(run.tolist(), zip(*values, strict=True), strict=True):
+                out[pos] = sample
+        return out  # type: ignore[return-value]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (TableDataset, (self.root, self.descriptor, self.cache_bytes))
