@@ -17,11 +17,12 @@ Python ``bool``             ``{"t": "bool", "null": b}``         ``bool``
 ``dict``, same str keys     ``{"t": "struct", "fields": ...}``   ``struct<k: T, ...>``
 numpy scalar                ``{"t": "scalar", "dtype": d}``      the primitive
 ndarray, one shape          ``{"t": "array", "dtype", "shape"}`` nested ``fixed_size_list``
-ndarray, shapes differ      ``{"t": "ragged", "dtype", "ndim"}`` ``large_list`` + shape column
+ndarray, shapes differ (*)  ``{"t": "ragged", "dtype", "ndim"}`` ``large_list`` + shape column
 anything else               ``{"t": "pss"}``                     ``large_binary`` (PSS codec)
 ==========================  ===================================  ==========================
 
 Numpy bools whose bytes are not 0 or 1 (views of other data) are PSS: Arrow packs bools to bits.
+(*) or an empty array (a dimension of 0): Arrow has no fixed-size list of size 0.
 ``null: true`` says some values are ``None`` (Arrow nulls). Numpy dtypes stored natively are
 bool, (u)int8-64 and float16-64 in either byte order (Arrow holds them little-endian; ``dtype``
 keeps the original, which the reader restores). A 0-d array is its primitive, one per row. Any
@@ -95,6 +96,8 @@ def infer_type(value: Any, depth: int = 0) -> ColumnType:
     if t is np.ndarray:
         if not is_native_dtype(value.dtype) or _odd_bools(value):
             return PSS
+        if value.size == 0 and value.ndim:  # Arrow has no fixed_size_list of size 0
+            return {"t": "ragged", "dtype": value.dtype.str, "ndim": value.ndim}
         return {"t": "array", "dtype": value.dtype.str, "shape": list(value.shape)}
     if isinstance(value, np.generic):
         if not is_native_dtype(value.dtype) or _odd_bools(value):
