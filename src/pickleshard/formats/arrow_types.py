@@ -14,7 +14,7 @@ Python ``bool``             ``{"t": "bool", "null": b}``         ``bool``
 ``str`` (valid UTF-8)       ``{"t": "str", "null": b}``          ``string``
 ``bytes``                   ``{"t": "bytes", "null": b}``        ``binary``
 ``list`` of the above       ``{"t": "list", "item": T, ...}``    ``list<T>``
-``dict``, same str keys     ``{"t": "struct", "fields": ...}``   ``struct<k: T, ...>``
+``dict``, same str keys (+) ``{"t": "struct", "fields": ...}``   ``struct<k: T, ...>``
 numpy scalar                ``{"t": "scalar", "dtype": d}``      the primitive
 ndarray, one shape          ``{"t": "array", "dtype", "shape"}`` nested ``fixed_size_list``
 ndarray, shapes differ (*)  ``{"t": "ragged", "dtype", "ndim"}`` ``large_list`` + shape column
@@ -22,6 +22,7 @@ anything else               ``{"t": "pss"}``                     ``large_binary`
 ==========================  ===================================  ==========================
 
 Numpy bools whose bytes are not 0 or 1 (views of other data) are PSS: Arrow packs bools to bits.
+(+) at least one key: Parquet has no struct of no fields.
 (*) or an empty array (a dimension of 0): Arrow has no fixed-size list of size 0.
 ``null: true`` says some values are ``None`` (Arrow nulls). Numpy dtypes stored natively are
 bool, (u)int8-64 and float16-64 in either byte order (Arrow holds them little-endian; ``dtype``
@@ -112,7 +113,7 @@ def infer_type(value: Any, depth: int = 0) -> ColumnType:
             if item["t"] not in _PYTHON:
                 return PSS
         return {"t": "list", "null": False, "item": item}
-    if t is dict and len(value) <= _MAX_KEYS and all(type(k) is str for k in value):
+    if t is dict and 0 < len(value) <= _MAX_KEYS and all(type(k) is str for k in value):
         fields = []
         for k, v in value.items():
             ft = infer_type(v, depth + 1)
