@@ -108,7 +108,15 @@ def test_native_types_are_chosen_where_arrow_has_them() -> None:
     assert ct(np.zeros((2, 3)), np.zeros((1, 3)))["t"] == "ragged"
     assert ct({"a": 1, "b": "x"}, {"a": 2, "b": None})["t"] == "struct"
     assert ct([1, 2], [], [3])["t"] == "list"
-    for mixed in [(1, 1.5), ({"a": 1}, {"b": 1}), ((1, 2),), ({1: 2},), (2**64,), ("\ud800",), ({},)]:
+    for mixed in [
+        (1, 1.5),
+        ({"a": 1}, {"b": 1}),
+        ((1, 2),),
+        ({1: 2},),
+        (2**64,),
+        ("\ud800",),
+        ({},),
+    ]:
         assert ct(*mixed)["t"] == "pss", mixed
     assert ct(np.zeros(2, np.complex64))["t"] == "pss"
     assert ct(np.array([2], np.uint8).view(np.bool_))["t"] == "pss"  # not a canonical bool

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from .arrow_values import from_arrow
+from .arrow_types import arrow_type
+from .arrow_values import from_arrow, is_stacked, rows_of_view, stacked_view
 from .arrow_write import METADATA_KEY
 from .base import ConvertedDataset, Sample
 
@@ -61,6 +62,14 @@ class RowGroupCache:
         while self.held > self.budget:
             _, (_, dropped) = self._groups.popitem(last=False)
             self.held -= dropped
+
+
+class _Group:
+    """One row group: its Arrow columns, and per stacked field a numpy view made on first use."""
+
+    def __init__(self, columns: list[Any]) -> None:
+        self.columns = columns
+        self.views: dict[int, np.ndarray[Any, Any]] = {}
 
 
 class TableDataset(ConvertedDataset):
@@ -105,6 +114,7 @@ class TableDataset(ConvertedDataset):
             raise self._corrupt(f"cannot open {self.path.name}: {exc}") from None
         self._check_file(schema, sizes)
         self._cache = RowGroupCache(self.cache_bytes)
+        self._groups: dict[int, _Group] = {}
         self._pid = os.getpid()
 
     def _check_file(self, schema: Any, sizes: list[int]) -> None:
@@ -115,6 +125,12 @@ class TableDataset(ConvertedDataset):
             if any(c not in names for c in cols):
                 raise self._corrupt(f"{self.path.name} has no column {cols!r}")
             self._columns.append([names.index(c) for c in cols])
+            have, want = schema.field(cols[0]).type, arrow_type(e["type"])
+            if have != want:
+                raise self._corrupt(
+                    f"column {cols[0]!r} of {self.path.name} holds {have}, the descriptor says "
+                    f"{want}"
+                )
         n = len(self)
         want = [self.rows] * (n // self.rows) + ([n % self.rows] if n % self.rows else [])
         if sizes != want:
@@ -125,22 +141,25 @@ class TableDataset(ConvertedDataset):
         if schema.metadata is None or METADATA_KEY not in schema.metadata:
             raise self._corrupt(f"{self.path.name} carries no pickleshard schema metadata")
 
-    def _group(self, k: int) -> list[Any]:
-        """Row group ``k``'s columns as Arrow arrays."""
+    def _group(self, k: int) -> _Group:
+        """Row group ``k``: its columns as Arrow arrays."""
         self._open()
         if not self.parquet:
-            return list(self._batches[k].columns)
-        cols = self._cache.get(k)
-        if cols is None:
+            group = self._groups.get(k)
+            if group is None:  # views of the mapping: nothing is copied, nothing to bound
+                group = self._groups[k] = _Group(list(self._batches[k].columns))
+            return group
+        found = self._cache.get(k)
+        if found is None:
             import pyarrow as pa
 
             try:
                 table = self._file.read_row_group(k, use_threads=False)
             except (OSError, pa.ArrowException) as exc:
                 raise self._corrupt(f"cannot read row group {k}: {exc}", k * self.rows) from None
-            cols = [c.combine_chunks() for c in table.columns]
-            self._cache.put(k, cols, int(table.nbytes))
-        return cols
+            found = [_Group([c.combine_chunks() for c in table.columns])]
+            self._cache.put(k, found, int(table.nbytes))
+        return found[0]  # type: ignore[no-any-return]
 
     # ---- reading ------------------------------------------------------------------------------
 
@@ -148,19 +167,27 @@ class TableDataset(ConvertedDataset):
         """Per field, the values of rows ``local`` of row group ``k``."""
         import pyarrow as pa
 
-        cols = self._group(k)
+        group = self._group(k)
+        cols = group.columns
         first = k * self.rows + int(local[0])
-        if len(local) == 1:
-            j = int(local[0])
-            picked = [[cols[c].slice(j, 1) for c in f] for f in self._columns]
-        else:
-            take = pa.array(local)
-            picked = [[cols[c].take(take) for c in f] for f in self._columns]
         out = []
-        for e, arrays in zip(self._entries, picked, strict=True):
+        take = None
+        for f, (e, c) in enumerate(zip(self._entries, self._columns, strict=True)):
+            ct = e["type"]
             try:
-                out.append(from_arrow(e["type"], arrays))
-            except (ValueError, pa.ArrowException) as exc:
+                if ct is not None and is_stacked(ct):
+                    view = group.views.get(f)
+                    if view is None:
+                        view = group.views[f] = stacked_view(ct, cols[c[0]])
+                    out.append(rows_of_view(ct, view, local))
+                    continue
+                if len(local) == 1:
+                    arrays = [cols[j].slice(int(local[0]), 1) for j in c]
+                else:
+                    take = pa.array(local) if take is None else take
+                    arrays = [cols[j].take(take) for j in c]
+                out.append(from_arrow(ct, arrays))
+            except (ValueError, TypeError, pa.ArrowException) as exc:
                 raise self._corrupt(f"cannot decode field {e['name']!r}: {exc}", first) from None
         return out
 

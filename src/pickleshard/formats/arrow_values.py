@@ -16,7 +16,7 @@ import numpy as np
 from .arrow_types import ColumnType, arrow_type, numpy_dtype
 from .pss import decode_pss, encode_pss
 
-__all__ = ["from_arrow", "is_stacked", "stack_values", "to_arrow"]
+__all__ = ["from_arrow", "is_stacked", "rows_of_view", "stack_values", "stacked_view", "to_arrow"]
 
 Chunk = list[Any] | np.ndarray[Any, Any]
 
@@ -100,6 +100,28 @@ def from_arrow(ct: ColumnType | None, arrays: list[Any]) -> list[Any]:
     if t == "ragged":
         return _ragged(ct, arr, arrays[1])
     return list(arr.to_pylist())
+
+
+def stacked_view(ct: ColumnType, arr: Any) -> np.ndarray[Any, Any]:
+    """A stacked column's rows as one ndarray ``(n, *shape)`` in Arrow's (native) byte order:
+    a view of the Arrow buffers where pyarrow allows (numbers without nulls), else a copy."""
+    if arr.null_count:
+        raise ValueError(f"a {ct['t']} column holds nulls")
+    shape = ct.get("shape", []) if ct["t"] == "array" else []
+    return _flat_numpy(arr, len(shape)).reshape(len(arr), *shape)
+
+
+def rows_of_view(
+    ct: ColumnType, view: np.ndarray[Any, Any], local: np.ndarray[Any, Any]
+) -> list[Any]:
+    """The values of rows ``local`` of a :func:`stacked_view`, as :func:`from_arrow` gives them."""
+    t = ct["t"]
+    if t in _STACKED_LEAVES:
+        return list(view[local].tolist())
+    block = np.array(view[local], dtype=numpy_dtype(ct))  # a copy, in the original byte order
+    if t == "scalar":
+        return [block[k] for k in range(len(block))]
+    return [block[k, ...] for k in range(len(block))] if block.ndim == 1 else list(block)
 
 
 def _ragged(ct: ColumnType, arr: Any, shapes_arr: Any) -> list[Any]:
