@@ -99,19 +99,50 @@ class HfTuples(Dataset[Any]):
         return list(zip(batch["x"], batch["y"].tolist(), strict=True))
 
 
-def _hf(work: Path, kind: str) -> HfTuples:
+class HfArrowViews(HfTuples):
+    """An HF dataset in ``with_format("arrow")``: a batch is a table; ``x`` a numpy view of it."""
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        table = self.ds[list(indices)]
+        x = table.column("x").combine_chunks()
+        while x.type.num_fields:  # fixed-size lists down to their numbers
+            x = x.flatten()
+        shape = self.shape
+        return list(
+            zip(x.to_numpy().reshape(-1, *shape), table.column("y").to_pylist(), strict=True)
+        )
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        t, dims = self.ds.features["x"], []
+        while hasattr(t, "length"):
+            dims.append(t.length)
+            t = t.feature
+        return tuple(dims)
+
+
+def _hf(work: Path, kind: str, how: str = "numpy") -> HfTuples:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import datasets
 
     datasets.disable_progress_bars()
-    if kind == "parquet":
-        ds = datasets.Dataset.from_parquet(
-            str(work / "parquet" / "data.parquet"), cache_dir=str(work / "hf-cache")
+    cache = str(work / "hf-cache")
+    if kind == "parquet" and how == "array3d":
+        x = open_dataset(work / "parquet")[0][0]
+        features = datasets.Features(
+            {"x": datasets.Array3D(x.shape, str(x.dtype)), "y": datasets.Value("int64")}
         )
+        path = str(work / "parquet" / "data.parquet")
+        ds = datasets.Dataset.from_parquet(path, features=features, cache_dir=cache + "-3d")
+    elif kind == "parquet":
+        ds = datasets.Dataset.from_parquet(str(work / "parquet" / "data.parquet"), cache_dir=cache)
     else:
         ds = datasets.Dataset.from_file(str(work / "arrow" / "data.arrow"))
-    return HfTuples(ds.select_columns(["x", "y"]).with_format("numpy"))
+    ds = ds.select_columns(["x", "y"])
+    if how == "arrow":
+        return HfArrowViews(ds.with_format("arrow"))
+    return HfTuples(ds.with_format("numpy"))
 
 
 def arrow_reads(
@@ -123,4 +154,6 @@ def arrow_reads(
         ("pickleshard Arrow (open_dataset)", map_epoch(open_dataset(work / "arrow"))),
         ('HF datasets from_parquet, with_format("numpy"), ds[batch]', map_epoch(_hf(work, "parquet"))),
         ('HF datasets from_file (Arrow), with_format("numpy"), ds[batch]', map_epoch(_hf(work, "arrow"))),
+        ('HF datasets from_parquet(features=Array3D), with_format("numpy"), ds[batch]', map_epoch(_hf(work, "parquet", "array3d"))),
+        ('HF datasets from_file (Arrow), with_format("arrow") + numpy view, ds[batch]', map_epoch(_hf(work, "arrow", "arrow"))),
     ]  # fmt: skip
