@@ -60,7 +60,7 @@ from .report import describe_machine, report_head, save_results
 __all__ = ["main"]
 
 HERE = Path(__file__).resolve().parent
-SIZES = {"quick": (4, 250), "full": (8, 5000)}
+SIZES = {"quick": (4, 250), "small": (4, 2500), "full": (8, 5000)}
 BATCH = 256
 SHARD_BYTES = 64 << 20
 FORMATS = ("memmap", "LMDB", "WebDataset", "Parquet", "Arrow")
@@ -358,12 +358,13 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.convert", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--quick", action="store_true", help="a tiny smoke run (4 files x 250)")
+    parser.add_argument("--small", action="store_true", help="4 files x 2500 samples")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--data", type=Path, default=HERE / "data", help="where datasets live")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--name", help="results file name (default issue6-convert[-quick])")
     args = parser.parse_args(argv)
-    files, per_file = SIZES["quick" if args.quick else "full"]
+    files, per_file = SIZES["quick" if args.quick else "small" if args.small else "full"]
     spec = DataSpec(args.data, files, per_file, (3, 32, 32))
     machine = describe_machine(
         shlex.join([sys.executable, "-m", "bench.convert", *(argv or sys.argv[1:])])

@@ -92,10 +92,22 @@ def _no_column(out: Path) -> None:
     path.write_text(json.dumps(desc))
 
 
+def _no_type(out: Path) -> None:
+    path = out / "pickleshard.json"
+    desc = json.loads(path.read_text())
+    del desc["fields"][1]["type"]
+    path.write_text(json.dumps(desc))
+
+
 @pytest.mark.parametrize("to", ["parquet", "arrow"])
 @pytest.mark.parametrize(
     ("damage", "message"),
-    [(_truncate, "cannot open data"), (_other_rows, "row groups"), (_no_column, "no column")],
+    [
+        (_truncate, "cannot open data"),
+        (_other_rows, "row groups"),
+        (_no_column, "no column"),
+        (_no_type, "field entries are damaged"),
+    ],
 )
 def test_damaged_outputs_are_refused_naming_the_file(
     tmp_path: Path, to: str, damage: Callable[[Path], None], message: str

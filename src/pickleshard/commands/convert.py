@@ -1,4 +1,4 @@
-"""``pickleshard convert``: write a pickle dataset as memmap, LMDB or WebDataset."""
+"""``pickleshard convert``: write a pickle dataset as memmap, LMDB, WebDataset, Parquet or Arrow."""
 
 from __future__ import annotations
 

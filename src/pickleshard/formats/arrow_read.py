@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ConvertedDatasetError
 from .arrow_types import arrow_type
 from .arrow_values import from_arrow, is_stacked, rows_of_view, stacked_view
 from .arrow_write import METADATA_KEY
@@ -112,7 +113,12 @@ class TableDataset(ConvertedDataset):
                 sizes = [b.num_rows for b in self._batches]
         except (OSError, pa.ArrowException) as exc:
             raise self._corrupt(f"cannot open {self.path.name}: {exc}") from None
-        self._check_file(schema, sizes)
+        try:
+            self._check_file(schema, sizes)
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, ConvertedDatasetError):
+                raise
+            raise self._corrupt(f"the descriptor's field entries are damaged: {exc!r}") from None
         self._cache = RowGroupCache(self.cache_bytes)
         self._groups: dict[int, _Group] = {}
         self._pid = os.getpid()

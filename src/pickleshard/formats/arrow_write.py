@@ -124,8 +124,11 @@ def field_entries(options: WriteOptions, parts: Sequence[PartResult]) -> list[di
     return entries
 
 
-def _segment_pieces(ct: ColumnType | None, base: Path, seg: dict[str, Any]) -> Iterator[Chunk]:
-    """One segment's values as chunks: raw blocks where the bytes are already right, else lists."""
+def _segment_pieces(
+    ct: ColumnType | None, base: Path, seg: dict[str, Any], rows: int
+) -> Iterator[Chunk]:
+    """One segment's values as chunks: raw blocks where the bytes are already right, else lists
+    of at most ``rows`` values (so no more than a row group of decoded values is held)."""
     if ct is not None and is_stacked(ct):
         t = ct["t"]
         if t == "array" and seg["kind"] == "array" and seg["shape"] == ct["shape"]:
@@ -139,7 +142,7 @@ def _segment_pieces(ct: ColumnType | None, base: Path, seg: dict[str, Any]) -> I
     values: list[Any] = []
     for v in iter_segment(base, seg):
         values.append(v)
-        if len(values) >= 4096:
+        if len(values) >= rows:
             yield values
             values = []
     if values:
@@ -185,7 +188,7 @@ def _field_chunks(
 
     for part in parts:
         for s, seg in enumerate(part.summary["segments"][k]):
-            for piece in _segment_pieces(ct, part.dir / f"c{k}.{s}", seg):
+            for piece in _segment_pieces(ct, part.dir / f"c{k}.{s}", seg, rows):
                 held.append(piece)
                 count += len(piece)
                 while count >= rows:
