@@ -65,6 +65,24 @@ def test_parquet_row_groups_are_cached_within_budget(tmp_path: Path) -> None:
     assert (small._cache.misses, small._cache.held) == (3, 0)  # over budget: never kept
 
 
+def test_a_batch_reads_cached_row_groups_before_it_evicts_them(tmp_path: Path) -> None:
+    want = _source(tmp_path)
+    convert(tmp_path / "src", tmp_path / "out", to="parquet", row_group_rows=2)
+    probe = open_dataset(tmp_path / "out")
+    assert isinstance(probe, TableDataset)
+    probe[0]
+    per_group = probe._cache.held
+    # room for 3 of the 5 groups: a batch over all of them, twice
+    ds = TableDataset(probe.root, probe.descriptor, cache_bytes=3 * per_group + per_group // 2)
+    everything = list(range(10))
+    ds.__getitems__(everything)
+    assert (ds._cache.hits, ds._cache.misses) == (0, 5)
+    got = ds.__getitems__(everything)
+    assert (ds._cache.hits, ds._cache.misses) == (3, 7)  # groups 2-4 were still held
+    for i, sample in enumerate(got):
+        assert_same(sample, want[i], f"sample {i}")
+
+
 def _damaged(tmp_path: Path, to: str, damage: Callable[[Path], None]) -> Path:
     _source(tmp_path)
     out = tmp_path / "out"

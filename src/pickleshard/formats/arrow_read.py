@@ -46,6 +46,9 @@ class RowGroupCache:
         self.misses = 0
         self._groups: OrderedDict[int, tuple[list[Any], int]] = OrderedDict()
 
+    def __contains__(self, k: int) -> bool:
+        return k in self._groups
+
     def get(self, k: int) -> list[Any] | None:
         found = self._groups.get(k)
         if found is None:
@@ -206,7 +209,12 @@ class TableDataset(ConvertedDataset):
         groups = idx // self.rows
         order = np.argsort(groups, kind="stable")
         bounds = np.flatnonzero(np.diff(groups[order])) + 1
-        for run in np.split(order, bounds) if len(order) else []:
+        runs = np.split(order, bounds) if len(order) else []
+        if self.parquet and self._pid == os.getpid():
+            # Cached groups first: in group order, an LRU smaller than the groups a batch
+            # touches would evict each group just before the next batch asks for it again.
+            runs.sort(key=lambda run: int(groups[run[0]]) not in self._cache)
+        for run in runs:
             k = int(groups[run[0]])
             values = self._rows(k, idx[run] - k * self.rows)
             for pos, sample in zip(run.tolist(), zip(*values, strict=True), strict=True):
