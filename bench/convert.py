@@ -3,6 +3,8 @@
 Two tables, measured in one process on one synthetic dataset (``bench.data``: float32
 ``(3, 32, 32)`` arrays and int labels, ``pickle.dump((x_list, y_list))`` per file):
 
+Parquet and Arrow rows come from :mod:`bench.convert_arrow`.
+
 1. **Conversion**: seconds and seconds per GB of source pickles, for ``pickleshard.conversion`` to
    each format against the naive loop a user would write (load each pickle whole, then write
    with the plain library: ``np.lib.format.open_memmap``, ``lmdb`` with pickled values,
@@ -50,16 +52,18 @@ from pickleshard.formats import open_dataset
 from pickleshard.verification import verify
 
 from .baselines import RawMemmap
+from .convert_arrow import NAMES as ARROW_NAMES
+from .convert_arrow import arrow_conversions, arrow_reads
 from .data import DataSpec, ensure_data
 from .report import describe_machine, report_head, save_results
 
 __all__ = ["main"]
 
 HERE = Path(__file__).resolve().parent
-SIZES = {"quick": (4, 250), "full": (8, 5000)}
+SIZES = {"quick": (4, 250), "small": (4, 2500), "full": (8, 5000)}
 BATCH = 256
 SHARD_BYTES = 64 << 20
-FORMATS = ("memmap", "LMDB", "WebDataset")
+FORMATS = ("memmap", "LMDB", "WebDataset", "Parquet", "Arrow")
 
 
 @dataclass(frozen=True)
@@ -214,6 +218,7 @@ def _conversions(spec: DataSpec, work: Path, jobs: int) -> list[Row]:
         ("pickleshard WebDataset, jobs=1", lambda: convert(spec.directory, work / "wds-1", to="webdataset", jobs=1, shard_bytes=SHARD_BYTES)),
         (f"pickleshard WebDataset, jobs={jobs}", lambda: convert(spec.directory, work / "wds", to="webdataset", jobs=jobs, shard_bytes=SHARD_BYTES)),
         ("pickleshard verify memmap (stored digests)", lambda: verify(None, work / "memmap")),
+        *arrow_conversions(spec.directory, paths, work, jobs),
     ]  # fmt: skip
     for name, fn in plans:
         rows.append(Row("convert", name, _timed(fn), n, nbytes))
@@ -238,6 +243,7 @@ def _reads(spec: DataSpec, work: Path) -> list[Row]:
         ("pickleshard LMDB (open_dataset)", _map_epoch(open_dataset(work / "lmdb"))),
         ("plain webdataset: shuffle(1000).decode()", _plain_wds(work / "wds", shards)),
         ("pickleshard WebDataset (buffer 1000)", lambda: _epoch(DataLoader(open_dataset(work / "wds", buffer_size=1000), batch_size=BATCH))),
+        *arrow_reads(work, _map_epoch),
     ]  # fmt: skip
     rows = []
     for name, fn in plans:
@@ -352,11 +358,13 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.convert", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--quick", action="store_true", help="a tiny smoke run (4 files x 250)")
+    parser.add_argument("--small", action="store_true", help="4 files x 2500 samples")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--data", type=Path, default=HERE / "data", help="where datasets live")
     parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--name", help="results file name (default issue6-convert[-quick])")
     args = parser.parse_args(argv)
-    files, per_file = SIZES["quick" if args.quick else "full"]
+    files, per_file = SIZES["quick" if args.quick else "small" if args.small else "full"]
     spec = DataSpec(args.data, files, per_file, (3, 32, 32))
     machine = describe_machine(
         shlex.join([sys.executable, "-m", "bench.convert", *(argv or sys.argv[1:])])
@@ -368,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(f"converting {spec.directory} ({spec.num_samples} samples)", flush=True)
         rows = _conversions(spec, work, args.jobs)
-        sizes = {name: _size(work / name) for name in ("memmap", "lmdb", "wds", "naive-memmap", "naive-lmdb", "naive-wds")}  # fmt: skip
+        sizes = {name: _size(work / name) for name in ("memmap", "lmdb", "wds", "naive-memmap", "naive-lmdb", "naive-wds", *ARROW_NAMES)}  # fmt: skip
         print("reading", flush=True)
         rows += _reads(spec, work)
         print("splitting", flush=True)
@@ -376,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     source = sum(p.stat().st_size for p in spec.paths)
-    name = "issue6-convert-quick" if args.quick else "issue6-convert"
+    name = args.name or ("issue6-convert-quick" if args.quick else "issue6-convert")
     lines = report_head(f"Conversion and converted-format readers ({spec.name})", machine)
     lines += ["", "## Setup", "", f"- {spec.num_samples} samples in {files} files, {source / 1e6:,.0f} MB of pickles; index built before conversion rows; outputs in the page cache when read"]  # fmt: skip
     lines += ["- output sizes (MB): " + ", ".join(f"{k} {v / 1e6:,.0f}" for k, v in sizes.items())]

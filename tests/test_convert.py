@@ -23,6 +23,7 @@ from pickleshard.errors import (
     UnsafePickleError,
 )
 from pickleshard.formats import FORMAT_NAMES, get_format
+from pickleshard.formats.arrow_write import TablePartWriter
 from pickleshard.formats.base import PartWriter
 from pickleshard.formats.files import NpyWriter
 from pickleshard.formats.lmdb import LmdbPartWriter
@@ -36,6 +37,8 @@ WRITERS: dict[str, type[PartWriter]] = {
     "memmap": MemmapPartWriter,
     "lmdb": LmdbPartWriter,
     "webdataset": WebDatasetPartWriter,
+    "parquet": TablePartWriter,
+    "arrow": TablePartWriter,
 }
 
 
@@ -235,7 +238,7 @@ def test_samples_that_are_not_tuples_of_the_fields_are_refused(tmp_path: Path) -
 def test_bad_arguments(tmp_path: Path) -> None:
     src = _source(tmp_path)
     with pytest.raises(ValueError, match="unknown format"):
-        convert(src, tmp_path / "out", to="parquet")
+        convert(src, tmp_path / "out", to="feather")
     with pytest.raises(ValueError, match="must be >= 1"):
         convert(src, tmp_path / "out", shard_bytes=0)
 

@@ -229,7 +229,17 @@ def test_register_format_checks_the_class_and_its_name(scratch_registry: None) -
 
 
 def test_builtin_formats_come_first_and_unknown_names_are_refused() -> None:
-    assert FORMAT_NAMES == tuple(registry.BUILTIN_FORMATS) == ("memmap", "lmdb", "webdataset")
+    assert (
+        FORMAT_NAMES
+        == tuple(registry.BUILTIN_FORMATS)
+        == (
+            "memmap",
+            "lmdb",
+            "webdataset",
+            "parquet",
+            "arrow",
+        )
+    )
     assert available_formats()[: len(FORMAT_NAMES)] == FORMAT_NAMES
-    with pytest.raises(ValueError, match="unknown format 'parquet'"):
-        get_format("parquet")
+    with pytest.raises(ValueError, match="unknown format 'feather'"):
+        get_format("feather")

@@ -285,6 +285,7 @@ def convert(
     allow_globals: Iterable[str] = (),
     encoding: str = "ASCII",
     overwrite: bool = False,
+    row_group_rows: int | None = None,
 ) -> ConvertReport:
     """Convert ``source`` to format ``to`` in directory ``out``; see the module docstring.
 
@@ -299,7 +300,8 @@ def convert(
     read budget across jobs. ``verify=True`` then reads every sample of the output back and
     compares its content hash with the digest taken of the source sample as it was converted
     (``hashes.npy``), without reading the source again. ``overwrite=True`` replaces an existing
-    conversion.
+    conversion. ``row_group_rows`` sets the Parquet/Arrow row-group size (a ``ValueError`` for
+    other formats; see :mod:`pickleshard.formats.arrow`).
 
     Rerunning after a kill resumes; rerunning after success returns at once
     (``already_done``). Raises :class:`~pickleshard.errors.OutputPathError` if ``out`` cannot
@@ -315,6 +317,10 @@ def convert(
             f"shard_bytes and memory_bytes must be >= 1, got {shard_bytes}, {memory_bytes}"
         )
     fmt = get_format(to)
+    if row_group_rows is not None:
+        from .formats.arrow import with_row_group_rows
+
+        fmt = with_row_group_rows(fmt, row_group_rows)
     out_path = Path(out).absolute()
     ds = source_dataset(
         source,

@@ -1,4 +1,4 @@
-"""``pickleshard convert``: write a pickle dataset as memmap, LMDB or WebDataset."""
+"""``pickleshard convert``: write a pickle dataset as memmap, LMDB, WebDataset, Parquet or Arrow."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from ._common import add_safety_flags, parse_size, safety_kwargs, show_progress
 
 # pickleshard.formats.FORMAT_NAMES, spelled out so that the parser does not import torch.
-FORMATS = ("memmap", "lmdb", "webdataset")
+FORMATS = ("memmap", "lmdb", "webdataset", "parquet", "arrow")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -17,7 +17,11 @@ def run(args: argparse.Namespace) -> int:
 
     sizes = {
         k: v
-        for k, v in (("shard_bytes", args.shard_bytes), ("memory_bytes", args.memory_bytes))
+        for k, v in (
+            ("shard_bytes", args.shard_bytes),
+            ("memory_bytes", args.memory_bytes),
+            ("row_group_rows", args.row_group_rows),
+        )
         if v is not None
     }
     report = convert(
@@ -61,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     s = sub.add_parser(
-        "convert", help="convert a pickle dataset to memmap, lmdb or webdataset (resumable)"
+        "convert",
+        help="convert a pickle dataset to memmap, lmdb, webdataset, parquet or arrow (resumable)",
     )
     s.add_argument("source", help="directory, glob or pickle file")
     s.add_argument("out", help="output directory (complete or absent; rerun to resume)")
@@ -82,6 +87,13 @@ def register(sub: Any) -> None:
         default=None,
         metavar="SIZE",
         help="read budget across all jobs, e.g. 1GiB (default 1GiB)",
+    )
+    s.add_argument(
+        "--row-group-rows",
+        type=int,
+        default=None,
+        metavar="N",
+        help="parquet/arrow: rows per row group (default: about 1 MiB of data each)",
     )
     s.add_argument("--verify", action="store_true", help="read every sample back and compare")
     s.add_argument("--overwrite", action="store_true", help="replace an existing conversion")

@@ -1,4 +1,4 @@
-"""Output formats of ``pickleshard convert``: memmap, LMDB, WebDataset; and reading them back.
+"""Output formats of ``pickleshard convert``: memmap, LMDB, WebDataset, Parquet, Arrow; and reading.
 
 :func:`open_dataset` opens any converted directory as a dataset with PickleDataset's interface.
 The interface every format implements is in :mod:`pickleshard.formats.base`; each format's
@@ -6,7 +6,8 @@ on-disk layout is in its module's docstring (:mod:`~pickleshard.formats.memmap`,
 :mod:`~pickleshard.formats.lmdb`, :mod:`~pickleshard.formats.webdataset`). Formats are found by
 name in a registry (:mod:`~pickleshard.formats.registry`): a third-party format is a
 :class:`Format` subclass and one :func:`register_format` call. Backends are imported only when
-used: LMDB needs ``pip install 'pickleshard[lmdb]'``.
+used: LMDB needs ``pip install 'pickleshard[lmdb]'``, Parquet and Arrow (:mod:`~pickleshard.formats.arrow`)
+``pip install 'pickleshard[parquet]'``.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def open_dataset(
 ) -> ConvertedDataset:
     """Open the output of :func:`pickleshard.conversion` for reading.
 
-    memmap and LMDB give a map-style dataset (``len``, ``ds[i]`` -> tuple, ``__getitems__``);
+    memmap, LMDB, Parquet and Arrow give a map-style dataset (``len``, ``ds[i]`` -> tuple, ``__getitems__``);
     shuffle those with the DataLoader's sampler. WebDataset gives an ``IterableDataset`` that
     also supports ``ds[i]``; the keyword arguments apply to its iteration only: shard shuffle
     and a ``buffer_size`` shuffle from ``(seed, epoch)``, split across DDP ranks (``rank`` /
