@@ -110,6 +110,7 @@ class DaskExecutor:
                 threads_per_worker=1,
                 processes=True,
                 host="127.0.0.1",
+                dashboard_address="127.0.0.1:0",  # its HTTP server: loopback, any free port
                 scheduler_kwargs={"dashboard": False},
             )
             try:
