@@ -23,7 +23,12 @@ import pytest
 from pickleshard.cli import main
 from pickleshard.conversion import convert
 from pickleshard.dataset import PickleDataset
-from pickleshard.errors import ClusterUnreachableError, VerifyMismatchError
+from pickleshard.errors import (
+    ClusterUnreachableError,
+    NotAPickleError,
+    UnencodableValueError,
+    VerifyMismatchError,
+)
 from pickleshard.index import build_index
 from pickleshard.index.dask_executor import DaskExecutor
 from pickleshard.synth import write_synthetic
@@ -123,6 +128,22 @@ def test_verify_through_the_cluster_gives_the_same_report(client: Any, tmp_path:
         verify(tmp_path / "changed", tmp_path / "out", executor=client)
     assert str(remote.value) == str(local.value)
     assert remote.value.sample == 300
+
+
+def test_a_bad_value_on_a_worker_is_the_local_error(client: Any, tmp_path: Path) -> None:
+    from fractions import Fraction
+
+    write_files(tmp_path / "src", [([1, 2], [3, 4]), ([5, 6], [7, Fraction(1, 2)])])
+    with pytest.raises(UnencodableValueError) as local:
+        convert(tmp_path / "src", tmp_path / "local", jobs=1, trusted=True)
+    with pytest.raises(UnencodableValueError) as remote:
+        convert(tmp_path / "src", tmp_path / "dask", executor=client, trusted=True)
+    assert str(remote.value) == str(local.value)
+    assert (remote.value.path, remote.value.sample) == (local.value.path, 3)
+    assert not (tmp_path / "dask").exists()
+    (bad := tmp_path / "src" / "part-001.pkl").write_bytes(b"not a pickle")
+    with pytest.raises(NotAPickleError, match=re.escape(str(bad.resolve()))):
+        build_index(tmp_path / "src", index=tmp_path / "index", executor=client)
 
 
 def _die_once(marker: str, at: int, sample: Any) -> Any:

@@ -52,7 +52,7 @@ from .formats import Format, PartResult, PartSpec, WriteOptions, get_format
 from .formats.base import DESCRIPTOR_NAME, FORMAT_NAME, FORMAT_VERSION, HASHES_NAME
 from .formats.files import NO_SPACE, NpyWriter, atomic_write_json
 from .formats.staging import Staging
-from .index.executor import ExecutorLike
+from .index.executor import ExecutorLike, executor_session
 from .sources import Source
 
 if TYPE_CHECKING:
@@ -336,20 +336,30 @@ def convert(
     verified: int | None = None
     reused = 0
     done_already = _finished(out_path, identity, overwrite)
-    if not done_already:
-        stage = Staging(out_path, identity, plan)
-        try:
-            reused = _stage_and_publish(
-                stage, ds, fmt, plan, identity, jobs, shard_bytes, memory_bytes, progress, executor
-            )
-        except OSError as exc:
-            if isinstance(exc, PickleshardError) or exc.errno not in NO_SPACE:
-                raise
-            raise _out_of_space(stage, len(plan), exc) from None
-    if verify:
-        from .verification import verify as verify_output
+    with executor_session(executor, jobs) as executor:  # one cluster for parts and verify
+        if not done_already:
+            stage = Staging(out_path, identity, plan)
+            try:
+                reused = _stage_and_publish(
+                    stage,
+                    ds,
+                    fmt,
+                    plan,
+                    identity,
+                    jobs,
+                    shard_bytes,
+                    memory_bytes,
+                    progress,
+                    executor,
+                )
+            except OSError as exc:
+                if isinstance(exc, PickleshardError) or exc.errno not in NO_SPACE:
+                    raise
+                raise _out_of_space(stage, len(plan), exc) from None
+        if verify:
+            from .verification import verify as verify_output
 
-        verified = verify_output(None, out_path, progress=progress, executor=executor).checked
+            verified = verify_output(None, out_path, progress=progress, executor=executor).checked
     return ConvertReport(
         out=out_path,
         to=fmt.name,

@@ -64,7 +64,7 @@ def verify(
     drawn without replacement from ``seed``, are checked.
     The samples are checked in up to 64 runs by ``executor`` (see
     :func:`~pickleshard.index.executor.resolve_executor`; default: this process, or ``jobs``
-    local processes), with the same report.
+    local processes; ``jobs`` also sizes a local Dask cluster), with the same report.
     Raises :class:`~pickleshard.errors.VerifyMismatchError` naming the first sample (in index
     order) whose content differs or cannot be read, or a sample count that differs.
     """
@@ -91,7 +91,7 @@ def verify(
         indices = np.sort(np.random.default_rng(seed).choice(n, size=sample, replace=False))
     runs = plan_runs(indices, contiguous=len(indices) == n)
     job = VerifyJob(root, root.absolute(), src, secrets.token_hex(8))
-    runner = resolve_executor(executor, jobs if jobs is not None else 1, len(runs))
+    runner = resolve_executor(executor, jobs, len(runs))
     with tqdm(total=len(indices), unit="sample", desc="verify", disable=not progress) as bar:
         try:
             _raise_first_mismatch(runner.run(check_run, [(job, r) for r in runs]), runs, bar)

@@ -61,8 +61,9 @@ class DaskExecutor:
     scheduler and for its first worker, then raises
     :class:`~pickleshard.errors.ClusterUnreachableError` naming the address.
 
-    Used as a context manager, the cluster (or connection) is opened once for every run inside
-    the ``with``; otherwise each :meth:`run` opens and closes its own.
+    Used as a context manager, the cluster (or connection) is opened by the first run inside the
+    ``with`` and kept for the others until it ends; otherwise each :meth:`run` opens and closes
+    its own.
     """
 
     def __init__(
@@ -82,11 +83,11 @@ class DaskExecutor:
         self.retries = retries
         self.connect_timeout = connect_timeout
         self._given = None if isinstance(cluster, str) else cluster
-        self._open: tuple[Any, Any] | None = None  # (client, cluster we started) while entered
+        self._held = False  # inside ``with``: keep what the first run opens
+        self._open: tuple[Any, Any] | None = None  # (client, the cluster we started or None)
 
     def __enter__(self) -> DaskExecutor:
-        if self._open is None:
-            self._open = self._connect()
+        self._held = True  # the first run opens the cluster; it stays open until __exit__
         return self
 
     def __exit__(
@@ -95,6 +96,7 @@ class DaskExecutor:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self._held = False
         if self._open is not None:
             opened, self._open = self._open, None
             self._close(*opened)
@@ -147,7 +149,9 @@ class DaskExecutor:
 
     @contextmanager
     def _session(self) -> Iterator[Any]:
-        if self._open is not None:
+        if self._held:
+            if self._open is None:
+                self._open = self._connect()
             yield self._open[0]
             return
         opened = self._connect()

@@ -13,9 +13,11 @@ caller. :func:`resolve_executor` turns what a user passes (``None``, ``"local"``
 
 from __future__ import annotations
 
+import os
 import sys
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from multiprocessing import get_all_start_methods, get_context
 from multiprocessing.context import BaseContext
 from typing import Any, Protocol, TypeAlias, TypeVar
@@ -27,6 +29,8 @@ __all__ = [
     "IndexExecutor",
     "InlineExecutor",
     "ProcessPoolIndexExecutor",
+    "dask_address",
+    "executor_session",
     "local_executor",
     "resolve_executor",
 ]
@@ -112,8 +116,9 @@ ExecutorLike: TypeAlias = IndexExecutor | str | Any | None
 _DASK_HINT = "the Dask executor"
 
 
-def resolve_executor(spec: ExecutorLike, jobs: int, tasks: int) -> IndexExecutor:
-    """The executor ``spec`` names, for ``tasks`` calls with at most ``jobs`` at once.
+def resolve_executor(spec: ExecutorLike, jobs: int | None, tasks: int) -> IndexExecutor:
+    """The executor ``spec`` names, for ``tasks`` calls with at most ``jobs`` at once (None:
+    one, in this process, locally; the CPU count, at most 8, for a local Dask cluster).
 
     ``None`` or ``"local"``: :func:`local_executor`. ``"dask"``: a ``LocalCluster`` of ``jobs``
     worker processes on 127.0.0.1, started for each run and closed after it. ``"dask://HOST:PORT"``
@@ -121,8 +126,8 @@ def resolve_executor(spec: ExecutorLike, jobs: int, tasks: int) -> IndexExecutor
     ``distributed.Client``: its cluster (left open). An object with :meth:`IndexExecutor.run`:
     itself. Anything else raises ``ValueError`` (a string) or ``TypeError``.
     """
-    if spec is None or spec == "local":
-        return local_executor(jobs, tasks)
+    if spec is None or (isinstance(spec, str) and spec == "local"):
+        return local_executor(jobs if jobs is not None else 1, tasks)
     if isinstance(spec, str):
         address = dask_address(spec)
         from .dask_executor import DaskExecutor
@@ -138,6 +143,21 @@ def resolve_executor(spec: ExecutorLike, jobs: int, tasks: int) -> IndexExecutor
         f"executor must be 'local', 'dask', 'dask://HOST:PORT', a distributed.Client or an "
         f"object with a run(work, tasks) method, got {type(spec).__name__}"
     )
+
+
+@contextmanager
+def executor_session(spec: ExecutorLike, jobs: int | None) -> Iterator[ExecutorLike]:
+    """``spec`` held open for several runs: a Dask executor (``"dask"``, an address, a
+    ``distributed.Client``) connects, or starts its ``LocalCluster`` of ``jobs`` workers, once
+    for the ``with`` and closes it after; anything else is yielded as it is."""
+    if not (isinstance(spec, str) and spec != "local") and not _is_dask_client(spec):
+        yield spec
+        return
+    workers = jobs if jobs is not None else min(os.cpu_count() or 1, 8)
+    from .dask_executor import DaskExecutor
+
+    with DaskExecutor(dask_address(spec) if isinstance(spec, str) else spec, workers=workers) as ex:
+        yield ex
 
 
 def dask_address(spec: str) -> str | None:
