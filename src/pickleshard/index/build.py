@@ -141,7 +141,7 @@ def build_index(
     index_dir = Path(index) if index is not None else default_index_path(resolved)
     n_jobs = jobs if jobs is not None else min(os.cpu_count() or 1, 8)
     runner = resolve_executor(executor, n_jobs, len(resolved.files))
-    staging = _staging_dir(index_dir) if spans else None
+    staging = _staging_dir(index_dir.absolute()) if spans else None  # workers' cwd may differ
     try:
         described: dict[int, Described] = {}
         skipped: list[SkippedFile] = []

@@ -23,6 +23,7 @@ partial output.
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -167,10 +168,11 @@ class DaskExecutor:
         distributed = import_distributed()
         if not tasks:
             return
+        name = f"pickleshard-{getattr(work, '__name__', 'task')}-{uuid.uuid4().hex[:8]}"
         with self._session() as client:
             futures = [
-                client.submit(_call, work, *args, retries=self.retries, pure=False)
-                for args in tasks
+                client.submit(_call, work, *args, key=f"{name}-{k}", retries=self.retries)
+                for k, args in enumerate(tasks)
             ]
             position = {fut.key: k for k, fut in enumerate(futures)}
             try:
