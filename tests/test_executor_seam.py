@@ -155,3 +155,41 @@ def test_verify_reports_the_same_through_a_process_pool(tmp_path: Path) -> None:
     with pytest.raises(VerifyMismatchError) as pooled:
         verify(changed, out, jobs=2)
     assert pooled.value.sample == 300
+
+
+class ElsewhereExecutor:
+    """Every call in another working directory, as on a cluster's worker."""
+
+    def __init__(self, cwd: Path) -> None:
+        self.cwd = cwd
+
+    def run(
+        self, work: Callable[..., R], tasks: Sequence[tuple[Any, ...]]
+    ) -> Generator[tuple[int, R], None, None]:
+        here = os.getcwd()
+        for k, args in enumerate(tasks):
+            os.chdir(self.cwd)
+            try:
+                got = work(*args)
+            finally:
+                os.chdir(here)
+            yield k, got
+
+
+def test_relative_paths_reach_workers_whose_cwd_differs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (elsewhere := tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    write_synthetic(Path("data"), files=3, per_file=4, shape=(2,))
+    away = ElsewhereExecutor(elsewhere)
+    from pickleshard.index import build_index
+
+    index = build_index("data", index="idx", executor=away)
+    assert index.num_samples == 12
+    convert("data", "out", executor=away)
+    convert("data", "ref", jobs=1)
+    assert _tree(tmp_path / "out") == _tree(tmp_path / "ref")
+    assert verify("data", "out", executor=away).checked == 12
+    assert verify(None, "out", executor=away).against == "stored hashes"
+    assert list(elsewhere.iterdir()) == []  # nothing was written relative to the workers' cwd
