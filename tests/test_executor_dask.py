@@ -8,16 +8,20 @@ it; an unreachable scheduler is one clear error naming its address.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import multiprocessing
 import os
 import re
 import socket
+import subprocess
+import sys
+import uuid
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from pickleshard.cli import main
@@ -194,11 +198,26 @@ def test_the_cli_runs_on_a_cluster_by_address(
     assert _tree(out) == _tree(tmp_path / "local")
 
 
-def test_executor_dask_starts_a_local_cluster_and_closes_it(data: Path, tmp_path: Path) -> None:
-    before = set(multiprocessing.active_children())
-    index = build_index(data, index=tmp_path / "index", executor="dask", jobs=2)
-    assert index.num_samples == 48
-    assert set(multiprocessing.active_children()) <= before  # its worker processes are gone
+def test_the_cli_starts_a_local_cluster_and_closes_it(data: Path, tmp_path: Path) -> None:
+    """``python -m pickleshard index --executor dask``: a LocalCluster of --jobs spawned
+    workers, an index equal to the local one, and no process of the cluster left once the
+    command has exited."""
+    mark = uuid.uuid4().hex
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "I15_CLUSTER_MARK": mark}
+    index = tmp_path / "index"
+    cmd = [sys.executable, "-m", "pickleshard", "index", os.fspath(data), "--index"]
+    cmd += [os.fspath(index), "--executor", "dask", "--jobs", "2", "--json"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["samples"] == 48
+    build_index(data, index=tmp_path / "local", jobs=1)
+    assert _index_tree(index) == _index_tree(tmp_path / "local")
+    left = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get("I15_CLUSTER_MARK") == mark:
+                left.append(proc)
+    assert left == []
 
 
 def _free_port() -> int:

@@ -1,5 +1,3 @@
 from .cli import main
 
-# guarded: spawned processes (a Dask LocalCluster's workers) import this module again
-if __name__ == "__main__":
-    raise SystemExit(main())
+raise SystemExit(main())
