@@ -4,7 +4,8 @@
 ``python -m bench span ...`` runs ``bench.span`` (shuffled epochs by span vs numpy memmap),
 ``python -m bench index-open ...`` runs ``bench.index_open`` (the cost of validating an index),
 ``python -m bench first-epoch ...`` runs ``bench.first_epoch`` (whole-file first epoch vs folk),
-``python -m bench --suite full|quick`` runs ``bench.suite`` (every loader side by side).
+``python -m bench --suite full|quick`` runs ``bench.suite`` (every loader side by side),
+``python -m bench executors ...`` runs ``bench.executors`` (index/convert/verify: local vs Dask).
 
 Rows: {null, naive list, folk JSON, PickleDataset + BlockShuffleSampler} x {sequential,
 shuffled} x the ``--workers`` counts, each in a fresh process through the same DataLoader loop.
@@ -210,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
         from .first_epoch import main as first_epoch_main
 
         return first_epoch_main(given[1:])
+    if given[:1] == ["executors"]:  # `python -m bench executors ...`
+        from .executors import main as executors_main
+
+        return executors_main(given[1:])
     if given[:1] == ["span"]:  # `python -m bench span ...`
         from .span import main as span_main
 

@@ -52,6 +52,7 @@ from .formats import Format, PartResult, PartSpec, WriteOptions, get_format
 from .formats.base import DESCRIPTOR_NAME, FORMAT_NAME, FORMAT_VERSION, HASHES_NAME
 from .formats.files import NO_SPACE, NpyWriter, atomic_write_json
 from .formats.staging import Staging
+from .index.executor import ExecutorLike, executor_session
 from .sources import Source
 
 if TYPE_CHECKING:
@@ -225,6 +226,7 @@ def _stage_and_publish(
     shard_bytes: int,
     memory_bytes: int,
     progress: bool,
+    executor: ExecutorLike,
 ) -> int:
     """Write the parts not yet done, finalize, publish; the number of parts reused."""
     files = ds.index.files
@@ -240,7 +242,7 @@ def _stage_and_publish(
             total=len(ds), unit="sample", desc=f"convert to {fmt.name}", disable=not progress
         ) as bar:
             bar.update(sum(p.count for p in plan) - sum(p.count for p in todo))
-            run_parts(job, todo, min(n_jobs, len(todo)), stage, bar)
+            run_parts(job, todo, min(n_jobs, len(todo)), stage, bar, executor)
         if not stage.finalized:
             stage.clear_outputs()
             try:
@@ -286,6 +288,7 @@ def convert(
     encoding: str = "ASCII",
     overwrite: bool = False,
     row_group_rows: int | None = None,
+    executor: ExecutorLike = None,
 ) -> ConvertReport:
     """Convert ``source`` to format ``to`` in directory ``out``; see the module docstring.
 
@@ -301,7 +304,11 @@ def convert(
     compares its content hash with the digest taken of the source sample as it was converted
     (``hashes.npy``), without reading the source again. ``overwrite=True`` replaces an existing
     conversion. ``row_group_rows`` sets the Parquet/Arrow row-group size (a ``ValueError`` for
-    other formats; see :mod:`pickleshard.formats.arrow`).
+    other formats; see :mod:`pickleshard.formats.arrow`). ``executor`` runs the parts elsewhere
+    (``"dask"``, ``"dask://HOST:PORT"``, a ``distributed.Client``: see
+    :func:`~pickleshard.index.executor.resolve_executor`), with
+    the same output, byte for byte; its workers must see ``source`` and ``out`` at the same
+    paths.
 
     Rerunning after a kill resumes; rerunning after success returns at once
     (``already_done``). Raises :class:`~pickleshard.errors.OutputPathError` if ``out`` cannot
@@ -336,20 +343,30 @@ def convert(
     verified: int | None = None
     reused = 0
     done_already = _finished(out_path, identity, overwrite)
-    if not done_already:
-        stage = Staging(out_path, identity, plan)
-        try:
-            reused = _stage_and_publish(
-                stage, ds, fmt, plan, identity, jobs, shard_bytes, memory_bytes, progress
-            )
-        except OSError as exc:
-            if isinstance(exc, PickleshardError) or exc.errno not in NO_SPACE:
-                raise
-            raise _out_of_space(stage, len(plan), exc) from None
-    if verify:
-        from .verification import verify as verify_output
+    with executor_session(executor, jobs) as executor:  # one cluster for parts and verify
+        if not done_already:
+            stage = Staging(out_path, identity, plan)
+            try:
+                reused = _stage_and_publish(
+                    stage,
+                    ds,
+                    fmt,
+                    plan,
+                    identity,
+                    jobs,
+                    shard_bytes,
+                    memory_bytes,
+                    progress,
+                    executor,
+                )
+            except OSError as exc:
+                if isinstance(exc, PickleshardError) or exc.errno not in NO_SPACE:
+                    raise
+                raise _out_of_space(stage, len(plan), exc) from None
+        if verify:
+            from .verification import verify as verify_output
 
-        verified = verify_output(None, out_path, progress=progress).checked
+            verified = verify_output(None, out_path, progress=progress, executor=executor).checked
     return ConvertReport(
         out=out_path,
         to=fmt.name,

@@ -1,4 +1,5 @@
-"""Writing a conversion's parts: one part per task, in this process or in ``jobs`` forked ones.
+"""Writing a conversion's parts: one part per task, in this process, ``jobs`` forked ones, or
+on any :mod:`executor <pickleshard.index.executor>` (a Dask cluster).
 
 :func:`write_part` reads a part's samples in batches of ``PartJob.batch`` through the source
 :class:`~pickleshard.PickleDataset`, hashes each (``hashes.bin``, for ``verify``) and hands it
@@ -12,10 +13,10 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from multiprocessing import get_all_start_methods, get_context
+from multiprocessing import get_all_start_methods
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ from .formats import Format, PartSpec, WriteOptions
 from .formats.encoding import encode_pss, sample_digest
 from .formats.files import atomic_write_json
 from .formats.staging import Staging
+from .index.executor import ExecutorLike, ProcessPoolIndexExecutor, resolve_executor
 
 if TYPE_CHECKING:
     from .dataset import PickleDataset
@@ -76,14 +78,16 @@ def _unencodable(ds: PickleDataset, i: int, sample: Any, exc: Exception) -> Unen
 def write_part(job: PartJob, spec: PartSpec) -> dict[str, Any]:
     """Write part ``spec`` to ``parts/part-<id>`` under the staging directory; its summary.
 
-    Written under a temporary name first and removed on any error (half a part is of no use);
+    Written under a temporary name of its own first, renamed when complete, removed on any
+    error (half a part is of no use; one killed midway is removed when a run next starts);
     raises :class:`~pickleshard.errors.UnencodableValueError` naming the source file, sample
     and field of a value the format cannot store.
     """
     parts_dir = job.staging / "parts"
-    tmp = parts_dir / f"part-{spec.id:05d}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    parts_dir.mkdir(parents=True, exist_ok=True)
+    # A name of its own: the same part may run twice at once (a Dask worker presumed dead, a
+    # retry on another host with the same pid); neither may delete or fill the other's folder.
+    tmp = Path(tempfile.mkdtemp(prefix=f"part-{spec.id:05d}.tmp-", dir=parts_dir))
     try:
         return _write_part_into(job, spec, tmp)
     except BaseException:
@@ -121,28 +125,38 @@ def _write_part_into(job: PartJob, spec: PartSpec, tmp: Path) -> dict[str, Any]:
     return summary
 
 
-def run_parts(job: PartJob, todo: Sequence[PartSpec], jobs: int, stage: Staging, bar: Any) -> None:
+def run_parts(
+    job: PartJob,
+    todo: Sequence[PartSpec],
+    jobs: int,
+    stage: Staging,
+    bar: Any,
+    executor: ExecutorLike = None,
+) -> None:
     """Write the parts ``todo``, ``jobs`` at a time, marking each done in ``stage`` (and
-    advancing the progress ``bar``) as it finishes; the first error cancels the rest."""
-    if jobs <= 1 or len(todo) <= 1:
-        for spec in todo:
-            stage.mark_done(spec, write_part(job, spec))
-            bar.update(spec.count)
+    advancing the progress ``bar``) as it finishes; the first error cancels the rest.
+
+    ``executor`` (see :func:`~pickleshard.index.executor.resolve_executor`) runs the parts;
+    by default this process, or ``jobs`` forked ones that get the job once, at fork."""
+    if not todo:
         return
-    # fork where available (as index.py and DataLoader do): spawn would re-run the caller's
-    # __main__, and the workers would not share the parent's mapped index pages.
-    fork = "fork" in get_all_start_methods()
-    ctx = get_context("fork" if fork else "spawn")
-    job.parent = os.getpid()
-    lock_fd = stage.lock_fd if fork else -1
-    with ProcessPoolExecutor(jobs, ctx, initializer=_install, initargs=(job, lock_fd)) as pool:
-        futures = {pool.submit(_run_installed, spec): spec for spec in todo}
-        try:
-            for fut in as_completed(futures):
-                spec = futures[fut]
-                stage.mark_done(spec, fut.result())
-                bar.update(spec.count)
-        except BaseException:
-            for fut in futures:
-                fut.cancel()
-            raise
+    work: Callable[..., dict[str, Any]] = write_part
+    tasks: list[tuple[Any, ...]] = [(job, spec) for spec in todo]
+    local = executor is None or (isinstance(executor, str) and executor == "local")
+    if not local or jobs <= 1 or len(todo) <= 1:
+        runner = resolve_executor(executor, max(1, jobs), len(todo))
+    else:
+        # fork where available (as index.py and DataLoader do): spawn would re-run the caller's
+        # __main__, and the workers would not share the parent's mapped index pages.
+        fork = "fork" in get_all_start_methods()
+        job.parent = os.getpid()
+        lock_fd = stage.lock_fd if fork else -1
+        runner = ProcessPoolIndexExecutor(jobs, initializer=_install, initargs=(job, lock_fd))
+        work, tasks = _run_installed, [(spec,) for spec in todo]
+    results = runner.run(work, tasks)
+    try:
+        for k, summary in results:
+            stage.mark_done(todo[k], summary)
+            bar.update(todo[k].count)
+    finally:  # an error here or in a part: the executor cancels what has not started
+        results.close()

@@ -13,6 +13,8 @@ import pickle
 from collections.abc import Iterable
 
 __all__ = [
+    "ClusterError",
+    "ClusterUnreachableError",
     "ConversionStateError",
     "ConvertedDatasetError",
     "CorruptPickleError",
@@ -381,3 +383,19 @@ class SampleTooLargeError(SampleLimitError):
 class SampleTooDeepError(SampleLimitError):
     """A sample nests containers deeper than ``max_depth`` (or contains itself): pickling it
     again, collating or converting it would exhaust the recursion limit."""
+
+
+class ClusterError(PickleshardError, RuntimeError):
+    """The Dask cluster at ``address`` could not run the work (its message says why)."""
+
+    def __init__(self, address: str, message: str) -> None:
+        self.address = address
+        self.detail = message
+        super().__init__(f"Dask cluster {address}: {message}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.address, self.detail))
+
+
+class ClusterUnreachableError(ClusterError, ConnectionError):
+    """No Dask scheduler answers at ``address`` (or it has no workers)."""

@@ -10,8 +10,9 @@ digests ``convert`` stored in ``hashes.npy`` as it read the source.
 from __future__ import annotations
 
 import os
+import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,19 +20,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from .errors import ConvertedDatasetError, VerifyMismatchError
+from .errors import VerifyMismatchError
 from .formats import open_dataset
-from .formats.base import HASHES_NAME, Sample
-from .formats.encoding import sample_digest
-from .formats.npy import map_npy
+from .index.executor import ExecutorLike, resolve_executor
 from .sources import Source
+from .verifyparts import VerifyJob, check_run, plan_runs, release, stored_hashes
 
 if TYPE_CHECKING:
     from .dataset import PickleDataset
 
 __all__ = ["VerifyReport", "verify"]
-
-_BATCH = 256
 
 
 @dataclass(frozen=True)
@@ -45,33 +43,6 @@ class VerifyReport:
     seconds: float
 
 
-def _describe(got: Sample, want: Sample, fields: tuple[str, ...]) -> str:
-    for name, g, w in zip(fields, got, want, strict=False):
-        if sample_digest((g,)) != sample_digest((w,)):
-            return f"field {name!r} differs: got {_summary(g)}, expected {_summary(w)}"
-    return f"got {len(got)} fields, expected {len(want)}"
-
-
-def _summary(value: Any) -> str:
-    if isinstance(value, np.ndarray):
-        return f"ndarray {value.dtype} {value.shape}"
-    text = repr(value)
-    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
-
-
-def _stored_hashes(root: Path, n: int) -> np.ndarray[Any, Any]:
-    path = root / HASHES_NAME
-    try:
-        hashes = map_npy(path)
-    except (OSError, ValueError) as exc:
-        raise ConvertedDatasetError(path, f"cannot read the stored digests: {exc}") from None
-    if hashes.shape != (n, 16) or hashes.dtype != np.uint8:
-        raise ConvertedDatasetError(
-            path, f"holds {hashes.dtype} {hashes.shape}, expected uint8 ({n}, 16)"
-        )
-    return hashes
-
-
 def verify(
     source: Source | PickleDataset | None,
     out: str | os.PathLike[str],
@@ -82,6 +53,8 @@ def verify(
     allow_globals: Iterable[str] = (),
     encoding: str = "ASCII",
     progress: bool = False,
+    jobs: int | None = None,
+    executor: ExecutorLike = None,
 ) -> VerifyReport:
     """Compare every sample of conversion ``out`` (or ``sample`` random ones) with ``source``.
 
@@ -89,6 +62,9 @@ def verify(
     ``encoding`` as there); ``None`` compares with the digests stored at conversion time
     instead (no source needed; catches corruption since). With ``sample=K`` only K samples,
     drawn without replacement from ``seed``, are checked.
+    The samples are checked in up to 64 runs by ``executor`` (see
+    :func:`~pickleshard.index.executor.resolve_executor`; default: this process, or ``jobs``
+    local processes; ``jobs`` also sizes a local Dask cluster), with the same report.
     Raises :class:`~pickleshard.errors.VerifyMismatchError` naming the first sample (in index
     order) whose content differs or cannot be read, or a sample count that differs.
     """
@@ -105,32 +81,43 @@ def verify(
         )
         if len(src) != n:
             raise VerifyMismatchError(root, f"has {n} samples, the source has {len(src)}")
-    stored = _stored_hashes(root, n) if src is None else None
+    if src is None:
+        stored_hashes(root, n)  # a missing or malformed file is named before any task starts
     if sample is not None and sample < 0:
         raise ValueError(f"sample must be >= 0, got {sample}")
     if sample is None or sample >= n:
         indices = np.arange(n, dtype=np.int64)
     else:
         indices = np.sort(np.random.default_rng(seed).choice(n, size=sample, replace=False))
+    runs = plan_runs(indices, contiguous=len(indices) == n)
+    job = VerifyJob(root, root.absolute(), src, secrets.token_hex(8))
+    runner = resolve_executor(executor, jobs, len(runs))
     with tqdm(total=len(indices), unit="sample", desc="verify", disable=not progress) as bar:
-        for a in range(0, len(indices), _BATCH):
-            chunk = indices[a : a + _BATCH].tolist()
-            try:
-                got = ds_out.__getitems__(chunk)
-            except ConvertedDatasetError as exc:
-                raise VerifyMismatchError(
-                    root, f"cannot read the output: {exc}", sample=exc.sample
-                ) from exc
-            want = None if src is None else src.__getitems__(chunk)
-            for k, i in enumerate(chunk):
-                digest = sample_digest(got[k])
-                if want is not None and digest != sample_digest(want[k]):
-                    detail = _describe(got[k], want[k], ds_out.fields)
-                    raise VerifyMismatchError(root, f"differs from the source: {detail}", sample=i)
-                if stored is not None and digest != stored[i].tobytes():
-                    raise VerifyMismatchError(
-                        root, "differs from the digest stored at conversion time", sample=i
-                    )
-            bar.update(len(chunk))
+        try:
+            _raise_first_mismatch(runner.run(check_run, [(job, r) for r in runs]), runs, bar)
+        finally:
+            release()
     against = "source" if src is not None else "stored hashes"
     return VerifyReport(root, len(indices), n, against, time.perf_counter() - t0)
+
+
+def _raise_first_mismatch(
+    results: Generator[tuple[int, VerifyMismatchError | None], None, None],
+    runs: Sequence[Sequence[int]],
+    bar: Any,
+) -> None:
+    """Take the runs' results in any order; raise the mismatch of the earliest failing run as
+    soon as every run before it has passed (so that it is the first in index order)."""
+    pending = set(range(len(runs)))
+    failed: dict[int, VerifyMismatchError] = {}
+    try:
+        for k, got in results:
+            pending.discard(k)
+            if got is None:
+                bar.update(len(runs[k]))
+            else:
+                failed[k] = got
+            if failed and min(failed) < min(pending, default=len(runs)):
+                raise failed[min(failed)]
+    finally:  # stopped at a mismatch: the executor cancels the runs not started
+        results.close()

@@ -8,7 +8,15 @@ import sys
 
 from ..safety import UnpicklePolicy
 
-__all__ = ["add_safety_flags", "parse_size", "policy_from_args", "safety_kwargs", "show_progress"]
+__all__ = [
+    "add_executor_flag",
+    "add_safety_flags",
+    "parse_executor",
+    "parse_size",
+    "policy_from_args",
+    "safety_kwargs",
+    "show_progress",
+]
 
 _UNITS = {
     "": 1,
@@ -41,6 +49,30 @@ def parse_size(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"size must be at least 1 byte, got {text!r}")
     return value
+
+
+def parse_executor(text: str) -> str:
+    """``local``, ``dask``, ``dask=ADDRESS`` or ``dask://HOST:PORT``, checked at parse time."""
+    from ..index.executor import dask_address
+
+    if text != "local":
+        try:
+            dask_address(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def add_executor_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--executor",
+        type=parse_executor,
+        default=None,
+        metavar="local|dask[=ADDRESS]",
+        help="where the per-file work runs: local processes (default), 'dask' (a local Dask "
+        "cluster of --jobs workers) or 'dask=tcp://HOST:PORT' (a running scheduler; its "
+        "workers must see the same paths). Needs pip install 'pickleshard[dask]'",
+    )
 
 
 def add_safety_flags(p: argparse.ArgumentParser) -> None:

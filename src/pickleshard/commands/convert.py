@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from ._common import add_safety_flags, parse_size, safety_kwargs, show_progress
+from ._common import add_executor_flag, add_safety_flags, parse_size, safety_kwargs, show_progress
 
 # pickleshard.formats.FORMAT_NAMES, spelled out so that the parser does not import torch.
 FORMATS = ("memmap", "lmdb", "webdataset", "parquet", "arrow")
@@ -32,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
         verify=args.verify,
         progress=show_progress(args),
         overwrite=args.overwrite,
+        executor=args.executor,
         **sizes,
         **safety_kwargs(args),  # type: ignore[arg-type]
     )
@@ -98,5 +99,6 @@ def register(sub: Any) -> None:
     s.add_argument("--verify", action="store_true", help="read every sample back and compare")
     s.add_argument("--overwrite", action="store_true", help="replace an existing conversion")
     s.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
+    add_executor_flag(s)
     add_safety_flags(s)
     s.set_defaults(handler=run)

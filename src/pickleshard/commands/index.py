@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ._common import add_safety_flags, policy_from_args, show_progress
+from ._common import add_executor_flag, add_safety_flags, policy_from_args, show_progress
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,6 +28,7 @@ def run(args: argparse.Namespace) -> int:
         policy=policy_from_args(args),
         spans=not args.no_spans,
         skip_bad=args.skip_bad,
+        executor=args.executor,
     )
     elapsed = time.perf_counter() - t0
     whole = [{"path": f.path, "reason": f.reason} for f in idx.files if f.mode == "whole"]
@@ -106,5 +107,6 @@ def register(sub: Any) -> None:
         help="unpickle every file whole to count its samples instead of scanning it for spans",
     )
     s.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
+    add_executor_flag(s)
     add_safety_flags(s)
     s.set_defaults(handler=run)

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from ._common import add_safety_flags, safety_kwargs, show_progress
+from ._common import add_executor_flag, add_safety_flags, safety_kwargs, show_progress
 
 
 def run(args: argparse.Namespace) -> int:
@@ -20,6 +20,8 @@ def run(args: argparse.Namespace) -> int:
         out,
         sample=args.sample,
         seed=args.seed,
+        jobs=args.jobs,
+        executor=args.executor,
         progress=show_progress(args),
         **safety_kwargs(args),  # type: ignore[arg-type]
     )
@@ -44,11 +46,16 @@ def register(sub: Any) -> None:
     s = sub.add_parser(
         "verify",
         help="check a conversion: against SRC, or (OUT alone) against its stored digests",
-        usage="pickleshard verify [-h] [SRC] OUT [--sample K] [--seed S] [--json]",
+        usage="pickleshard verify [-h] [SRC] OUT [--sample K] [--seed S] [--jobs N] "
+        "[--executor E] [--json]",
     )
     s.add_argument("paths", nargs="+", metavar="[SRC] OUT")
     s.add_argument("--sample", type=int, default=None, metavar="K", help="check K random samples")
     s.add_argument("--seed", type=int, default=0, help="seed for --sample")
+    s.add_argument(
+        "--jobs", type=int, default=None, help="runs of samples checked at once (default 1)"
+    )
     s.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
+    add_executor_flag(s)
     add_safety_flags(s)
     s.set_defaults(handler=run, parser=s)

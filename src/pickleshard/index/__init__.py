@@ -13,8 +13,9 @@ Modules, one concern each (all names below are importable from ``pickleshard.ind
 - :mod:`~pickleshard.index.arrays`, :mod:`~pickleshard.index.contents`: the ``.npy`` files
   (opened without unpickling, CRC-32) and what they hold;
 - :mod:`~pickleshard.index.describe`: indexing one file (the per-file work of a build);
-- :mod:`~pickleshard.index.executor`: where that work runs (:class:`IndexExecutor`: in this
-  process, or local worker processes by default);
+- :mod:`~pickleshard.index.executor`: where that work (and convert's and verify's) runs
+  (:class:`IndexExecutor`: in this process, local worker processes by default, or a Dask
+  cluster, :mod:`~pickleshard.index.dask_executor`);
 - :mod:`~pickleshard.index.build`, :mod:`~pickleshard.index.write`: :func:`build_index`, and
   writing the arrays and the header;
 - :mod:`~pickleshard.index.opening`: :func:`open_index`, with its rebuild policy.

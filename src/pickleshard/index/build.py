@@ -23,7 +23,7 @@ from ..errors import FileProblem, UnsupportedLayoutError
 from ..safety import DEFAULT_POLICY, UnpicklePolicy
 from ..sources import ResolvedSource, Source, resolve_source
 from .describe import Described, describe_file
-from .executor import IndexExecutor, local_executor
+from .executor import ExecutorLike, IndexExecutor, resolve_executor
 from .files import SkippedFile, skip_record
 from .model import DatasetIndex
 from .ondisk import default_index_path
@@ -118,7 +118,7 @@ def build_index(
     policy: UnpicklePolicy = DEFAULT_POLICY,
     spans: bool = True,
     skip_bad: bool = False,
-    executor: IndexExecutor | None = None,
+    executor: ExecutorLike = None,
 ) -> DatasetIndex:
     """Index every pickle file of ``source`` and save the index; return it opened.
 
@@ -133,19 +133,19 @@ def build_index(
     ``skip_bad=True`` every good file is indexed and each bad one is listed in
     :attr:`DatasetIndex.skipped` with its error (nothing is dropped silently).
 
-    ``executor`` runs the per-file work (see :mod:`pickleshard.index.executor`); by default
-    local processes, ``jobs`` of them.
+    ``executor`` runs the per-file work (see :func:`~pickleshard.index.executor.resolve_executor`:
+    ``"dask"``, ``"dask://HOST:PORT"``, a ``distributed.Client``...); by default local
+    processes, ``jobs`` of them.
     """
     resolved = resolve_source(source)
     index_dir = Path(index) if index is not None else default_index_path(resolved)
-    if executor is None:
-        n_jobs = jobs if jobs is not None else min(os.cpu_count() or 1, 8)
-        executor = local_executor(n_jobs, len(resolved.files))
-    staging = _staging_dir(index_dir) if spans else None
+    n_jobs = jobs if jobs is not None else min(os.cpu_count() or 1, 8)
+    runner = resolve_executor(executor, n_jobs, len(resolved.files))
+    staging = _staging_dir(index_dir.absolute()) if spans else None  # workers' cwd may differ
     try:
         described: dict[int, Described] = {}
         skipped: list[SkippedFile] = []
-        for pos, got in _describe_all(resolved, staging, executor, progress, policy, skip_bad):
+        for pos, got in _describe_all(resolved, staging, runner, progress, policy, skip_bad):
             if isinstance(got, Described):
                 described[pos] = got
             else:

@@ -11,7 +11,7 @@ from ..errors import IndexFormatError, StaleIndexError
 from ..safety import DEFAULT_POLICY, UnpicklePolicy
 from ..sources import ResolvedSource, Source, resolve_source
 from .build import build_index
-from .executor import IndexExecutor
+from .executor import ExecutorLike
 from .model import DatasetIndex
 from .ondisk import FORMAT_NAME, default_index_path, is_older, read_header
 
@@ -29,7 +29,7 @@ def open_index(
     progress: bool = False,
     policy: UnpicklePolicy = DEFAULT_POLICY,
     skip_bad: bool = False,
-    executor: IndexExecutor | None = None,
+    executor: ExecutorLike = None,
 ) -> tuple[DatasetIndex, ResolvedSource]:
     """Open the index of ``source``, checking it against the files on disk.
 
