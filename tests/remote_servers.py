@@ -24,6 +24,7 @@ class Traffic:
         self.sent = 0
         self.gets = 0
         self.faults: list[str] = []
+        self.require_key: str | None = None  # S3: refuse (403) requests signed with another key
         self.lock = threading.Lock()
 
     def reset(self) -> None:
@@ -44,6 +45,17 @@ def _counting(app: Any, traffic: Traffic) -> Callable[..., Iterable[bytes]]:
     """A WSGI middleware counting ``app``'s body bytes and injecting ``traffic.faults``."""
 
     def wrapped(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        key = traffic.require_key
+        if key is not None and f"Credential={key}/" not in environ.get("HTTP_AUTHORIZATION", ""):
+            body = (
+                b"<Error><Code>InvalidAccessKeyId</Code><Message>The AWS Access Key Id you "
+                b"provided does not exist in our records.</Message></Error>"
+            )
+            start_response(
+                "403 Forbidden",
+                [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))],
+            )
+            return [body]
         ranged = environ.get("REQUEST_METHOD") == "GET" and "HTTP_RANGE" in environ
         fault = traffic.next_fault() if ranged else None
         if fault == "503":
@@ -121,7 +133,9 @@ class S3Server:
         """Create ``bucket`` and put ``files`` (key -> bytes) in it."""
         import s3fs
 
-        fs = s3fs.S3FileSystem(**self.options(), skip_instance_cache=True)
+        if getattr(self, "_fs", None) is None:  # one client: botocore's start-up takes seconds
+            self._fs = s3fs.S3FileSystem(**self.options(), skip_instance_cache=True)
+        fs = self._fs
         if not fs.exists(bucket):
             fs.mkdir(bucket)
         for key, data in files.items():

@@ -21,7 +21,14 @@ from .io.remote import filesystem, is_url, set_storage_options
 if TYPE_CHECKING:
     from .sources import ResolvedSource
 
-__all__ = ["URLPath", "is_url", "remote_index_path", "resolve_url", "use_storage_options"]
+__all__ = [
+    "URLPath",
+    "is_url",
+    "remote_index_path",
+    "resolve_url",
+    "resolve_urls",
+    "use_storage_options",
+]
 
 INDEX_HOME_ENV = "PICKLESHARD_INDEX_HOME"
 
@@ -85,6 +92,21 @@ def resolve_url(url: str, patterns: Sequence[str], index_dirname: str) -> Resolv
     except Exception as exc:
         raise _listing_error(url, exc) from None
     raise DatasetNotFoundError(url, "object or prefix")
+
+
+def resolve_urls(urls: Sequence[str]) -> ResolvedSource:
+    """A list of object URLs as a resolved source; each must name an existing object."""
+    for url in urls:
+        fs, path = filesystem(url)
+        try:  # info, not isfile: HTTP's isfile is a GET of the whole object
+            found = fs.info(path).get("type", "file") == "file"
+        except FileNotFoundError:
+            found = False
+        except Exception as exc:
+            raise _listing_error(url, exc) from None
+        if not found:
+            raise DatasetNotFoundError(url, "object")
+    return _from_objects("", list(urls))
 
 
 def _from_objects(protocol: str, paths: Sequence[str]) -> ResolvedSource:

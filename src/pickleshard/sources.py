@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import DatasetNotFoundError, NoPickleFilesError, NotRegularFileError
-from .remotesources import is_url, resolve_url
+from .remotesources import is_url, resolve_url, resolve_urls
 
 __all__ = ["PICKLE_PATTERNS", "ResolvedSource", "Source", "check_regular_file", "resolve_source"]
 
@@ -127,6 +127,8 @@ def resolve_source(source: Source) -> ResolvedSource:
         if path.is_file():
             return _from_files([path])
         raise DatasetNotFoundError(path, "directory or file")
+    if source and all(is_url(p) for p in source):  # a list of URLs: each object must exist
+        return resolve_urls([os.fspath(p) for p in source])
     paths = [Path(os.fspath(p)) for p in source]
     if not paths:
         raise NoPickleFilesError("<empty file list>", PICKLE_PATTERNS)
