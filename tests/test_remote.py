@@ -299,3 +299,26 @@ def test_storage_options_by_prefix() -> None:
     finally:
         set_storage_options("memory://a/", None)
         set_storage_options("memory://a/b/", None)
+
+
+def test_the_cli_takes_a_url_and_storage_options(
+    s3: S3Server, bucket: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pickleshard.cli import main
+
+    flags = [
+        "--storage-option=key=testing",
+        "--storage-option=secret=testing",
+        f"--storage-option=client_kwargs.endpoint_url={s3.endpoint}",
+        "--storage-option=client_kwargs.region_name=eu-west-1",
+        "--storage-option=config_kwargs.retries.max_attempts=1",
+    ]
+    try:
+        assert main(["index", bucket, "--index", str(tmp_path / "idx"), "--jobs", "1", *flags]) == 0
+        assert main(["inspect", f"{bucket}part-00000.pkl", "--json", *flags]) == 0
+    finally:
+        set_storage_options("", None)
+    out = capsys.readouterr().out
+    assert f"{bucket}part-00000.pkl" in out
+    assert "testing" not in out
+    assert (tmp_path / "idx" / "index.json").exists()
