@@ -21,8 +21,8 @@ from pickleshard import PickleDataset
 from pickleshard.errors import RemoteStorageError, StaleIndexError
 from pickleshard.io import FsspecSource, set_block_cache, set_storage_options
 from pickleshard.synth import write_synthetic
+from pickleshard.testing.servers import RangeHTTPServer, S3Server
 from pickleshard.testing.sources import ByteSourceTests
-from remote_servers import RangeHTTPServer, S3Server
 
 SHAPE = (3, 112, 112)  # float32: 150,528 bytes a sample
 FILES, PER_FILE = 2, 12

@@ -104,6 +104,10 @@ class ByteSource(ABC):
         source that can fetch many at once (concurrently) overrides this."""
         return [self.read_at(lo, hi - lo) for lo, hi, _ in blocks]
 
+    def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:  # noqa: B027 - a hint
+        """Hint: the ``(offset, n)`` ranges are about to be read (a batch's samples); a remote
+        source fetches them together, the default does nothing."""
+
     def changed_since(self, recorded: FileIdentity) -> str | None:
         """How the source now differs from ``recorded`` (in words), or None."""
         return recorded.differs_from(self.identity())

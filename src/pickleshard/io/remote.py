@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 from ..errors import MissingDependencyError, RemoteStorageError, UnreadableFileError
 from ..fileidentity import FileIdentity
-from .base import ByteSource, _check_range, register_source
+from .base import COALESCE_GAP, ByteSource, _check_range, coalesce, register_source
 from .remote_cache import BlockCache
 
 __all__ = [
@@ -58,6 +58,7 @@ _OPTIONS: dict[str, dict[str, Any]] = {}  # URL prefix ("" = every URL) -> stora
 _FILESYSTEMS: dict[tuple[int, str, str], Any] = {}  # (pid, protocol, token of options) -> fs
 _FS_LOCK = threading.Lock()
 _CACHE: list[BlockCache | None] = [None]  # the process's block cache (None: no caching)
+STAGE_BYTES = 256 << 20  # a prefetch larger than this is not staged (read as asked instead)
 
 
 def is_url(where: str | os.PathLike[str]) -> bool:
@@ -171,12 +172,13 @@ class FsspecSource(ByteSource):
         self._path = ""
         self._opened: FileIdentity | None = None
         self._seen: tuple[float, FileIdentity] | None = None
+        self._staged: list[tuple[int, bytes]] = []  # the last prefetch's blocks, by offset
 
     # -- the filesystem and the object's metadata --------------------------------------------
     def _open(self) -> None:
         if self._pid != os.getpid():  # a new process (or closed): its own filesystem
             self._fs, self._path = filesystem(self.url, self.storage_options)
-            self._pid, self._seen = os.getpid(), None
+            self._pid, self._seen, self._staged = os.getpid(), None, []
             self.counters = RemoteCounters()
             self._opened = self._stat()
 
@@ -208,6 +210,7 @@ class FsspecSource(ByteSource):
 
     def close(self) -> None:
         self._pid, self._fs, self._opened, self._seen = -1, None, None, None
+        self._staged = []
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -216,7 +219,7 @@ class FsspecSource(ByteSource):
             "retries": self.retries,
             "backoff": self.backoff,
             "identity_ttl": self.identity_ttl,
-        }
+        }  # no connection, no staged or cached bytes
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(  # type: ignore[misc]
@@ -294,10 +297,30 @@ class FsspecSource(ByteSource):
                 raise item
         return list(got)
 
+    def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
+        """Fetch ``ranges`` now, together (neighbours coalesced, the blocks requested at once),
+        and keep them until the next prefetch: the reads that follow take their bytes from
+        them. More than :data:`STAGE_BYTES` in all is not staged."""
+        self._staged = []
+        if not ranges or sum(n for _, n in ranges) > STAGE_BYTES:
+            return
+        blocks = [(lo, hi) for lo, hi, _ in coalesce(ranges, COALESCE_GAP) if hi > lo]
+        self._staged = list(zip([lo for lo, _ in blocks], self._read(blocks), strict=True))
+
+    def _from_staged(self, lo: int, hi: int) -> bytes | None:
+        for start, data in self._staged:
+            if start <= lo and hi <= start + len(data):
+                return data[lo - start : hi - start]
+        return None
+
     def _read(self, spans: Sequence[tuple[int, int]]) -> list[bytes]:
         """Bytes of ``spans`` (clipped to the object), through the block cache if one is set."""
         size = self.size
         spans = [(min(lo, size), min(hi, size)) for lo, hi in spans]
+        if self._staged and self._pid == os.getpid():
+            staged = [self._from_staged(lo, hi) for lo, hi in spans]
+            if all(d is not None for d in staged):
+                return [d or b"" for d in staged]
         cache = _CACHE[0]
         if cache is None:
             wanted = [s for s in spans if s[1] > s[0]]

@@ -1,4 +1,4 @@
-"""Loopback servers for the remote-source tests and ``bench remote``: moto's S3 server and a tiny
+"""Loopback servers for the remote-source tests and ``bench remote`` (needs ``moto[server]``): moto's S3 server and a tiny
 HTTP server honouring ``Range``, both counting the bytes they send and able to inject faults.
 
 Both bind 127.0.0.1 on a free port and are started and stopped by whoever uses them.
@@ -93,8 +93,11 @@ class S3Server:
 
         class Counted(ThreadedMotoServer):
             def _server_entry(self) -> None:
-                from moto.moto_server.werkzeug_app import MotoRequestHandler
-                from moto.server import DomainDispatcherApplication, create_backend_app
+                from moto.moto_server.werkzeug_app import (
+                    DomainDispatcherApplication,
+                    MotoRequestHandler,
+                    create_backend_app,
+                )
 
                 app = DomainDispatcherApplication(create_backend_app)
                 self._server = make_server(
@@ -214,7 +217,7 @@ class RangeHTTPServer:
     def start(self) -> RangeHTTPServer:
         self._thread.start()
         host, port = self._httpd.server_address[:2]
-        self.url = f"http://{host}:{port}"
+        self.url = f"http://{host!s}:{port}"
         return self
 
     def stop(self) -> None:
