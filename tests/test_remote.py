@@ -322,3 +322,28 @@ def test_the_cli_takes_a_url_and_storage_options(
     assert f"{bucket}part-00000.pkl" in out
     assert "testing" not in out
     assert (tmp_path / "idx" / "index.json").exists()
+
+
+def test_a_failed_remote_read_names_the_url_the_range_and_the_sample(
+    http_server: RangeHTTPServer, local_files: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pickleshard.io.remote as remote
+
+    monkeypatch.setattr(remote, "BACKOFF", 0.001)
+    urls = []
+    for p in local_files:
+        http_server.files[f"/named/{p.name}"] = p.read_bytes()
+        urls.append(f"{http_server.url}/named/{p.name}")
+    ds = PickleDataset(urls)
+    ds[0]  # its reader open and its plan settled
+    http_server.traffic.faults = ["503"] * (remote.RETRIES + 1)
+    with pytest.raises(RemoteStorageError) as err:
+        ds[3]
+    assert http_server.traffic.faults == []
+    text = str(err.value)
+    assert urls[0] in text
+    assert "(sample 3)" in text
+    assert f"after {remote.RETRIES + 1} tries" in text
+    start = int(ds.index.scan(0, urls[0]).starts[3, 0])
+    assert f"bytes {start}-" in text
+    assert err.value.sample == 3

@@ -21,9 +21,10 @@ except ImportError:  # pragma: no cover - exercised only without torch
     _DatasetBase = object  # type: ignore[assignment,misc]
 
 from .bounds import DEFAULT_MAX_DEPTH, DEFAULT_MAX_SAMPLE_BYTES, check_sample
-from .errors import NotSpanIndexableError
+from .errors import NotSpanIndexableError, RemoteStorageError
 from .index import Rebuild, SkippedFilesWarning, open_index
 from .read import SpanFiles
+from .read.failures import named
 from .remotesources import use_storage_options
 from .safety import UnpicklePolicy
 from .scan.layouts import DecodedLayout
@@ -216,7 +217,10 @@ class PickleDataset(_DatasetBase[Any]):
         pos = bisect.bisect_right(self._firsts, j) - 1
         item = j - self._firsts[pos]
         if self._is_span[pos]:
-            return self._finish(self._spans.reader(pos).one(item, j), pos, j)
+            try:
+                return self._finish(self._spans.reader(pos).one(item, j), pos, j)
+            except RemoteStorageError as exc:  # a remote read that failed its retries
+                raise named(exc, j) from None
         columns = self._file(pos).columns
         return self._finish(tuple([col[item] for col in columns]), pos, j)
 

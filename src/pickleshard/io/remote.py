@@ -58,6 +58,8 @@ _OPTIONS: dict[str, dict[str, Any]] = {}  # URL prefix ("" = every URL) -> stora
 _FILESYSTEMS: dict[tuple[int, str, str], Any] = {}  # (pid, protocol, token of options) -> fs
 _FS_LOCK = threading.Lock()
 _CACHE: list[BlockCache | None] = [None]  # the process's block cache (None: no caching)
+RETRIES = 5  # tries after the first, by default
+BACKOFF = 0.1  # seconds before the first retry, doubled each time
 STAGE_BYTES = 256 << 20  # a prefetch larger than this is not staged (read as asked instead)
 
 
@@ -144,8 +146,8 @@ class FsspecSource(ByteSource):
     """One object of an fsspec filesystem, read by range (see the module docstring).
 
     ``storage_options`` (default: those registered for the URL) go to the filesystem;
-    ``retries`` and ``backoff`` (seconds, doubled each try) govern retries of transient
-    failures; ``identity_ttl`` how long an identity is reused (0: a metadata request each time).
+    ``retries`` and ``backoff`` (seconds, doubled each try; default :data:`RETRIES` and
+    :data:`BACKOFF`) govern retries of transient failures; ``identity_ttl`` how long an identity is reused (0: a metadata request each time).
     """
 
     protocol = "fsspec"
@@ -155,10 +157,12 @@ class FsspecSource(ByteSource):
         url: str,
         storage_options: Mapping[str, Any] | None = None,
         *,
-        retries: int = 5,
-        backoff: float = 0.1,
+        retries: int | None = None,
+        backoff: float | None = None,
         identity_ttl: float = 1.0,
     ) -> None:
+        retries = RETRIES if retries is None else retries
+        backoff = BACKOFF if backoff is None else backoff
         if retries < 0:
             raise ValueError(f"retries must be >= 0, got {retries}")
         self.name = self.url = url
@@ -299,17 +303,23 @@ class FsspecSource(ByteSource):
 
     def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
         """Fetch ``ranges`` now, together (neighbours coalesced, the blocks requested at once),
-        and keep them until the next prefetch: the reads that follow take their bytes from
-        them. More than :data:`STAGE_BYTES` in all is not staged."""
+        and stage each range: the first read that falls inside it takes its bytes from there
+        and unstages it (a staged range serves one read; the next prefetch drops the rest).
+        More than :data:`STAGE_BYTES` in all is not staged."""
         self._staged = []
         if not ranges or sum(n for _, n in ranges) > STAGE_BYTES:
             return
-        blocks = [(lo, hi) for lo, hi, _ in coalesce(ranges, COALESCE_GAP) if hi > lo]
-        self._staged = list(zip([lo for lo, _ in blocks], self._read(blocks), strict=True))
+        blocks = coalesce(ranges, COALESCE_GAP)
+        fetched = self._read([(lo, hi) for lo, hi, _ in blocks])
+        for (lo, _, members), block in zip(blocks, fetched, strict=True):
+            for m in members:
+                offset, n = ranges[m]
+                self._staged.append((offset, block[offset - lo : offset - lo + n]))
 
     def _from_staged(self, lo: int, hi: int) -> bytes | None:
-        for start, data in self._staged:
+        for k, (start, data) in enumerate(self._staged):
             if start <= lo and hi <= start + len(data):
+                del self._staged[k]
                 return data[lo - start : hi - start]
         return None
 
@@ -317,10 +327,10 @@ class FsspecSource(ByteSource):
         """Bytes of ``spans`` (clipped to the object), through the block cache if one is set."""
         size = self.size
         spans = [(min(lo, size), min(hi, size)) for lo, hi in spans]
-        if self._staged and self._pid == os.getpid():
-            staged = [self._from_staged(lo, hi) for lo, hi in spans]
-            if all(d is not None for d in staged):
-                return [d or b"" for d in staged]
+        if self._staged and self._pid == os.getpid() and len(spans) == 1:
+            staged = self._from_staged(*spans[0])
+            if staged is not None:
+                return [staged]
         cache = _CACHE[0]
         if cache is None:
             wanted = [s for s in spans if s[1] > s[0]]
