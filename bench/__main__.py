@@ -2,6 +2,7 @@
 
 ``python -m bench scan ...`` runs ``bench.scan`` instead (index build: scanner vs unpickling),
 ``python -m bench span ...`` runs ``bench.span`` (shuffled epochs by span vs numpy memmap),
+``python -m bench remote ...`` runs ``bench.remote`` (a shuffled epoch from S3 by byte range),
 ``python -m bench index-open ...`` runs ``bench.index_open`` (the cost of validating an index),
 ``python -m bench first-epoch ...`` runs ``bench.first_epoch`` (whole-file first epoch vs folk),
 ``python -m bench --suite full|quick`` runs ``bench.suite`` (every loader side by side),
@@ -215,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
         from .executors import main as executors_main
 
         return executors_main(given[1:])
+    if given[:1] == ["remote"]:  # `python -m bench remote ...`
+        from .remote import main as remote_main
+
+        return remote_main(given[1:])
     if given[:1] == ["span"]:  # `python -m bench span ...`
         from .span import main as span_main
 

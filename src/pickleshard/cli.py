@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures.process import BrokenProcessPool
 
 from .commands import COMMANDS
+from .commands._common import apply_storage_options
 from .errors import PickleshardError
 
 __all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "main"]
@@ -99,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_bench(argv[1:])
         args = _parser().parse_args(argv)
         debug = args.debug
+        apply_storage_options(args)  # --storage-option: for every URL the command opens
         handler: Handler = args.handler
         return handler(args)
     except PickleshardError as exc:

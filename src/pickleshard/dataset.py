@@ -10,7 +10,7 @@ import bisect
 import itertools
 import os
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -21,9 +21,11 @@ except ImportError:  # pragma: no cover - exercised only without torch
     _DatasetBase = object  # type: ignore[assignment,misc]
 
 from .bounds import DEFAULT_MAX_DEPTH, DEFAULT_MAX_SAMPLE_BYTES, check_sample
-from .errors import NotSpanIndexableError
+from .errors import NotSpanIndexableError, RemoteStorageError
 from .index import Rebuild, SkippedFilesWarning, open_index
 from .read import SpanFiles
+from .read.failures import named
+from .remotesources import use_storage_options
 from .safety import UnpicklePolicy
 from .scan.layouts import DecodedLayout
 from .sources import Source
@@ -69,6 +71,10 @@ class PickleDataset(_DatasetBase[Any]):
     raises :class:`~pickleshard.errors.SampleLimitError` naming the file and the sample before
     it is handed out (None lifts a bound; see :mod:`pickleshard.bounds`).
 
+    ``source`` may be a URL (``s3://bucket/prefix/``, ``gs://``, ``https://``: anything fsspec
+    opens); ``storage_options`` go to its filesystem (credentials, endpoint), never into the
+    index, which is kept locally by default (see :mod:`pickleshard.remotesources`).
+
     ``__getitems__`` fetches a batch in (file, offset) order, touching each file once, and
     returns it in request order.
 
@@ -96,7 +102,10 @@ class PickleDataset(_DatasetBase[Any]):
         skip_bad: bool = False,
         max_sample_bytes: int | None = DEFAULT_MAX_SAMPLE_BYTES,
         max_depth: int | None = DEFAULT_MAX_DEPTH,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
+        self.storage_options = storage_options  # for a URL (s3://...): see docs/remote.md
+        use_storage_options(source, storage_options)
         self.budget = CacheBudget(cache_bytes)  # ValueError if negative
         if mode not in ("auto", "span", "whole"):
             raise ValueError(f"mode must be 'auto', 'span' or 'whole', got {mode!r}")
@@ -208,7 +217,10 @@ class PickleDataset(_DatasetBase[Any]):
         pos = bisect.bisect_right(self._firsts, j) - 1
         item = j - self._firsts[pos]
         if self._is_span[pos]:
-            return self._finish(self._spans.reader(pos).one(item, j), pos, j)
+            try:
+                return self._finish(self._spans.reader(pos).one(item, j), pos, j)
+            except RemoteStorageError as exc:  # a remote read that failed its retries
+                raise named(exc, j) from None
         columns = self._file(pos).columns
         return self._finish(tuple([col[item] for col in columns]), pos, j)
 
@@ -273,6 +285,10 @@ class PickleDataset(_DatasetBase[Any]):
         state = self.__dict__.copy()
         state["_cache"] = None
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        use_storage_options(self.source.root, state.get("storage_options"))  # spawned workers
 
     def __repr__(self) -> str:
         return (

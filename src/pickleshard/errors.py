@@ -34,6 +34,7 @@ __all__ = [
     "OutputSpaceError",
     "PickleshardError",
     "ReadMemoryError",
+    "RemoteStorageError",
     "SampleLimitError",
     "SampleTooDeepError",
     "SampleTooLargeError",
@@ -137,6 +138,11 @@ class NoPickleFilesError(PickleshardError, FileNotFoundError):
 
 class UnreadableFileError(FileProblem, OSError):
     """The file exists but cannot be opened or read (permissions, I/O error, a directory)."""
+
+
+class RemoteStorageError(UnreadableFileError):
+    """Remote storage refused a request (credentials, permissions) or still failed it after
+    its retries; the message names the URL and, for a read, the byte range."""
 
 
 class NotRegularFileError(UnreadableFileError):

@@ -17,12 +17,14 @@ __all__ = ["FileIdentity"]
 @dataclass(frozen=True)
 class FileIdentity:
     """What a file must still be for the spans indexed from it to hold (``os.fstat`` fields,
-    as the index's files table records them); None: not recorded, not compared."""
+    as the index's files table records them; a remote object's ``etag`` and last-modified time
+    instead of ctime and inode); None: not recorded, not compared."""
 
     size: int
     mtime_ns: int | None = None
     ctime_ns: int | None = None
     ino: int | None = None
+    etag: str | None = None
 
     @classmethod
     def of(cls, st: os.stat_result) -> FileIdentity:
@@ -46,4 +48,6 @@ class FileIdentity:
                 return f"its {name} is {got} ns, {want} when indexed"
         if self.ino is not None and now.ino is not None and now.ino != self.ino:
             return f"it is inode {now.ino}, {self.ino} when indexed (another file)"
+        if self.etag is not None and now.etag is not None and now.etag != self.etag:
+            return f"its ETag is {now.etag}, {self.etag} when indexed (a new version)"
         return None

@@ -70,7 +70,13 @@ def scan_buffer(source: ByteSource, pattern: AccessPattern | None = None) -> Any
     """The buffer a scan walks over ``source``, advised with ``pattern`` (default: the one
     :func:`choose_pattern` picks): the source's map, or its bytes read whole when it cannot be
     mapped (the walkers index, ``find`` and ``struct.unpack_from`` into the buffer, which a
-    :class:`~pickleshard.io.WindowedBuffer` does not serve). Empty sources give ``b""``."""
+    :class:`~pickleshard.io.WindowedBuffer` does not serve). Empty sources give ``b""``. A
+    source that cannot be mapped (remote) gives :func:`~pickleshard.scan.sparse.sparse_buffer`:
+    the bytes the scan examines, fetched by ranges."""
+    if source.fileno() is None and source.map() is None:
+        from .scan.sparse import sparse_buffer
+
+        return sparse_buffer(source)
     source.advise(choose_pattern(source) if pattern is None else pattern)
     buf = source.map()
     if buf is None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import DatasetNotFoundError, NoPickleFilesError, NotRegularFileError
+from .remotesources import is_url, resolve_url, resolve_urls
 
 __all__ = ["PICKLE_PATTERNS", "ResolvedSource", "Source", "check_regular_file", "resolve_source"]
 
@@ -90,6 +91,9 @@ def _scan_directory(root: Path) -> list[Path]:
 def resolve_source(source: Source) -> ResolvedSource:
     """Return the root and sorted relative paths of the pickle files ``source`` names.
 
+    A URL (``s3://bucket/prefix/``, ``gs://``, ``https://``...) is listed through fsspec (see
+    :mod:`pickleshard.remotesources`); its root is a URL.
+
     A directory is searched recursively for ``*.pkl``, ``*.pickle``, ``*.pk`` and ``*.p``
     (skipping ``.pickleshard/``); a string with glob characters is expanded (``**`` recurses);
     a list names files directly. The root is the directory itself, or the deepest directory
@@ -97,6 +101,8 @@ def resolve_source(source: Source) -> ResolvedSource:
     """
     if isinstance(source, (str, os.PathLike)):
         text = os.fspath(source)
+        if is_url(text):  # s3://, gs://, http(s)://...: listed through fsspec
+            return resolve_url(text, PICKLE_PATTERNS, INDEX_DIRNAME)
         path = Path(text)
         if path.is_dir():
             files = _scan_directory(path)
@@ -121,6 +127,8 @@ def resolve_source(source: Source) -> ResolvedSource:
         if path.is_file():
             return _from_files([path])
         raise DatasetNotFoundError(path, "directory or file")
+    if source and all(is_url(p) for p in source):  # a list of URLs: each object must exist
+        return resolve_urls([os.fspath(p) for p in source])
     paths = [Path(os.fspath(p)) for p in source]
     if not paths:
         raise NoPickleFilesError("<empty file list>", PICKLE_PATTERNS)

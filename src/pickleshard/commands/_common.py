@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
+from typing import Any
 
 from ..safety import UnpicklePolicy
 
 __all__ = [
     "add_executor_flag",
     "add_safety_flags",
+    "add_storage_flags",
+    "apply_storage_options",
     "parse_executor",
     "parse_size",
     "policy_from_args",
@@ -88,6 +92,47 @@ def add_safety_flags(p: argparse.ArgumentParser) -> None:
         help="also allow this global (repeatable)",
     )
     g.add_argument("--encoding", default="ASCII", help="text encoding for Python 2 pickles")
+    add_storage_flags(p)
+
+
+def add_storage_flags(p: argparse.ArgumentParser) -> None:
+    """``--storage-option KEY=VALUE`` (repeatable): fsspec options for a URL data path."""
+    p.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        type=_storage_option,
+        metavar="KEY=VALUE",
+        help="an fsspec storage option for s3://, gs://, https://... data paths (repeatable; "
+        "a dotted KEY nests: client_kwargs.endpoint_url=http://...; VALUE is JSON or text)",
+    )
+
+
+def _storage_option(text: str) -> tuple[list[str], Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text.split('=')[0]!r}...")
+    try:
+        parsed: Any = json.loads(value)
+    except ValueError:
+        parsed = value
+    return key.split("."), parsed
+
+
+def apply_storage_options(args: argparse.Namespace) -> None:
+    """Use the ``--storage-option`` values for every URL this command opens."""
+    pairs = getattr(args, "storage_option", None)
+    if not pairs:
+        return
+    from ..io import set_storage_options
+
+    options: dict[str, Any] = {}
+    for keys, value in pairs:
+        node = options
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+        node[keys[-1]] = value
+    set_storage_options("", options)
 
 
 def policy_from_args(args: argparse.Namespace) -> UnpicklePolicy:

@@ -23,6 +23,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from ._common import add_storage_flags
+
 if TYPE_CHECKING:
     from ..inspection_report import FileReport
 
@@ -172,6 +174,7 @@ def register(sub: Any) -> None:
         help="count this global as allowed (repeatable), as the loading commands would",
     )
     s.add_argument("--encoding", default="ASCII", help="text encoding for Python 2 pickles")
+    add_storage_flags(s)
     s.set_defaults(handler=run, parser=s)
 
 

@@ -89,6 +89,7 @@ class FileEntry:
     record_row: int = -1
     ctime_ns: int | None = None
     ino: int | None = None
+    etag: str | None = None  # a remote object's ETag (absent from local rows)
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> FileEntry:
@@ -97,7 +98,7 @@ class FileEntry:
     @property
     def identity(self) -> FileIdentity:
         """What the file must still be for a read that relies on this row (span or whole)."""
-        return FileIdentity(self.size, self.mtime_ns, self.ctime_ns, self.ino)
+        return FileIdentity(self.size, self.mtime_ns, self.ctime_ns, self.ino, self.etag)
 
 
 def skip_record(path: str | os.PathLike[str], rel: str, exc: FileProblem) -> SkippedFile:

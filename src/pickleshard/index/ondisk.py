@@ -21,6 +21,7 @@ from typing import IO, Any
 import numpy as np
 
 from ..errors import IndexFormatError
+from ..remotesources import is_url, remote_index_path
 from ..sources import INDEX_DIRNAME, ResolvedSource
 from .checking import IndexProblem
 
@@ -53,6 +54,8 @@ _ADVICE = "; rebuild it with `pickleshard index` or rebuild='auto'"
 
 def default_index_path(source: ResolvedSource) -> Path:
     """``DIR/.pickleshard`` for a directory; for a glob or file list, a subfolder keyed by the list."""
+    if is_url(source.root):  # kept locally, keyed by the URL
+        return remote_index_path(source)
     base = source.root / INDEX_DIRNAME
     if source.is_directory:
         return base

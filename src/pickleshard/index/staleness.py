@@ -25,7 +25,8 @@ from pathlib import Path
 
 from ..errors import StaleIndexError, UnreadableFileError
 from ..fileidentity import FileIdentity
-from ..io import LocalFile
+from ..io import open_source
+from ..remotesources import is_url
 from ..sources import ResolvedSource
 from .files import FileEntry, SkippedFile, fingerprint, skipped_identity
 
@@ -49,16 +50,19 @@ class Staleness:
 _FRESH, _CHANGED, _RELINKED, _REMOVED = range(4)
 
 
-def _compare(path: Path, entry: FileEntry) -> int:
+def _compare(path: Path | str, entry: FileEntry) -> int:
     """How the file at ``path`` stands against its row: one open, an ``fstat``, and the
     fingerprint's 8 blocks when the identity matches (or differs by inode or ctime alone)."""
-    source = LocalFile(path, pattern="random")  # the fingerprint reads 8 scattered blocks
+    source = open_source(path)
+    source.advise("random")  # the fingerprint reads 8 scattered blocks
     try:
         source.fileno()  # the open's own error (identity() words it as a failed stat)
         now = source.identity()
     except UnreadableFileError as exc:
         source.close()
-        return _unopenable(path, entry, exc)
+        if is_url(path):  # listed a moment ago: a failure to read it, not a removal
+            raise
+        return _unopenable(Path(path), entry, exc)
     with source:
         if entry.identity.differs_from(now) is None:
             return _FRESH if fingerprint(source) == entry.fingerprint else _CHANGED

@@ -77,11 +77,13 @@ def _file_entry(obj: Any, k: int, fields: list[str]) -> tuple[FileEntry, tuple[F
     # required (version 3 always writes them): without them the staleness check rests on
     # size, mtime and fingerprint alone, which an archive carries to any machine, so an edited
     # index would pass for fresh next to a downloaded dataset
-    want_int(row.get("ctime_ns"), f"{at}.ctime_ns", lo=-MAX_ID)
-    want_int(row.get("ino"), f"{at}.ino")
+    remote = row.get("etag") is not None  # a remote object: its ETag stands for ctime, inode
+    want_int(row.get("ctime_ns"), f"{at}.ctime_ns", lo=-MAX_ID, none=remote)
+    want_int(row.get("ino"), f"{at}.ino", none=remote)
     for key in ("fingerprint", "layout"):
         want_str(row.get(key), f"{at}.{key}")
     want_str(row.get("reason"), f"{at}.reason", none=True)
+    want_str(row.get("etag"), f"{at}.etag", none=True)
     if row.get("fields") != fields:
         raise IndexProblem("index.json", f"{at}.fields is {show(row.get('fields'))}, not {fields}")
     mode = row["mode"]

@@ -11,12 +11,14 @@ from .base import (
 from .counters import storage_read_bytes
 from .local import LocalFile
 from .reader import SourceReader, open_reader
+from .remote import FsspecSource, set_block_cache, set_storage_options
 from .windowed import WindowedBuffer
 
 __all__ = [
     "COALESCE_GAP",
     "AccessPattern",
     "ByteSource",
+    "FsspecSource",
     "LocalFile",
     "SourceReader",
     "WindowedBuffer",
@@ -24,5 +26,7 @@ __all__ = [
     "open_source",
     "register_source",
     "registered_sources",
+    "set_block_cache",
+    "set_storage_options",
     "storage_read_bytes",
 ]

@@ -40,6 +40,7 @@ __all__ = [
     "COALESCE_GAP",
     "AccessPattern",
     "ByteSource",
+    "coalesce",
     "open_source",
     "register_source",
     "registered_sources",
@@ -90,22 +91,22 @@ class ByteSource(ABC):
         ``gap`` bytes of each other are fetched by one read and sliced apart."""
         for offset, n in ranges:
             _check_range(offset, n)
-        order = sorted(range(len(ranges)), key=lambda k: ranges[k][0])
+        blocks = coalesce(ranges, gap)
         out: list[bytes] = [b""] * len(ranges)
-        k = 0
-        while k < len(order):
-            lo = ranges[order[k]][0]
-            hi = lo + ranges[order[k]][1]
-            j = k + 1
-            while j < len(order) and ranges[order[j]][0] <= hi + gap:
-                hi = max(hi, ranges[order[j]][0] + ranges[order[j]][1])
-                j += 1
-            block = self.read_at(lo, hi - lo)
-            for m in order[k:j]:
+        for (lo, _, members), block in zip(blocks, self.read_blocks(blocks), strict=True):
+            for m in members:
                 offset, n = ranges[m]
                 out[m] = block[offset - lo : offset - lo + n]
-            k = j
         return out
+
+    def read_blocks(self, blocks: Sequence[tuple[int, int, list[int]]]) -> list[bytes]:
+        """The bytes of each coalesced ``(lo, hi, _)`` block, one :meth:`read_at` each; a
+        source that can fetch many at once (concurrently) overrides this."""
+        return [self.read_at(lo, hi - lo) for lo, hi, _ in blocks]
+
+    def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:  # noqa: B027 - a hint
+        """Hint: the ``(offset, n)`` ranges are about to be read (a batch's samples); a remote
+        source fetches them together, the default does nothing."""
 
     def changed_since(self, recorded: FileIdentity) -> str | None:
         """How the source now differs from ``recorded`` (in words), or None."""
@@ -130,6 +131,26 @@ class ByteSource(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
+
+
+def coalesce(
+    ranges: Sequence[tuple[int, int]], gap: int = COALESCE_GAP
+) -> list[tuple[int, int, list[int]]]:
+    """``ranges`` merged into blocks ``(lo, hi, members)`` in offset order: neighbours within
+    ``gap`` bytes of each other share one block; ``members`` are their positions in ``ranges``."""
+    order = sorted(range(len(ranges)), key=lambda k: ranges[k][0])
+    blocks: list[tuple[int, int, list[int]]] = []
+    k = 0
+    while k < len(order):
+        lo = ranges[order[k]][0]
+        hi = lo + ranges[order[k]][1]
+        j = k + 1
+        while j < len(order) and ranges[order[j]][0] <= hi + gap:
+            hi = max(hi, ranges[order[j]][0] + ranges[order[j]][1])
+            j += 1
+        blocks.append((lo, hi, order[k:j]))
+        k = j
+    return blocks
 
 
 def _check_range(offset: int, n: int) -> None:

@@ -12,6 +12,7 @@ from ..errors import (
     FileChangedError,
     PickleshardError,
     ReadMemoryError,
+    RemoteStorageError,
     TruncatedPickleError,
     UnsafePickleError,
     _where,
@@ -53,9 +54,11 @@ def damaged(path: str, start: int, exc: Exception) -> PickleshardError:
 
 
 def named(exc: PickleshardError, label: int | None) -> PickleshardError:
-    """``exc`` naming sample ``label`` when it is an allowlist refusal that names no sample yet
-    (raised by a lookup that knows the file, not which sample is being read); else ``exc``."""
-    if label is None or not isinstance(exc, UnsafePickleError) or exc.sample is not None:
+    """``exc`` naming sample ``label`` when it is an allowlist refusal or a failed remote read
+    that names no sample yet (raised by code that knows the file, not which sample is being
+    read); else ``exc``."""
+    named_here = (UnsafePickleError, RemoteStorageError)
+    if label is None or not isinstance(exc, named_here) or exc.sample is not None:
         return exc
     text = str(exc.args[0]) if exc.args else ""
     before = _where(exc.path, exc.offset, None)

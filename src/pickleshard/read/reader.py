@@ -49,7 +49,7 @@ from ..safety import AllowlistFindClass
 from ..scan import ScanResult
 from .failures import changed, damaged, named
 from .items import ArrayItems
-from .plan import FORKS, ITEM, ReaderStats, ReadPlan
+from .plan import FORKS, INT, ITEM, ReaderStats, ReadPlan
 from .planner import compile_plan, make_loader, settle_plan
 from .spans import SLOW, SpanFields
 
@@ -318,12 +318,21 @@ class SpanReader:
         plan = self._plan
         if plan is None:
             plan = self._plan = self._settle()
+        if self._fd < 0:  # no descriptor (remote): the batch's ranges go out together
+            self.source.prefetch(self._ranges(plan, items))
         if len(items) < BATCH_READ_MIN or not plan.by_field:
             return self._each(plan, items, labels)
         out = self._by_field(plan, items, labels)
         if self.verify:  # after the reads: a write that raced them has stamped the file by now
             self._check_same(labels)
         return out
+
+    def _ranges(self, plan: ReadPlan, items: list[int]) -> list[tuple[int, int]]:
+        """The ``(offset, n)`` of samples ``items`` in every field not read from an int
+        column (that column is read once, whole)."""
+        fields = [f for f, how in enumerate(plan.hows) if how != INT]
+        starts, ends = self.scan.starts[items][:, fields], self.scan.ends[items][:, fields]
+        return list(zip(starts.ravel().tolist(), (ends - starts).ravel().tolist(), strict=True))
 
     def _execute(self, plan: ReadPlan, i: int, label: int) -> tuple[Any, ...]:
         """Sample ``i`` read by ``plan`` in Python (the reference of the compiled reads)."""
