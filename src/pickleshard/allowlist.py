@@ -19,7 +19,9 @@ __all__ = [
     "Verdict",
     "classify_global",
     "parse_allow_globals",
+    "preset_for",
     "preset_globals",
+    "preset_names",
 ]
 
 _BUILTINS: tuple[str, ...] = (
@@ -239,3 +241,8 @@ def preset_globals(names: str | Iterable[str]) -> frozenset[tuple[str, str]]:
 def preset_for(module: str, name: str) -> str | None:
     """The preset that admits global ``module.name``, if one does."""
     return next((p for p, names in PRESETS.items() if (module, name) in names), None)
+
+
+def preset_names(allow: str | Iterable[str]) -> list[str]:
+    """``allow`` (one preset name or several) as ``allow_globals`` entries."""
+    return [f"{m}:{n}" for m, n in sorted(preset_globals(allow))]

@@ -20,10 +20,11 @@ try:  # a real torch Dataset when torch is there (isinstance checks, typing); pl
 except ImportError:  # pragma: no cover - exercised only without torch
     _DatasetBase = object  # type: ignore[assignment,misc]
 
+from .allowlist import preset_names
 from .bounds import DEFAULT_MAX_DEPTH, DEFAULT_MAX_SAMPLE_BYTES, check_sample
 from .errors import NotSpanIndexableError
 from .index import Rebuild, SkippedFilesWarning, open_index
-from .producers.openaudit import audit_dataset_source, preset_names
+from .producers.openaudit import audit_dataset_source
 from .read import SpanFiles
 from .safety import UnpicklePolicy
 from .scan.layouts import DecodedLayout

@@ -22,7 +22,6 @@ import io
 import json
 import os
 from collections import Counter
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -242,10 +241,3 @@ def audit_dataset_source(
     resolved = resolve_source(source)
     index_dir = Path(index) if index is not None else default_index_path(resolved)
     audit_source(resolved, index_dir, policy)
-
-
-def preset_names(allow: str | Iterable[str]) -> list[str]:
-    """``allow`` (one preset name or several) as ``allow_globals`` entries."""
-    from ..allowlist import preset_globals
-
-    return [f"{m}:{n}" for m, n in sorted(preset_globals(allow))]
