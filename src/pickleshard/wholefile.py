@@ -26,7 +26,7 @@ from .gcpause import paused_gc
 from .io import ByteSource, open_reader, open_source
 from .picklekit.memoids import check_memo_ids
 from .producers.foreign import foreign_records, unwrap_tables
-from .producers.python2 import python2_error
+from .producers.python2 import is_python2_str, python2_error
 from .safety import DEFAULT_POLICY, UnpicklePolicy, guard_misuse
 from .scan.layouts import DecodedLayout, decode_records
 
@@ -148,9 +148,9 @@ def _load_one(fh: IO[bytes], where: str, size: int, policy: UnpicklePolicy) -> A
             "a length or memo id in the pickle starting here needs more memory than is available",
             offset=start,
         ) from None
-    except UnicodeDecodeError as exc:  # a Python 2 str: say which encoding to pass
-        raise python2_error(where, exc, policy.encoding, offset=start) from None
     except Exception as exc:  # the unpickler raises many types on bad bytes
+        if isinstance(exc, UnicodeDecodeError) and is_python2_str(exc):  # say what to pass
+            raise python2_error(where, exc, policy.encoding, offset=start) from None
         offset = fh.tell()
         misuse = guard_misuse(exc, where, None)
         if misuse is not None:

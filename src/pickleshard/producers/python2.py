@@ -12,9 +12,19 @@ from __future__ import annotations
 
 from ..errors import TextEncodingError
 
-__all__ = ["PYTHON2_HINT", "python2_error"]
+__all__ = ["PYTHON2_HINT", "is_python2_str", "python2_error"]
 
 PYTHON2_HINT = "written by Python 2? pass encoding='latin1' (numpy arrays) or 'bytes'"
+
+
+def is_python2_str(exc: BaseException) -> bool:
+    """Whether ``exc`` is a Python 2 ``str`` failing to decode with the encoding given: a
+    ``UnicodeDecodeError`` in any codec but UTF-8 (a ``BINUNICODE`` string, always UTF-8,
+    that does not decode is damage, not Python 2)."""
+    return isinstance(exc, UnicodeDecodeError) and exc.encoding.lower().replace("-", "") not in (
+        "utf8",
+        "utf8surrogatepass",
+    )
 
 
 def python2_error(
@@ -30,7 +40,8 @@ def python2_error(
     bad = exc.object[exc.start : exc.start + 1] if isinstance(exc.object, bytes) else b""
     return TextEncodingError(
         path,
-        f"a str in the pickle does not decode as {encoding} ({exc.reason}, byte {bad!r}): "
+        f"UnicodeDecodeError: a str in the pickle does not decode as {encoding} "
+        f"({exc.reason}, byte {bad!r}): "
         f"{PYTHON2_HINT} (CLI: --encoding latin1)",
         offset=offset,
         sample=sample,
