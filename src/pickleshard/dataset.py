@@ -119,7 +119,7 @@ class PickleDataset(_DatasetBase[Any]):
             max_depth=max_depth,
         )
         if audit:  # every refused global, at once, before any is met in a read
-            audit_dataset_source(source, index, self.policy)
+            audit_dataset_source(source, index, self.policy, jobs)
         self.index, self.source = open_index(
             source,
             index=index,

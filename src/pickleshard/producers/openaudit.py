@@ -27,6 +27,7 @@ from typing import Any
 
 from ..allowlist import PRESETS, classify_global
 from ..errors import PickleshardError, UnsafePickleError
+from ..index.executor import local_executor
 from ..io import open_source
 from ..picklekit.audit import audit_buffer
 from ..safety import UnpicklePolicy
@@ -143,20 +144,27 @@ def _stamp(path: Path) -> list[int] | None:
 
 
 def _cached_globals(
-    resolved: ResolvedSource, index_dir: Path, policy: UnpicklePolicy
+    resolved: ResolvedSource, index_dir: Path, policy: UnpicklePolicy, jobs: int | None
 ) -> dict[str, dict[GlobalKey, int]]:
     cache_path = index_dir / CACHE_NAME
     cache = _load_cache(cache_path)
     out: dict[str, dict[GlobalKey, int]] = {}
-    fresh: dict[str, Any] = {}
-    for rel in resolved.files:
-        stamp = _stamp(resolved.absolute(rel))
+    stamps = {rel: _stamp(resolved.absolute(rel)) for rel in resolved.files}
+    walk = []
+    for rel, stamp in stamps.items():
         got = cache.get(rel)
         if stamp is not None and isinstance(got, list) and len(got) == 4 and got[:3] == stamp:
-            keys = {(str(m), str(n)): int(at) for m, n, at in got[3]}
+            out[rel] = {(str(m), str(n)): int(at) for m, n, at in got[3]}
         else:
-            keys = file_globals(resolved.absolute(rel), policy)
-        out[rel] = keys
+            walk.append(rel)
+    # the walk is Python (about 1.4 us an opcode): files in parallel, as the index build does
+    n_jobs = jobs if jobs is not None else min(os.cpu_count() or 1, 8)
+    tasks = [(os.fspath(resolved.absolute(rel)), policy) for rel in walk]
+    for k, keys in local_executor(n_jobs, len(tasks)).run(file_globals, tasks):
+        out[walk[k]] = keys
+    fresh: dict[str, Any] = {}
+    for rel, stamp in stamps.items():
+        keys = out[rel]
         fresh[rel] = [*(stamp or [-1, -1, -1]), sorted([m, n, at] for (m, n), at in keys.items())]
     if fresh != cache:
         _save_cache(cache_path, fresh)
@@ -203,14 +211,15 @@ def refusal_message(refused: dict[GlobalKey, list[str]], n_files: int) -> str:
 
 
 def audit_source(
-    resolved: ResolvedSource, index_dir: Path, policy: UnpicklePolicy
+    resolved: ResolvedSource, index_dir: Path, policy: UnpicklePolicy, jobs: int | None = None
 ) -> dict[GlobalKey, list[str]]:
     """Raise one :class:`UnsafePickleError` naming every global the files of ``resolved``
     need that ``policy`` refuses (with file counts and what to pass); returns the (empty)
-    refusals otherwise. Nothing is checked when ``policy.trusted``."""
+    refusals otherwise. Nothing is checked when ``policy.trusted``. Files not walked before
+    (or changed since) are walked in at most ``jobs`` processes (default: CPUs, at most 8)."""
     if policy.trusted:
         return {}
-    per_file = _cached_globals(resolved, index_dir, policy)
+    per_file = _cached_globals(resolved, index_dir, policy, jobs)
     refused: dict[GlobalKey, list[str]] = {}
     first: tuple[str, int] | None = None  # the file (and offset) the error is about
     for rel, keys in per_file.items():
@@ -229,7 +238,10 @@ def audit_source(
 
 
 def audit_dataset_source(
-    source: Any, index: str | os.PathLike[str] | None, policy: UnpicklePolicy
+    source: Any,
+    index: str | os.PathLike[str] | None,
+    policy: UnpicklePolicy,
+    jobs: int | None = None,
 ) -> None:
     """:func:`audit_source` for what :class:`~pickleshard.PickleDataset` takes (``source``,
     ``index``): the call dataset opening makes."""
@@ -240,4 +252,4 @@ def audit_dataset_source(
 
     resolved = resolve_source(source)
     index_dir = Path(index) if index is not None else default_index_path(resolved)
-    audit_source(resolved, index_dir, policy)
+    audit_source(resolved, index_dir, policy, jobs)
