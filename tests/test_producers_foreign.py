@@ -264,3 +264,26 @@ def test_trusted_skips_the_audit(tmp_path: Path) -> None:
 def test_unknown_preset_names_the_presets(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown allow preset 'panda'; the presets are pandas"):
         PickleDataset(tmp_path, allow="panda")
+
+
+def test_audit_walks_a_joblib_files_pickle_part(tmp_path: Path) -> None:
+    from collections import Counter
+
+    (tmp_path / "d").mkdir()
+    joblib.dump({"X": _xy()[0], "c": Counter("ab"), "u": Unlisted(1)}, tmp_path / "d" / "j.pkl")
+    with pytest.raises(UnsafePickleError) as info:
+        PickleDataset(tmp_path / "d", jobs=1)
+    text = str(info.value)
+    assert "collections.Counter (not allowed) in 1 file" in text
+    assert f"{__name__}.Unlisted (not allowed) in 1 file" in text
+    assert "NumpyArrayWrapper" not in text  # the readers handle the wrapper themselves
+
+
+@pytest.mark.parametrize("compress", [0, 3])
+def test_inspect_says_a_joblib_file_is_one(tmp_path: Path, compress: int) -> None:
+    from pickleshard.errors import CorruptPickleError
+    from pickleshard.inspection import inspect_file
+
+    joblib.dump(_xy(), tmp_path / "xy.pkl", compress=compress)
+    with pytest.raises(CorruptPickleError, match=r"a joblib.dump file \(joblib"):
+        inspect_file(tmp_path / "xy.pkl")

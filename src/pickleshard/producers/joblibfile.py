@@ -35,6 +35,7 @@ from typing import IO, Any
 import numpy as np
 
 from ..errors import (
+    CorruptPickleError,
     MissingDependencyError,
     NotSpanIndexableError,
     PickleshardError,
@@ -46,7 +47,14 @@ from ..safety import UnpicklePolicy
 from ..scan.layouts import default_field_names
 from ..scan.model import ArrayRow, ScanResult
 
-__all__ = ["JoblibKind", "joblib_kind", "load_joblib", "scan_joblib", "sniff_joblib"]
+__all__ = [
+    "JoblibKind",
+    "joblib_kind",
+    "joblib_note",
+    "load_joblib",
+    "scan_joblib",
+    "sniff_joblib",
+]
 
 WRAPPER = ("joblib.numpy_pickle", "NumpyArrayWrapper")
 SNIFF_BYTES = 1 << 16  # the first wrapper is written before the first array's data
@@ -88,6 +96,21 @@ def sniff_joblib(head: bytes) -> JoblibKind:
 def joblib_kind(source: ByteSource) -> JoblibKind:
     """:func:`sniff_joblib` of an open source's first bytes."""
     return sniff_joblib(source.read_at(0, min(SNIFF_BYTES, source.size)))
+
+
+def joblib_note(exc: CorruptPickleError, source: ByteSource) -> CorruptPickleError:
+    """``exc`` (a pickle walk's error on ``source``), or, when the file is a ``joblib.dump``
+    file, the error that says so (its arrays are raw bytes, not opcodes)."""
+    kind = joblib_kind(source)
+    if not kind:
+        return exc
+    return type(exc)(
+        source.name,
+        f"a joblib.dump file ({kind}): each array's raw bytes follow its wrapper in the stream, "
+        "so it is not a plain pickle; PickleDataset reads it (arrays by rows in place when "
+        "uncompressed; see docs/producers.md), joblib.load loads it",
+        offset=exc.offset,
+    )
 
 
 class _Wrapper:

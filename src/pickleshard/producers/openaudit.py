@@ -186,7 +186,7 @@ def refusal_message(refused: dict[GlobalKey, list[str]], n_files: int) -> str:
     hints = []
     presets = Counter(p for k in refused for p, names in PRESETS.items() if k in names)
     for p in presets:
-        hints.append(_KNOWN.get(p, f"allow='{p}'"))
+        hints.append(f"{_KNOWN.get(p, f'allow={p!r}')} (CLI: --allow {p})")
     rest = [k for k in order if not any(k in names for names in PRESETS.values())]
     dangerous = [k for k in rest if classify_global(*k) == "dangerous"]
     plain = [k for k in rest if k not in dangerous]
