@@ -287,3 +287,14 @@ def test_inspect_says_a_joblib_file_is_one(tmp_path: Path, compress: int) -> Non
     joblib.dump(_xy(), tmp_path / "xy.pkl", compress=compress)
     with pytest.raises(CorruptPickleError, match=r"a joblib.dump file \(joblib"):
         inspect_file(tmp_path / "xy.pkl")
+
+
+def test_a_damaged_audit_cache_is_walked_again(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    with open(tmp_path / "d" / "a.pkl", "wb") as fh:
+        pickle.dump(([1, 2], [Unlisted(1), 2]), fh)
+    cache = tmp_path / "d" / ".pickleshard" / openaudit.CACHE_NAME
+    cache.parent.mkdir()
+    cache.write_text('{"version": 2, "files": {"a.pkl": [1, 2, 3, [["x"]]]}}')
+    with pytest.raises(UnsafePickleError, match="Unlisted"):
+        PickleDataset(tmp_path / "d", jobs=1)

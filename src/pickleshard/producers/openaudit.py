@@ -37,7 +37,7 @@ from .joblibfile import WRAPPER, _Structure, joblib_kind
 __all__ = ["CACHE_NAME", "audit_source", "file_globals", "refusal_message"]
 
 CACHE_NAME = "audit.json"
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2
 GlobalKey = tuple[str, str]
 
 _KNOWN: dict[str, str] = {
@@ -143,6 +143,21 @@ def _stamp(path: Path) -> list[int] | None:
     return [st.st_size, st.st_mtime_ns, st.st_ino]
 
 
+def _entry(got: Any) -> dict[GlobalKey, int] | None:
+    """A cached file's globals, or None for an entry that is not what this version writes (the
+    cache is ours, but a damaged or older one is walked again, never trusted)."""
+    if not (isinstance(got, list) and len(got) == 4 and isinstance(got[3], list)):
+        return None
+    out: dict[GlobalKey, int] = {}
+    for g in got[3]:
+        if not (isinstance(g, list) and len(g) == 3 and all(type(x) is str for x in g[:2])):
+            return None
+        if type(g[2]) is not int:
+            return None
+        out[(g[0], g[1])] = g[2]
+    return out
+
+
 def _cached_globals(
     resolved: ResolvedSource, index_dir: Path, policy: UnpicklePolicy, jobs: int | None
 ) -> dict[str, dict[GlobalKey, int]]:
@@ -153,8 +168,9 @@ def _cached_globals(
     walk = []
     for rel, stamp in stamps.items():
         got = cache.get(rel)
-        if stamp is not None and isinstance(got, list) and len(got) == 4 and got[:3] == stamp:
-            out[rel] = {(str(m), str(n)): int(at) for m, n, at in got[3]}
+        kept = _entry(got) if stamp is not None and got is not None else None
+        if kept is not None and isinstance(got, list) and got[:3] == stamp:
+            out[rel] = kept
         else:
             walk.append(rel)
     # the walk is Python (about 1.4 us an opcode): files in parallel, as the index build does
