@@ -13,7 +13,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Literal
 
-__all__ = ["ALLOWED_GLOBALS", "Verdict", "classify_global", "parse_allow_globals"]
+__all__ = [
+    "ALLOWED_GLOBALS",
+    "PRESETS",
+    "Verdict",
+    "classify_global",
+    "parse_allow_globals",
+    "preset_for",
+    "preset_globals",
+    "preset_names",
+]
 
 _BUILTINS: tuple[str, ...] = (
     "list",
@@ -144,3 +153,96 @@ def parse_allow_globals(names: Iterable[str]) -> frozenset[tuple[str, str]]:
             raise ValueError(f"allow_globals entries look like 'module.name', got {text!r}")
         out.add((module, name))
     return frozenset(out)
+
+
+# Named presets (``allow="pandas"``): the globals one producer's files need, vetted one by one:
+# each rebuilds a data container from its parts (arrays, dtypes, index labels) and none
+# imports, evaluates or opens anything. Kept short on purpose: a name joins only once a real
+# file of that producer needs it (tests/test_producers_*.py build those files).
+_PANDAS_CORE = [
+    "DataFrame",
+    "Series",
+    "Index",
+    "RangeIndex",
+    "MultiIndex",
+    "DatetimeIndex",
+    "TimedeltaIndex",
+    "CategoricalIndex",
+    "Categorical",
+    "CategoricalDtype",
+    "StringDtype",
+    "Int8Dtype",
+    "Int16Dtype",
+    "Int32Dtype",
+    "Int64Dtype",
+    "UInt8Dtype",
+    "UInt16Dtype",
+    "UInt32Dtype",
+    "UInt64Dtype",
+    "Float32Dtype",
+    "Float64Dtype",
+    "BooleanDtype",
+    "DatetimeTZDtype",
+    "Timestamp",
+    "Timedelta",
+]
+_PANDAS: tuple[tuple[str, str], ...] = (
+    *(("pandas", n) for n in _PANDAS_CORE),
+    *(
+        ("pandas.arrays", n)
+        for n in (
+            "ArrowStringArray",
+            "StringArray",
+            "DatetimeArray",
+            "TimedeltaArray",
+            "IntegerArray",
+            "FloatingArray",
+            "BooleanArray",
+        )
+    ),
+    ("pandas.core.internals.managers", "BlockManager"),
+    ("pandas.core.internals.managers", "SingleBlockManager"),
+    ("pandas._libs.internals", "_unpickle_block"),
+    ("pandas._libs.arrays", "__pyx_unpickle_NDArrayBacked"),
+    ("pandas.core.indexes.base", "_new_Index"),
+    ("pandas.core.indexes.datetimes", "_new_DatetimeIndex"),
+    *(("pandas._libs.tslibs.offsets", n) for n in ("Day", "Hour", "Minute", "Second")),
+    # pandas >= 3 stores str columns as Arrow arrays: rebuilt from a type alias and buffers
+    ("pyarrow.lib", "_restore_array"),
+    ("pyarrow.lib", "type_for_alias"),
+    ("pyarrow.lib", "py_buffer"),
+)
+PRESETS: dict[str, frozenset[tuple[str, str]]] = {
+    "pandas": frozenset(_PANDAS),
+    # dill writes every ndarray as _create_array(f, args, state): it calls f (a global the
+    # allowlist already vetted) and sets the array's state; it names nothing itself.
+    "dill": frozenset({("dill._dill", "_create_array")}),
+    "pil": frozenset({("PIL.Image", "Image")}),
+    "scipy.sparse": frozenset(
+        ("scipy.sparse._" + kind, kind + "_" + what)
+        for kind in ("csr", "csc", "coo", "bsr", "dia", "lil", "dok")
+        for what in ("matrix", "array")
+    ),
+}
+"""Named allowlist extensions (``allow=["pandas"]``): see ``docs/producers.md``."""
+
+
+def preset_globals(names: str | Iterable[str]) -> frozenset[tuple[str, str]]:
+    """The globals of the named presets (one name or several); ``ValueError`` naming the
+    known presets for an unknown one."""
+    out: set[tuple[str, str]] = set()
+    for name in [names] if isinstance(names, str) else list(names):
+        if name not in PRESETS:
+            raise ValueError(f"unknown allow preset {name!r}; the presets are {', '.join(PRESETS)}")
+        out |= PRESETS[name]
+    return frozenset(out)
+
+
+def preset_for(module: str, name: str) -> str | None:
+    """The preset that admits global ``module.name``, if one does."""
+    return next((p for p, names in PRESETS.items() if (module, name) in names), None)
+
+
+def preset_names(allow: str | Iterable[str]) -> list[str]:
+    """``allow`` (one preset name or several) as ``allow_globals`` entries."""
+    return [f"{m}:{n}" for m, n in sorted(preset_globals(allow))]

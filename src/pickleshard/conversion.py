@@ -37,7 +37,7 @@ import errno
 import json
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,12 +47,18 @@ from tqdm.auto import tqdm
 
 from ._version import __version__
 from .convertparts import PartJob, run_parts
-from .errors import OutputExistsError, OutputSpaceError, PickleshardError
+from .errors import (
+    OutputExistsError,
+    OutputSpaceError,
+    PickleshardError,
+    UnencodableValueError,
+)
 from .formats import Format, PartResult, PartSpec, WriteOptions, get_format
 from .formats.base import DESCRIPTOR_NAME, FORMAT_NAME, FORMAT_VERSION, HASHES_NAME
 from .formats.files import NO_SPACE, NpyWriter, atomic_write_json
 from .formats.staging import Staging
 from .index.executor import ExecutorLike, executor_session
+from .producers.plain import TRANSFORM_HINT, ConvertTransform
 from .sources import Source
 
 if TYPE_CHECKING:
@@ -117,6 +123,8 @@ def source_dataset(
     encoding: str = "ASCII",
     jobs: int | None = None,
     progress: bool = False,
+    allow: str | Iterable[str] = (),
+    transform: Callable[[Any], Any] | None = None,
 ) -> PickleDataset:
     """``source`` as a :class:`~pickleshard.PickleDataset` that keeps one decoded file at a time.
 
@@ -133,10 +141,13 @@ def source_dataset(
             rebuild="auto",
             trusted=trusted,
             allow_globals=allow_globals,
+            allow=allow,
             encoding=encoding,
             jobs=jobs,
             progress=progress,
         )
+    # then convert's transform=, then PIL images and sparse matrices as arrays (producers.plain)
+    ds.transform = ConvertTransform(ds.transform, transform)
     ds.cache_bytes = 0  # conversion reads files in order: one decoded file per process suffices
     return ds
 
@@ -289,8 +300,19 @@ def convert(
     overwrite: bool = False,
     row_group_rows: int | None = None,
     executor: ExecutorLike = None,
+    allow: str | Iterable[str] = (),
+    transform: Callable[[Any], Any] | None = None,
 ) -> ConvertReport:
     """Convert ``source`` to format ``to`` in directory ``out``; see the module docstring.
+
+    ``allow`` names allowlist presets as :class:`~pickleshard.PickleDataset` takes them (the
+    source's files are audited when it opens: every refused global is reported at once).
+    ``transform``, a callable from a sample tuple to a sample tuple, runs on each sample before
+    it is encoded (after the dataset's own ``transform``); then PIL images become ``uint8``
+    arrays and scipy sparse matrices ``(data, indices, indptr, shape)``
+    (:mod:`pickleshard.producers.plain`). A value no format can store raises
+    :class:`~pickleshard.errors.UnencodableValueError` naming the field, which suggests
+    ``transform``. Resume with the same ``transform``: the manifest cannot tell them apart.
 
     ``source`` is what :class:`~pickleshard.PickleDataset` takes (directory, glob, file list)
     or a PickleDataset (its ``trusted``/``allow_globals``/``encoding`` then apply; samples are
@@ -336,6 +358,8 @@ def convert(
         encoding=encoding,
         jobs=jobs,
         progress=progress,
+        allow=allow,
+        transform=transform,
     )
     identity = _identity(ds, fmt, shard_bytes)
     files = ds.index.files
@@ -359,6 +383,9 @@ def convert(
                     progress,
                     executor,
                 )
+            except UnencodableValueError as exc:
+                exc.args = (f"{exc.args[0]}; {TRANSFORM_HINT}",)  # the way out, said once here
+                raise
             except OSError as exc:
                 if isinstance(exc, PickleshardError) or exc.errno not in NO_SPACE:
                     raise

@@ -20,9 +20,11 @@ try:  # a real torch Dataset when torch is there (isinstance checks, typing); pl
 except ImportError:  # pragma: no cover - exercised only without torch
     _DatasetBase = object  # type: ignore[assignment,misc]
 
+from .allowlist import preset_names
 from .bounds import DEFAULT_MAX_DEPTH, DEFAULT_MAX_SAMPLE_BYTES, check_sample
 from .errors import NotSpanIndexableError, RemoteStorageError
 from .index import Rebuild, SkippedFilesWarning, open_index
+from .producers.openaudit import audit_dataset_source
 from .read import SpanFiles
 from .read.failures import named
 from .remotesources import use_storage_options
@@ -44,7 +46,7 @@ class PickleDataset(_DatasetBase[Any]):
     """Samples of every pickle file under ``source``, by global index.
 
     ``source`` is a directory (searched recursively for ``*.pkl``, ``*.pickle``, ``*.pk``,
-    ``*.p``), a glob, or a list of files. The index is opened from ``index`` (default
+    ``*.p``), a glob (``"data/**/data_batch_*"``: files of any name), or a list of files. The index is opened from ``index`` (default
     ``DIR/.pickleshard``), built when missing, and checked against the files: see
     :func:`pickleshard.open_index` for ``rebuild``. ``skip_bad=True`` builds it leaving out bad
     files (see :func:`pickleshard.build_index`); a dataset over an index that skipped files
@@ -66,7 +68,14 @@ class PickleDataset(_DatasetBase[Any]):
     torch tensors; see :mod:`pickleshard.safety`): anything else raises
     :class:`~pickleshard.errors.UnsafePickleError` naming the global and the file (and, in span
     reads, the sample's index in the dataset). ``trusted=True`` lifts the restriction,
-    ``allow_globals=["module.name"]`` extends it. ``encoding`` is as in :func:`pickle.load`.
+    ``allow_globals=["module.name"]`` extends it, ``allow="pandas"`` (or ``"dill"``,
+    ``"pil"``, ``"scipy.sparse"``, or a list of them) adds a vetted preset
+    (:data:`pickleshard.allowlist.PRESETS`). Opening audits every file's globals first
+    (opcodes only) and raises one :class:`~pickleshard.errors.UnsafePickleError` listing every
+    refused global with its file count and what to pass (:mod:`pickleshard.producers.openaudit`;
+    ``audit=False`` skips it: refusals then come at the read that meets them).
+    ``encoding`` is as in :func:`pickle.load`: Python 2 pickles need ``"latin1"`` (numpy
+    arrays) or ``"bytes"`` (a :class:`~pickleshard.errors.TextEncodingError` says so).
     A sample that decodes to more than ``max_sample_bytes`` or nests deeper than ``max_depth``
     raises :class:`~pickleshard.errors.SampleLimitError` naming the file and the sample before
     it is handed out (None lifts a bound; see :mod:`pickleshard.bounds`).
@@ -95,6 +104,7 @@ class PickleDataset(_DatasetBase[Any]):
         transform: Callable[[Sample], Any] | None = None,
         trusted: bool = False,
         allow_globals: Iterable[str] = (),
+        allow: str | Iterable[str] = (),
         encoding: str = "ASCII",
         jobs: int | None = None,
         progress: bool = False,
@@ -103,6 +113,7 @@ class PickleDataset(_DatasetBase[Any]):
         max_sample_bytes: int | None = DEFAULT_MAX_SAMPLE_BYTES,
         max_depth: int | None = DEFAULT_MAX_DEPTH,
         storage_options: Mapping[str, Any] | None = None,
+        audit: bool = True,
     ) -> None:
         self.storage_options = storage_options  # for a URL (s3://...): see docs/remote.md
         use_storage_options(source, storage_options)
@@ -111,11 +122,13 @@ class PickleDataset(_DatasetBase[Any]):
             raise ValueError(f"mode must be 'auto', 'span' or 'whole', got {mode!r}")
         self.policy = UnpicklePolicy.from_args(
             trusted=trusted,
-            allow_globals=allow_globals,
+            allow_globals=[*allow_globals, *preset_names(allow)],
             encoding=encoding,
             max_sample_bytes=max_sample_bytes,
             max_depth=max_depth,
         )
+        if audit:  # every refused global, at once, before any is met in a read
+            audit_dataset_source(source, index, self.policy, jobs)
         self.index, self.source = open_index(
             source,
             index=index,

@@ -39,6 +39,7 @@ __all__ = [
     "SampleTooDeepError",
     "SampleTooLargeError",
     "StaleIndexError",
+    "TextEncodingError",
     "TruncatedPickleError",
     "UnencodableValueError",
     "UnreadableFileError",
@@ -124,16 +125,20 @@ class DatasetNotFoundError(PickleshardError, FileNotFoundError):
 class NoPickleFilesError(PickleshardError, FileNotFoundError):
     """The source exists but holds no pickle files."""
 
-    def __init__(self, source: str | os.PathLike[str], patterns: Iterable[str]) -> None:
+    def __init__(
+        self, source: str | os.PathLike[str], patterns: Iterable[str], found: str = ""
+    ) -> None:
         self.path = os.fspath(source)
         self.patterns = tuple(patterns)
+        self.found = found  # what the directory holds instead, and what to pass (sources.py)
         super().__init__(
             f"{self.path}: no pickle files found; expected files matching "
             + ", ".join(self.patterns)
+            + (f"; {found}" if found else "")
         )
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.path, self.patterns))
+        return (type(self), (self.path, self.patterns, self.found))
 
 
 class UnreadableFileError(FileProblem, OSError):
@@ -163,6 +168,11 @@ class EmptyPickleError(CorruptPickleError):
 
 class NotAPickleError(CorruptPickleError):
     """The file does not start with a pickle opcode stream (text, zip, noise...)."""
+
+
+class TextEncodingError(CorruptPickleError):
+    """A ``str`` in the pickle does not decode with the ``encoding`` given (``"ASCII"`` by
+    default): the file was written by Python 2, whose ``str`` is bytes."""
 
 
 class TruncatedPickleError(CorruptPickleError):

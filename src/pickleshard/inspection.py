@@ -34,6 +34,7 @@ import numpy as np
 from .allowlist import parse_allow_globals
 from .bounds import DEFAULT_MAX_DEPTH, measure
 from .errors import (
+    CorruptPickleError,
     FileProblem,
     NotSpanIndexableError,
     PickleshardError,
@@ -47,6 +48,7 @@ from .picklekit.externals import ExternalMemos, MemoShifts
 from .picklekit.inert import InspectUnpickler, NotInspectable
 from .picklekit.spanfile import SpanFile
 from .picklekit.standins import ArraySpec, Refusals
+from .producers.joblibfile import joblib_note
 from .scan import ScanResult, scan_file
 from .scan.layouts import decode_layout, decode_records
 from .scanio import scan_buffer
@@ -232,7 +234,10 @@ def inspect_file(
     t0 = time.perf_counter()
     with open_source(name) as source:  # its map (the buffer) closes with it
         buf, size = scan_buffer(source), source.size
-        audit = audit_buffer(buf, size, name)
+        try:
+            audit = audit_buffer(buf, size, name)
+        except CorruptPickleError as exc:  # a joblib.dump file says so
+            raise joblib_note(exc, source) from None
         reader = _Reader(buf, audit.protocol, encoding)
         report = _report(name, buf, audit, reader, encoding, max(samples, 0), check_all)
     report.globals = audit.globals(extra)

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from .allowlist import ALLOWED_GLOBALS, classify_global, parse_allow_globals
+from .allowlist import ALLOWED_GLOBALS, classify_global, parse_allow_globals, preset_for
 from .bounds import DEFAULT_MAX_DEPTH, DEFAULT_MAX_SAMPLE_BYTES, check_sample
 from .errors import UnsafePickleError
 from .guards import BUILD_WHY, GuardedCallable, GuardedClass, guard_global
@@ -48,12 +48,17 @@ def _refusal(
     module: str, name: str, path: str, offset: int | None, sample: int | None
 ) -> UnsafePickleError:
     verdict = classify_global(module, name)
+    preset = preset_for(module, name)  # a known producer's: its whole preset, not one global
+    way = (
+        f"allow its producer's vetted preset with allow='{preset}' (CLI: --allow {preset})"
+        if preset
+        else f"allow just this global with allow_globals=['{module}.{name}'] "
+        f"(CLI: --allow-global {module}.{name})"
+    )
     return UnsafePickleError(
         path,
         f"refuses to load global {module}.{name} ({verdict}); only allowlisted globals load "
-        f"by default. If you trust this file, pass trusted=True (CLI: --trusted), or allow "
-        f"just this global with allow_globals=['{module}.{name}'] "
-        f"(CLI: --allow-global {module}.{name})",
+        f"by default. If you trust this file, pass trusted=True (CLI: --trusted), or {way}",
         offset=offset,
         sample=sample,
     )

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import DatasetNotFoundError, NoPickleFilesError, NotRegularFileError
+from .producers.found import describe_directory
 from .remotesources import is_url, resolve_url, resolve_urls
 
 __all__ = ["PICKLE_PATTERNS", "ResolvedSource", "Source", "check_regular_file", "resolve_source"]
@@ -107,7 +108,8 @@ def resolve_source(source: Source) -> ResolvedSource:
         if path.is_dir():
             files = _scan_directory(path)
             if not files:
-                raise NoPickleFilesError(path, PICKLE_PATTERNS)
+                found = describe_directory(path, INDEX_DIRNAME)
+                raise NoPickleFilesError(path, PICKLE_PATTERNS, found)
             root = path.resolve()
             # Relative to the directory as walked, not to resolved targets: a symlinked file
             # keeps its own name (and a dangling one is reported by that name).

@@ -25,6 +25,8 @@ from .fileidentity import FileIdentity
 from .gcpause import paused_gc
 from .io import ByteSource, open_reader, open_source
 from .picklekit.memoids import check_memo_ids
+from .producers.foreign import foreign_records, unwrap_tables
+from .producers.python2 import is_python2_str, python2_error
 from .safety import DEFAULT_POLICY, UnpicklePolicy, guard_misuse
 from .scan.layouts import DecodedLayout, decode_records
 
@@ -147,6 +149,8 @@ def _load_one(fh: IO[bytes], where: str, size: int, policy: UnpicklePolicy) -> A
             offset=start,
         ) from None
     except Exception as exc:  # the unpickler raises many types on bad bytes
+        if isinstance(exc, UnicodeDecodeError) and is_python2_str(exc):  # say what to pass
+            raise python2_error(where, exc, policy.encoding, offset=start) from None
         offset = fh.tell()
         misuse = guard_misuse(exc, where, None)
         if misuse is not None:
@@ -180,5 +184,7 @@ def load_layout(
     """Unpickle every pickle of ``path`` and return its samples as columns (see
     :func:`pickleshard.scan.layouts.decode_records`: one pickle, or several appended ones);
     ``check_memo`` and ``identity`` as in :func:`load_records`."""
-    records = load_records(path, policy, check_memo=check_memo, identity=identity)
-    return decode_records(records, path)
+    records = foreign_records(path, policy, identity)  # joblib.dump files, by their bytes
+    if records is None:
+        records = load_records(path, policy, check_memo=check_memo, identity=identity)
+    return decode_records(unwrap_tables(records, path), path)  # DataFrame/Series: rows

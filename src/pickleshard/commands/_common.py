@@ -8,6 +8,7 @@ import re
 import sys
 from typing import Any
 
+from ..allowlist import preset_names
 from ..safety import UnpicklePolicy
 
 __all__ = [
@@ -91,7 +92,16 @@ def add_safety_flags(p: argparse.ArgumentParser) -> None:
         metavar="MODULE.NAME",
         help="also allow this global (repeatable)",
     )
-    g.add_argument("--encoding", default="ASCII", help="text encoding for Python 2 pickles")
+    g.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="PRESET",
+        help="also allow a vetted preset: pandas, dill, pil, scipy.sparse (repeatable)",
+    )
+    g.add_argument(
+        "--encoding", default="ASCII", help="text encoding: latin1 or bytes for Python 2 pickles"
+    )
     add_storage_flags(p)
 
 
@@ -137,15 +147,20 @@ def apply_storage_options(args: argparse.Namespace) -> None:
 
 def policy_from_args(args: argparse.Namespace) -> UnpicklePolicy:
     return UnpicklePolicy.from_args(
-        trusted=args.trusted, allow_globals=args.allow_global, encoding=args.encoding
+        trusted=args.trusted, allow_globals=_allowed(args), encoding=args.encoding
     )
+
+
+def _allowed(args: argparse.Namespace) -> list[str]:
+    """``--allow-global`` names and the globals of the ``--allow`` presets."""
+    return [*args.allow_global, *preset_names(getattr(args, "allow", []))]
 
 
 def safety_kwargs(args: argparse.Namespace) -> dict[str, object]:
     """The ``trusted``/``allow_globals``/``encoding`` keywords of the Python API."""
     return {
         "trusted": args.trusted,
-        "allow_globals": list(args.allow_global),
+        "allow_globals": _allowed(args),
         "encoding": args.encoding,
     }
 

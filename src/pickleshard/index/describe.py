@@ -24,6 +24,7 @@ import numpy as np
 from ..errors import NotSpanIndexableError
 from ..io import open_source
 from ..picklekit.memoids import check_memo_ids
+from ..producers.foreign import foreign_scan
 from ..safety import DEFAULT_POLICY, UnpicklePolicy
 from ..scan import ScanResult, scan_file
 from ..wholecache import estimate_nbytes
@@ -128,7 +129,7 @@ def describe_file(
     if staging is None:
         return _whole(path, base, policy, "indexed without spans")
     try:
-        scan = scan_file(path, encoding=policy.encoding)
+        scan = foreign_scan(path, policy) or scan_file(path, encoding=policy.encoding)
     except NotSpanIndexableError as exc:
         return _whole(path, base, policy, exc.reason)
     except Exception as exc:  # the whole-file load below decides whether the file is bad

@@ -17,6 +17,7 @@ from ..errors import (
     UnsafePickleError,
     _where,
 )
+from ..producers.python2 import is_python2_str, python2_error
 from ..safety import guard_misuse
 
 __all__ = ["changed", "damaged", "named"]
@@ -39,6 +40,8 @@ def damaged(path: str, start: int, exc: Exception) -> PickleshardError:
     misuse = guard_misuse(exc, path, start)
     if misuse is not None:
         return misuse
+    if isinstance(exc, UnicodeDecodeError) and is_python2_str(exc):  # not damage
+        return python2_error(path, exc, exc.encoding, offset=start)
     if isinstance(exc, MemoryError):  # not a sign of damage: say what happened
         detail = str(exc) or "MemoryError"
         return ReadMemoryError(path, f"out of memory reading this span: {detail}", offset=start)
