@@ -57,7 +57,11 @@ __all__ = [
 ]
 
 WRAPPER = ("joblib.numpy_pickle", "NumpyArrayWrapper")
-SNIFF_BYTES = 1 << 16  # the first wrapper is written before the first array's data
+# The wrapper's global is written before the first array's data: in the first few hundred bytes
+# of an ``(X, y)`` dump. Every file is sniffed before its scan (a remote one by a ranged read),
+# so the first look is short; an error walking a file looks further (``joblib_note``).
+SNIFF_BYTES = 1 << 12
+SNIFF_DEEP = 1 << 16
 _NAMES = (b"joblib.numpy_pickle", b"NumpyArrayWrapper")
 JoblibKind = str  # "joblib" (uncompressed), "joblib-zlib", "joblib-gzip", ... or ""
 
@@ -93,15 +97,16 @@ def sniff_joblib(head: bytes) -> JoblibKind:
     return f"joblib-{kind}" if kind and _names_joblib(inner) else ""
 
 
-def joblib_kind(source: ByteSource) -> JoblibKind:
-    """:func:`sniff_joblib` of an open source's first bytes."""
-    return sniff_joblib(source.read_at(0, min(SNIFF_BYTES, source.size)))
+def joblib_kind(source: ByteSource, deep: bool = False) -> JoblibKind:
+    """:func:`sniff_joblib` of an open source's first :data:`SNIFF_BYTES` (``deep``:
+    :data:`SNIFF_DEEP`) bytes."""
+    return sniff_joblib(source.read_at(0, min(SNIFF_DEEP if deep else SNIFF_BYTES, source.size)))
 
 
 def joblib_note(exc: CorruptPickleError, source: ByteSource) -> CorruptPickleError:
     """``exc`` (a pickle walk's error on ``source``), or, when the file is a ``joblib.dump``
     file, the error that says so (its arrays are raw bytes, not opcodes)."""
-    kind = joblib_kind(source)
+    kind = joblib_kind(source, deep=True)
     if not kind:
         return exc
     return type(exc)(

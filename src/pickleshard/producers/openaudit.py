@@ -31,6 +31,8 @@ from ..index.executor import local_executor
 from ..io import open_source
 from ..picklekit.audit import audit_buffer
 from ..safety import UnpicklePolicy
+from ..scan.sparse import sparse_buffer
+from ..scanio import choose_pattern
 from ..sources import ResolvedSource
 from .joblibfile import WRAPPER, _Structure, joblib_kind
 
@@ -106,9 +108,15 @@ def file_globals(path: str | os.PathLike[str], policy: UnpicklePolicy) -> dict[G
             kind = joblib_kind(source)
             if kind:
                 return _joblib_globals(source, where, kind, policy)
-            buf = source.map()
+            # read as the scan reads: only the bytes examined reach storage (a normally advised
+            # map of a sparse file reads ahead 8 MiB around each fault; a remote one is fetched
+            # by ranges), so the scan that follows finds them in the page cache
+            buf = None
+            if source.fileno() is not None:
+                source.advise(choose_pattern(source))
+                buf = source.map()
             if buf is None:
-                buf = source.read_at(0, source.size)
+                buf = sparse_buffer(source)
             audit = audit_buffer(buf, source.size, where)
             # a nested torch payload's globals are torch's weights_only loader's business
             return {k: audit.first_refs.get(k, -1) for k in audit.refs if k[0] != "?"}
