@@ -330,7 +330,7 @@ def test_unsafe_global_in_span_mode_names_global_file_and_sample(tmp_path: Path)
     (tmp_path / "data").mkdir()
     path = tmp_path / "data" / "f.pkl"
     path.write_bytes(pickle.dumps(([1, 2, 3], [Fraction(1, 2), Fraction(1, 3), 4]), protocol=4))
-    with pytest.raises(errors.UnsafePickleError, match="fractions.Fraction"):
+    with pytest.raises(errors.UnsafePickleError, match=r"fractions\.Fraction"):
         PickleDataset(tmp_path / "data")  # the up-front audit (producers.openaudit)
     # without the audit, indexing reads opcodes only: nothing is refused until a read
     ds = PickleDataset(tmp_path / "data", audit=False)
