@@ -22,9 +22,9 @@ except ImportError:  # pragma: no cover - exercised only without torch
 
 from .allowlist import preset_names
 from .bounds import DEFAULT_MAX_DEPTH, DEFAULT_MAX_SAMPLE_BYTES, check_sample
-from .errors import NotSpanIndexableError, RemoteStorageError
+from .errors import NotSpanIndexableError, RemoteStorageError, UnsafePickleError
 from .index import Rebuild, SkippedFilesWarning, open_index
-from .producers.openaudit import audit_dataset_source
+from .producers.openaudit import audit_dataset_source, audit_opened
 from .read import SpanFiles
 from .read.failures import named
 from .remotesources import use_storage_options
@@ -70,8 +70,8 @@ class PickleDataset(_DatasetBase[Any]):
     reads, the sample's index in the dataset). ``trusted=True`` lifts the restriction,
     ``allow_globals=["module.name"]`` extends it, ``allow="pandas"`` (or ``"dill"``,
     ``"pil"``, ``"scipy.sparse"``, or a list of them) adds a vetted preset
-    (:data:`pickleshard.allowlist.PRESETS`). Opening audits every file's globals first
-    (opcodes only) and raises one :class:`~pickleshard.errors.UnsafePickleError` listing every
+    (:data:`pickleshard.allowlist.PRESETS`). Opening audits every indexed file's globals
+    (opcodes only; after the index is opened or built, before any sample is read) and raises one :class:`~pickleshard.errors.UnsafePickleError` listing every
     refused global with its file count and what to pass (:mod:`pickleshard.producers.openaudit`;
     ``audit=False`` skips it: refusals then come at the read that meets them).
     ``encoding`` is as in :func:`pickle.load`: Python 2 pickles need ``"latin1"`` (numpy
@@ -127,17 +127,22 @@ class PickleDataset(_DatasetBase[Any]):
             max_sample_bytes=max_sample_bytes,
             max_depth=max_depth,
         )
+        try:
+            self.index, self.source = open_index(
+                source,
+                index=index,
+                rebuild=rebuild,
+                jobs=jobs,
+                progress=progress,
+                policy=self.policy,
+                skip_bad=skip_bad,
+            )
+        except UnsafePickleError:
+            if audit:  # a file unpickled whole refused one global: name every one
+                audit_dataset_source(source, index, self.policy, jobs)
+            raise
         if audit:  # every refused global, at once, before any is met in a read
-            audit_dataset_source(source, index, self.policy, jobs)
-        self.index, self.source = open_index(
-            source,
-            index=index,
-            rebuild=rebuild,
-            jobs=jobs,
-            progress=progress,
-            policy=self.policy,
-            skip_bad=skip_bad,
-        )
+            audit_opened(self.index, self.source, self.policy, jobs)
         self.mode = mode
         self.transform = transform
         self._paths = [os.fspath(self.source.absolute(f.path)) for f in self.index.files]

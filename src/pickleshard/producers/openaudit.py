@@ -18,6 +18,7 @@ mtime and inode, so reopening a dataset walks only the files that changed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -39,6 +40,11 @@ from .joblibfile import WRAPPER, _Structure, joblib_kind
 __all__ = ["CACHE_NAME", "audit_source", "file_globals", "refusal_message"]
 
 CACHE_NAME = "audit.json"
+AUDIT_OPCODE_BYTES = 8 << 20
+"""Files with more opcode bytes than this are not walked (the walk is Python, about 1.4 us an
+opcode: 8 MiB of dense opcodes is a few seconds); their refusals come at the read that meets
+them. Opcode bytes: what the index scan examined, for a file read by span (payloads are
+skipped); the file's size otherwise."""
 _CACHE_VERSION = 2
 GlobalKey = tuple[str, str]
 
@@ -261,6 +267,23 @@ def audit_source(
     return refused
 
 
+def audit_opened(
+    index: Any, source: ResolvedSource, policy: UnpicklePolicy, jobs: int | None = None
+) -> None:
+    """:func:`audit_source` over the files an opened index holds (a
+    :class:`~pickleshard.index.DatasetIndex` of ``source``): files the build refused or
+    skipped are never walked (a pathological file costs the build's refusal, not a walk)."""
+    if policy.trusted:
+        return
+    files = tuple(
+        f.path
+        for f in index.files
+        if int((f.scan or {}).get("bytes_read", f.size) if f.mode == "span" else f.size)
+        <= AUDIT_OPCODE_BYTES
+    )
+    audit_source(dataclasses.replace(source, files=files), Path(index.path), policy, jobs)
+
+
 def audit_dataset_source(
     source: Any,
     index: str | os.PathLike[str] | None,
@@ -268,7 +291,8 @@ def audit_dataset_source(
     jobs: int | None = None,
 ) -> None:
     """:func:`audit_source` for what :class:`~pickleshard.PickleDataset` takes (``source``,
-    ``index``): the call dataset opening makes."""
+    ``index``): the call dataset opening makes when building its index met a refusal, so that
+    the error names every refused global, not the first."""
     if policy.trusted:
         return
     from ..index.ondisk import default_index_path
@@ -276,4 +300,12 @@ def audit_dataset_source(
 
     resolved = resolve_source(source)
     index_dir = Path(index) if index is not None else default_index_path(resolved)
-    audit_source(resolved, index_dir, policy, jobs)
+    small = tuple(f for f in resolved.files if _size(resolved.absolute(f)) <= AUDIT_OPCODE_BYTES)
+    audit_source(dataclasses.replace(resolved, files=small), index_dir, policy, jobs)
+
+
+def _size(path: Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
