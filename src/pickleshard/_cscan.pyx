@@ -673,7 +673,7 @@ cdef enum:
 if (oc.P_BYTES, oc.P_BYTEARRAY, oc.NEXT_BUFFER_OP, oc.STOP_OP) != (1, 2, 0x97, 0x2E):
     raise ImportError("pickleshard._cscan was built against other opcode tables")
 
-cdef object _head = None  # spanread's _head, _GETS, _PUTS, _encode_get, _encode_put (first call)
+cdef object _head = None  # picklekit.rewrite._head, _GETS, _PUTS, _encode_get, _encode_put (first call)
 cdef list _gets = None, _puts = None
 cdef dict _heads = {}  # (protocol, n_ext) -> _head(protocol, n_ext), for n_ext < 64
 cdef object _encode_get = None, _encode_put = None
@@ -798,7 +798,7 @@ cdef tuple _rewrite(
     )
     cdef int64_t c_base = memo_base if fast_ids else 0, c_shift = shift if fast_ids else 0
     cdef int64_t ckey, cnew
-    # a span's own ids: fewer than its bytes (see memo.MemoIdPastSpan)
+    # a span's own ids: fewer than its bytes (see picklekit.unpicklers.MemoIdPastSpan)
     cdef int64_t c_limit = n_ext + (end - start)
     cdef Py_ssize_t here = start, blen, i = 0, mark = 0, need, nxt
     cdef uint64_t n
@@ -927,14 +927,14 @@ from posix.unistd cimport pread
 
 SLOW = object()  # SpanLoader's answer when the caller must take its own (Python) path
 
-cdef enum:  # how a field is read: spanread's _SPAN, _ROW, _ITEM, _INT
+cdef enum:  # how a field is read: read.plan's SPAN, ROW, ITEM, INT
     H_SPAN = 0
     H_ROW = 1
     H_ITEM = 2
     H_INT = 3
 
 cdef enum:
-    TPL_MAX = 512  # scan._MAX_TEMPLATE: an array item's framing outside its payload, at most
+    TPL_MAX = 512  # scan.model.MAX_TEMPLATE: an array item's framing outside its payload, at most
 
 
 cdef class Framing:
@@ -1380,13 +1380,13 @@ cdef class SpanLoader:
         return out
 
 
-# -- the ArrayItem check's byte gather: the compiled twin of pickleshard.scan._gathered ----------
+# -- the ArrayItem check's byte gather: the compiled twin of pickleshard.scan.fastpath.gathered --
 
 import numpy as np
 
 
 def gather(object buf, const int64_t[:] at, const int64_t[:] rel, object release):
-    """:func:`pickleshard.scan._gathered`, compiled: ``buf[at[k] + rel]`` for every ``k`` as a
+    """:func:`pickleshard.scan.fastpath.gathered`, compiled: ``buf[at[k] + rel]`` for every ``k`` as a
     ``(len(at), len(rel))`` uint8 array, read in offset order; ``release`` (None, or the
     ``picklekit.walk.releaser`` of ``buf``) is called as the reference calls it, once per 4 MiB block
     of offsets passed."""
