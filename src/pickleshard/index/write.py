@@ -126,9 +126,9 @@ def write_index(
     pos_of = {rel: p for p, rel in enumerate(source.files)}
 
     def staged(array: str) -> Iterator[np.ndarray]:
-        assert staging is not None
         key_base = 0
-        for d in spans:
+        for d in spans:  # (none when the index has no span files: no staging either)
+            assert staging is not None
             part = np.load(staged_name(staging, pos_of[d.entry.path], array))
             # ext_offsets point into the concatenated ext_keys: shift by the keys before them
             yield part + key_base if array == "ext_offsets" else part
