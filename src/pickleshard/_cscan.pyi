@@ -50,6 +50,9 @@ class SpanLoader:
         ino: int,
         stale: Callable[[str | None, int, list[int]], Exception],
     ) -> None: ...
+    def bound(
+        self, limit: int, deepest: int, recursive: bool, check: Callable[[Any, int], object]
+    ) -> None: ...
     def plan(
         self,
         starts: Any,

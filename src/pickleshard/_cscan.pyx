@@ -673,7 +673,7 @@ cdef enum:
 if (oc.P_BYTES, oc.P_BYTEARRAY, oc.NEXT_BUFFER_OP, oc.STOP_OP) != (1, 2, 0x97, 0x2E):
     raise ImportError("pickleshard._cscan was built against other opcode tables")
 
-cdef object _head = None  # spanread's _head, _GETS, _PUTS, _encode_get, _encode_put (first call)
+cdef object _head = None  # picklekit.rewrite._head, _GETS, _PUTS, _encode_get, _encode_put (first call)
 cdef list _gets = None, _puts = None
 cdef dict _heads = {}  # (protocol, n_ext) -> _head(protocol, n_ext), for n_ext < 64
 cdef object _encode_get = None, _encode_put = None
@@ -761,9 +761,11 @@ cdef tuple _rewrite(
     object read_payload,
     Py_ssize_t big,
     object head,
+    dict local=None,
 ):
     """:func:`rewrite_span` once ``data``, the first window (``read_at(start, min(end - start,
-    WINDOW))``), is read."""
+    WINDOW))``), is read; ``local`` (None: built here) is ``{key: j for j, key in
+    enumerate(externals)}``."""
     global _head, _gets, _puts, _encode_get, _encode_put, _past_span, _step_error
     if _head is None:
         from .picklekit.rewrite import _GETS, _PUTS, MemoIdPastSpan, _step_error
@@ -774,7 +776,8 @@ cdef tuple _rewrite(
         _gets, _puts, _encode_get, _encode_put, _head = _GETS, _PUTS, eg, ep, make_head
         _past_span, _step_error = MemoIdPastSpan, _step_error
     cdef Py_ssize_t n_ext = len(externals)
-    cdef dict local = {k: j for j, k in enumerate(externals)} if n_ext else {}
+    if local is None:
+        local = {k: j for j, k in enumerate(externals)} if n_ext else {}
     if head is None:
         head = _heads.get((protocol, n_ext)) if n_ext < 64 else None
     if head is None:
@@ -795,7 +798,7 @@ cdef tuple _rewrite(
     )
     cdef int64_t c_base = memo_base if fast_ids else 0, c_shift = shift if fast_ids else 0
     cdef int64_t ckey, cnew
-    # a span's own ids: fewer than its bytes (see memo.MemoIdPastSpan)
+    # a span's own ids: fewer than its bytes (see picklekit.unpicklers.MemoIdPastSpan)
     cdef int64_t c_limit = n_ext + (end - start)
     cdef Py_ssize_t here = start, blen, i = 0, mark = 0, need, nxt
     cdef uint64_t n
@@ -924,14 +927,14 @@ from posix.unistd cimport pread
 
 SLOW = object()  # SpanLoader's answer when the caller must take its own (Python) path
 
-cdef enum:  # how a field is read: spanread's _SPAN, _ROW, _ITEM, _INT
+cdef enum:  # how a field is read: read.plan's SPAN, ROW, ITEM, INT
     H_SPAN = 0
     H_ROW = 1
     H_ITEM = 2
     H_INT = 3
 
 cdef enum:
-    TPL_MAX = 512  # scan._MAX_TEMPLATE: an array item's framing outside its payload, at most
+    TPL_MAX = 512  # scan.model.MAX_TEMPLATE: an array item's framing outside its payload, at most
 
 
 cdef class Framing:
@@ -1016,6 +1019,15 @@ cdef class SpanLoader:
     cdef dict heads, definers
     cdef list hows, intcols, items, frames
     cdef int64_t id_size, id_mtime, id_ctime, id_ino
+    cdef bint bounded, b_recursive
+    cdef int64_t b_limit, b_deepest
+    cdef object b_check
+    cdef array.array hows_c  # hows as C ints
+    cdef bint no_definers
+    # the externals of the span read last and their (head, key, list, local), reused while the
+    # next span's are the same (a file's samples mostly refer to the same few shared values)
+    cdef array.array last_keys
+    cdef tuple last_hk
 
     def __init__(
         self, ends, bases, ext_offsets, ext_keys, dict heads, int protocol, shift, loads, hooked,
@@ -1025,8 +1037,9 @@ cdef class SpanLoader:
         self.nf, self.n = self.ends.shape[1], self.ends.shape[0]
         self.heads, self.protocol, self.shift = heads, protocol, shift
         self.loads, self.hooked, self.stats = loads, hooked, stats
-        self.planned = self.verify = False
+        self.planned = self.verify = self.bounded = False
         self.at, self.name = -1, None
+        self.last_keys, self.last_hk = pyarray.array("q"), None
 
     def identify(self, int64_t size, int64_t mtime_ns, int64_t ctime_ns, int64_t ino, stale):
         """Check what the reads rely on: an array item's framing (read with its payload in one
@@ -1059,6 +1072,27 @@ cdef class SpanLoader:
             raise self.stale(None, -1, [label] if labels is None else labels)
         return 0
 
+    def bound(self, int64_t limit, int64_t deepest, bint recursive, check):
+        """Hold every sample :meth:`load_sample` and :meth:`load_samples` return to the
+        bounds of ``bounds.check_sample`` (arguments as for :func:`check_tree`), tested here in
+        the same call; ``check(sample, label)`` (``check_sample`` of the reader) decides, and
+        raises the error naming the sample, whenever that test does not pass outright."""
+        self.b_limit, self.b_deepest, self.b_recursive = limit, deepest, recursive
+        self.b_check, self.bounded = check, True
+
+    cdef int _bounds(self, object v, object name) except -1:
+        """Raise the bounds' error for sample ``v`` (labelled ``name``) if it passes them."""
+        cdef bint ok
+        if not self.bounded:
+            return 0
+        try:
+            ok = _check_tree(v, self.b_limit, self.b_deepest, self.b_recursive) is None
+        except Exception:  # bounds._Exceeded (or what the walk met): the reference words it
+            ok = False
+        if not ok:
+            self.b_check(v, name)
+        return 0
+
     def plan(
         self, starts, list hows, ints, list intcols, list items, dict definers, empty,
     ):
@@ -1076,7 +1110,9 @@ cdef class SpanLoader:
                 raise ValueError(f"field {f}: an array item's framing does not fit its prefix")
         self.starts, self.ints = starts, ints
         self.hows, self.intcols, self.items, self.frames = hows, intcols, items, frames
+        self.hows_c = pyarray.array("i", hows)
         self.definers, self.empty = definers, empty
+        self.no_definers = not definers
         self.planned = True
 
     cdef object _head(self, Py_ssize_t i, Py_ssize_t f, Py_ssize_t start):
@@ -1089,6 +1125,14 @@ cdef class SpanLoader:
         cdef Py_ssize_t k = i * self.nf + f, a = self.eoffs[k], m = self.eoffs[k + 1] - a, j
         if m < 0:
             return None
+        cdef array.array last = self.last_keys
+        cdef tuple hk = self.last_hk
+        if hk is not None and len(last) == m:
+            j = 0
+            while j < m and last.data.as_longlongs[j] == self.ekeys[a + j]:
+                j += 1
+            if j == m:  # (SpanFields sets a key's prologue once and never replaces it)
+                return hk
         cdef tuple key = PyTuple_New(m)
         cdef object v
         for j in range(m):
@@ -1096,7 +1140,14 @@ cdef class SpanLoader:
             Py_INCREF(v)
             PyTuple_SET_ITEM(key, j, v)
         head = self.heads.get(key)
-        return None if head is None else (head, key)
+        if head is None:
+            return None
+        hk = (head, key, list(key), {kk: jj for jj, kk in enumerate(key)})
+        array.resize(last, m)
+        for j in range(m):
+            last.data.as_longlongs[j] = self.ekeys[a + j]
+        self.last_hk = hk
+        return hk
 
     cdef void _count(self) except *:
         """Add the pending counts to ``stats`` (the Python path counts a read once it is done)."""
@@ -1123,8 +1174,8 @@ cdef class SpanLoader:
         self.p_fast += 1
         self._count()
         out, buffers, finds = _rewrite(
-            None, data, start, end, self.protocol, self.bases[i, f], self.shift, list(hk[1]),
-            None, 0, hk[0],
+            None, data, start, end, self.protocol, self.bases[i, f], self.shift, hk[2],
+            None, 0, hk[0], hk[3],
         )
         if finds and self.hooked is not None:
             return self.hooked(out)
@@ -1246,8 +1297,10 @@ cdef class SpanLoader:
         (default ``i``)."""
         self.name = i if name is None else name
         v = self._sample(fd, i)
-        if check and v is not SLOW:
-            self._same_file(fd, None, self.name)
+        if v is not SLOW:
+            if check:
+                self._same_file(fd, None, self.name)
+            self._bounds(v, self.name)
         return v
 
     def load_samples(self, int fd, list items, list labels, fallback):
@@ -1268,6 +1321,10 @@ cdef class SpanLoader:
                 v = fallback(items[k], labels[k])
             out[k] = v
         self._same_file(fd, labels, None)  # after the reads: a write that raced them shows by now
+        if self.bounded:
+            for k in range(m):
+                self.at = k
+                self._bounds(out[k], labels[k])
         return out
 
     cdef object _sample(self, int fd, Py_ssize_t i):
@@ -1276,11 +1333,13 @@ cdef class SpanLoader:
         cdef Py_ssize_t f, span = -1, s
         cdef int how
         cdef object hk = None, v
+        cdef const int* hows = self.hows_c.data.as_ints
+        cdef bint no_definers = self.no_definers
         for f in range(self.nf):  # decide first: SLOW must come before any read
-            how = self.hows[f]
+            how = hows[f]
             if how == H_SPAN:
                 s = self.starts[i, f]
-                if span >= 0 or s in self.definers:
+                if span >= 0 or (not no_definers and s in self.definers):
                     return SLOW
                 hk = self._head(i, f, s)
                 if hk is None:
@@ -1288,12 +1347,14 @@ cdef class SpanLoader:
                 span = f
             elif how == H_ITEM:
                 exceptions = (<tuple>self.items[f])[6]
-                if (exceptions and i in exceptions) or self.starts[i, f] in self.definers:
+                if (exceptions and i in exceptions) or (
+                    not no_definers and self.starts[i, f] in self.definers
+                ):
                     return SLOW
         self.p_bytes = self.p_items = self.p_fast = 0
         out = PyTuple_New(self.nf)
         for f in range(self.nf):
-            how = self.hows[f]
+            how = hows[f]
             if how == H_SPAN:
                 continue
             if how == H_INT:
@@ -1319,13 +1380,13 @@ cdef class SpanLoader:
         return out
 
 
-# -- the ArrayItem check's byte gather: the compiled twin of pickleshard.scan._gathered ----------
+# -- the ArrayItem check's byte gather: the compiled twin of pickleshard.scan.fastpath.gathered --
 
 import numpy as np
 
 
 def gather(object buf, const int64_t[:] at, const int64_t[:] rel, object release):
-    """:func:`pickleshard.scan._gathered`, compiled: ``buf[at[k] + rel]`` for every ``k`` as a
+    """:func:`pickleshard.scan.fastpath.gathered`, compiled: ``buf[at[k] + rel]`` for every ``k`` as a
     ``(len(at), len(rel))`` uint8 array, read in offset order; ``release`` (None, or the
     ``picklekit.walk.releaser`` of ``buf``) is called as the reference calls it, once per 4 MiB block
     of offsets passed."""
@@ -1508,9 +1569,7 @@ cdef object _walk_tree(PyObject* sample, int64_t limit, int64_t deepest, bint re
                 f.pos = 0
                 f.height = 0
                 f.tracked = tracked
-                if tracked:
-                    if on_path is None:
-                        on_path = set()
+                if tracked and on_path is not None:  # (else made when first asked, below)
                     on_path.add(PyLong_FromVoidPtr(child))
                 t = Py_TYPE_P(child)
                 if t == T_DICT:
@@ -1553,6 +1612,11 @@ cdef object _walk_tree(PyObject* sample, int64_t limit, int64_t deepest, bint re
                         key = PyLong_FromVoidPtr(child)
                         if done is not None:
                             got = done.get(key)
+                        if on_path is None:  # the tracked containers on the path, so far
+                            on_path = set()
+                            for i in range(n):
+                                if frames[i].tracked:
+                                    on_path.add(PyLong_FromVoidPtr(frames[i].obj))
                     if got is None:
                         if recursive:
                             if n + 1 > deepest:
@@ -1581,7 +1645,8 @@ cdef object _walk_tree(PyObject* sample, int64_t limit, int64_t deepest, bint re
             h = f.height + 1
             if f.tracked and n > 1:  # (the sample itself is done with the walk)
                 key = PyLong_FromVoidPtr(obj)
-                on_path.discard(key)
+                if on_path is not None:
+                    on_path.discard(key)
                 if done is None:
                     done = {}
                 done[key] = (size, h)
@@ -1646,6 +1711,10 @@ def check_tree(object sample, int64_t limit, int64_t deepest, bint recursive):
     leaves against the byte bound alone (their sum, as check_sample), any other sample
     measured. None when it passes, bounds._Exceeded raised when not, MEASURE_FALLBACK when the
     reference must decide."""
+    return _check_tree(sample, limit, deepest, recursive)
+
+
+cdef object _check_tree(object sample, int64_t limit, int64_t deepest, bint recursive):
     cdef object total
     if type(sample) is tuple:
         total = _leaf_total(<tuple>sample)

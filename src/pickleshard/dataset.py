@@ -234,11 +234,12 @@ class PickleDataset(_DatasetBase[Any]):
         j = i if type(i) is int and 0 <= i < self._n else self._check(i)
         pos = bisect.bisect_right(self._firsts, j) - 1
         item = j - self._firsts[pos]
-        if self._is_span[pos]:
+        if self._is_span[pos]:  # the read holds the sample to the policy's bounds
             try:
-                return self._finish(self._spans.reader(pos).one(item, j), pos, j)
+                sample = self._spans.one(pos, item, j)
             except RemoteStorageError as exc:  # a remote read that failed its retries
                 raise named(exc, j) from None
+            return sample if self.transform is None else self.transform(sample)
         columns = self._file(pos).columns
         return self._finish(tuple([col[item] for col in columns]), pos, j)
 
@@ -271,10 +272,9 @@ class PickleDataset(_DatasetBase[Any]):
             if not self._is_span[pos]:
                 whole = True
             else:  # one by one or as a batch, as the reader sees fit
-                got = self._spans.reader(pos).many(its[a:b], labels[a:b])
-                got = [
-                    self._finish(v, pos, label) for v, label in zip(got, labels[a:b], strict=True)
-                ]
+                got = self._spans.many(pos, its[a:b], labels[a:b])  # bounds checked there
+                if self.transform is not None:
+                    got = [self.transform(v) for v in got]
                 for k, sample in zip(ks[a:b], got, strict=True):
                     out[k] = sample
             a = b

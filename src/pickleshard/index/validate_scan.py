@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..scan.dtypes import dtype_from_json
 from ..scan.model import MAX_TEMPLATE as _MAX_TEMPLATE
 from .checking import (
     INT,
@@ -38,41 +39,15 @@ __all__ = ["check_scan_meta"]
 
 
 def _dtype(descr: Any, what: str) -> np.dtype[Any]:
-    try:
-        dtype = np.lib.format.descr_to_dtype(_tuples_checked(descr, what))
-    except IndexProblem:
-        raise
-    except Exception as exc:  # whatever numpy makes of a bad descr
+    try:  # the one codec's checks: bounded depth, plain parts, a descr numpy reads
+        dtype = dtype_from_json(descr)
+    except Exception as exc:  # its ValueError, or whatever numpy makes of a bad descr
         raise IndexProblem("index.json", f"{what} {show(descr)} is not a dtype: {exc}") from None
     if dtype.hasobject:
         raise IndexProblem(
             "index.json", f"{what} {show(descr)} holds Python objects: never read raw"
         )
     return dtype
-
-
-def _tuples_checked(descr: Any, what: str, depth: int = 0) -> Any:
-    """:func:`pickleshard.scan.dtypes.dtype_from_json`'s checks, over a descr of bounded depth and plain parts."""
-    if type(descr) is str:
-        return descr
-    if depth > 8 or type(descr) is not list:
-        raise IndexProblem("index.json", f"{what} is not a dtype descr")
-    out = []
-    for entry in descr:
-        if type(entry) is not list or not 2 <= len(entry) <= 3:
-            raise IndexProblem("index.json", f"{what} has a field entry {show(entry)}")
-        name = entry[0]
-        if type(name) is list:
-            if len(name) != 2 or not all(type(x) is str for x in name):
-                raise IndexProblem("index.json", f"{what} has a field name {show(name)}")
-            name = tuple(name)
-        elif type(name) is not str:
-            raise IndexProblem("index.json", f"{what} has a field name {show(name)}")
-        rest = [_tuples_checked(entry[1], what, depth + 1)]
-        if len(entry) == 3:
-            rest.append(tuple(_shape(entry[2], f"{what} subarray shape")))
-        out.append((name, *rest))
-    return out
 
 
 def _shape(v: Any, what: str) -> tuple[int, ...]:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from ..errors import (
     CorruptPickleError,
     FileChangedError,
+    MemoIdError,
     PickleshardError,
     ReadMemoryError,
     RemoteStorageError,
@@ -17,10 +18,11 @@ from ..errors import (
     UnsafePickleError,
     _where,
 )
+from ..picklekit.unpicklers import MemoIdPastSpan
 from ..producers.python2 import is_python2_str, python2_error
 from ..safety import guard_misuse
 
-__all__ = ["changed", "damaged", "named"]
+__all__ = ["changed", "damaged", "named", "past_span"]
 
 
 def changed(
@@ -53,6 +55,20 @@ def damaged(path: str, start: int, exc: Exception) -> PickleshardError:
         path,
         f"span does not unpickle (file changed since the scan?): {type(exc).__name__}: {exc}",
         offset=start,
+    )
+
+
+def past_span(path: str, exc: MemoIdPastSpan, label: int | None, what: str | None) -> Exception:
+    """The error for a span whose memo id ``exc`` points past it, read for sample ``label``:
+    the file changed (``what`` of its identity differs: None when nothing does or it is not
+    known), else a file or index that does not match (crafted)."""
+    if what is not None:
+        return changed(path, what, exc.offset, None if label is None else [label])
+    return MemoIdError(
+        path,
+        f"{exc}: the data file does not match its index (a crafted file or index)",
+        offset=exc.offset,
+        sample=label,
     )
 
 

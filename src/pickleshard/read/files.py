@@ -9,7 +9,8 @@ child starts with no readers, so no file descriptor or cached shared object cros
 pickling leaves the readers behind. Least recently used readers are closed first. A file whose
 size changed since indexing is refused when its reader is built; each reader checks the file's
 identity as the index recorded it (size, mtime, ctime, inode) on every (re)open and after every
-read or batch. ``verify = False`` turns those checks off: only the benchmark that measures
+read or batch, and holds every sample it returns to the policy's bounds (``max_sample_bytes``,
+``max_depth``). ``verify = False`` turns the file checks off: only the benchmark that measures
 their cost does.
 """
 
@@ -95,6 +96,7 @@ class SpanFiles:
             identity=entry.identity,
             verify=self.verify,
             source=source,
+            bounds=(self.policy.max_sample_bytes, self.policy.max_depth),
         )
         while len(self._readers) >= self.max_open:
             _, old = self._readers.popitem(last=False)
@@ -103,6 +105,25 @@ class SpanFiles:
         self._last = pos
         self.opened += 1
         return reader
+
+    def one(self, pos: int, item: int, label: int) -> tuple[Any, ...]:
+        """Sample ``item`` of file ``pos`` (in range: the caller checked), held to the
+        policy's bounds, errors naming ``label``: :meth:`reader` and
+        :meth:`SpanReader.one <pickleshard.read.SpanReader.one>` in one call (the reader's
+        lookup inlined: this runs once per ``ds[i]``)."""
+        reader = self._readers.get(pos) if self._gen == FORKS[0] else None
+        if reader is None:
+            reader = self.reader(pos)
+        elif pos != self._last:
+            self._readers.move_to_end(pos)
+            self._last = pos
+        return reader.one(item, label)
+
+    def many(self, pos: int, items: list[int], labels: list[int]) -> list[tuple[Any, ...]]:
+        """Samples ``items`` of file ``pos`` (in range and in offset order), each held to the
+        policy's bounds, errors naming ``labels[k]``: :meth:`SpanReader.many
+        <pickleshard.read.SpanReader.many>` of the file's reader."""
+        return self.reader(pos).many(items, labels)
 
     def close(self) -> None:
         if self._gen != FORKS[0]:

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from ..bounds import _NO_BOUND as NO_BOUND
+from ..bounds import _RECURSE_MAX as RECURSE_MAX
 from ..errors import FileChangedError, PickleshardError
 from ..fileidentity import FileIdentity
 from ..io import ByteSource
@@ -130,11 +132,15 @@ def make_loader(
     hooked: bool,
     identity: FileIdentity | None,
     stale: Callable[[str | None, int, list[int]], Exception],
+    bounded: tuple[int | None, int | None, Callable[[Any, int], object]] | None = None,
 ) -> Any:
     """A compiled loader (``_cscan.SpanLoader``) over ``spans``' caches, or None when the file
     has appended pickles or span arrays that are not int64. ``hooked``: spans that name a
     global load through ``spans``' lookup; ``identity`` (None: unchecked) is what the file
-    must still be, ``stale`` builds the error when it is not."""
+    must still be, ``stale`` builds the error when it is not. ``bounded``: ``(max_bytes,
+    max_depth, check)``, every sample it returns is held to these bounds, tested in the same
+    call, ``check(sample, label)`` (``check_sample``) deciding and raising when the test does
+    not pass outright."""
     arrays = (scan.ends, scan.memo_base, scan.ext_offsets, scan.ext_keys)
     shift = spans.shifts.single
     if shift is None or any(a.dtype != np.int64 for a in arrays):
@@ -149,4 +155,10 @@ def make_loader(
         got = (identity.mtime_ns, identity.ctime_ns, identity.ino)
         mtime, ctime, ino = (-1 if v is None else v for v in got)  # -1: not compared
         loader.identify(identity.size, mtime, ctime, ino, stale)
+    if bounded is not None:
+        max_bytes, max_depth, check = bounded
+        # check_sample's arguments for the compiled test; past 2**62 a bound bounds nothing
+        limit = NO_BOUND if max_bytes is None else min(max_bytes, NO_BOUND)
+        deepest = NO_BOUND if max_depth is None else min(max_depth, NO_BOUND)
+        loader.bound(limit, deepest, deepest <= RECURSE_MAX, check)
     return loader

@@ -9,7 +9,8 @@ one of its samples unpickled from its span proved the same array, by
 (:class:`~pickleshard.read.spans.SpanFields`). With the compiled extension, a plan whose fields
 are small ints with decoded values, array items and at most one span is also given to
 ``pickleshard._cscan.SpanLoader``, which then reads a whole sample (and a batch of them) in one
-call; anything it declines takes the Python path, which is the reference.
+call that also checks the file's identity and the samples' bounds; anything it declines takes
+the Python path, which is the reference.
 
 Bytes come from the file's :class:`~pickleshard.io.ByteSource` (a
 :class:`~pickleshard.io.LocalFile` advised for random reads unless one is given), the compiled
@@ -35,8 +36,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ..bounds import check_sample
 from ..errors import (
-    MemoIdError,
     PickleshardError,
     TruncatedPickleError,
 )
@@ -47,7 +48,7 @@ from ..picklekit.unpicklers import MemoIdPastSpan
 from ..picklekit.walk import resolve_engine
 from ..safety import AllowlistFindClass
 from ..scan import ScanResult
-from .failures import changed, damaged, named
+from .failures import changed, damaged, named, past_span
 from .items import ArrayItems
 from .plan import FORKS, INT, ITEM, ReaderStats, ReadPlan
 from .planner import compile_plan, make_loader, settle_plan
@@ -70,7 +71,10 @@ class SpanReader:
     what the file must still be; ``verify=False`` turns the checks off (only the benchmark that
     measures their cost uses it). ``source`` is the file's byte source (default: a
     :class:`~pickleshard.io.LocalFile` of ``scan.path`` advised ``"random"``); it opens in each
-    process on first use, and a pickled reader travels without it.
+    process on first use, and a pickled reader travels without it. ``bounds``, a policy's
+    ``(max_sample_bytes, max_depth)``: every sample returned is held to them
+    (:func:`~pickleshard.bounds.check_sample`, in the compiled read's own call when it reads
+    the sample); None: not checked here (the caller does).
     """
 
     def __init__(
@@ -87,6 +91,7 @@ class SpanReader:
         identity: FileIdentity | None = None,
         verify: bool = True,
         source: ByteSource | None = None,
+        bounds: tuple[int | None, int | None] | None = None,
     ) -> None:
         # plain ndarray views of the index's memory-mapped arrays: np.memmap's Python-level
         # __array_finalize__ runs on every slice of a memmap, several times per sample read
@@ -103,6 +108,7 @@ class SpanReader:
         self.source = source if source is not None else LocalFile(scan.path, pattern="random")
         self.identity = identity if identity is not None else FileIdentity(scan.size)
         self.verify = verify
+        self.bounds = bounds
         if isinstance(find_class, str):  # restricted unless the caller says otherwise
             find_class = AllowlistFindClass(scan.path)
         self.encoding, self.errors, self.find_class = encoding, errors, find_class
@@ -208,9 +214,20 @@ class SpanReader:
         if self.engine != "compiled" or self.general or self._fd < 0:
             return None
         identity = self.identity if self.verify else None
+        bounded = None
+        if self.bounds is not None:
+            bounded = (*self.bounds, lambda sample, label: self._bounded([sample], [label]))
         return make_loader(
-            self.scan, self.spans, self.find_class is not None, identity, self._stale
+            self.scan, self.spans, self.find_class is not None, identity, self._stale, bounded
         )
+
+    def _bounded(self, samples: list[Any], labels: list[int]) -> list[Any]:
+        """``samples``, each held to :attr:`bounds` (when set): a
+        :class:`~pickleshard.errors.SampleLimitError` names the label of one that passes them."""
+        if self.bounds is not None:
+            for sample, label in zip(samples, labels, strict=True):
+                check_sample(sample, self.path, label, *self.bounds)
+        return samples
 
     def _stale(self, what: str | None, offset: int, samples: list[int]) -> Exception:
         """The compiled reads' error for a changed file: ``what`` changed (None: its identity,
@@ -226,15 +243,7 @@ class SpanReader:
         # a file rewritten since its scan is the likelier cause, but only its identity can say
         mine = self._gen == FORKS[0]
         what = self.identity.differs_from(self.source.identity()) if self.verify and mine else None
-        samples = None if label is None else [label]
-        if what is not None:
-            return changed(self.path, what, exc.offset, samples)
-        return MemoIdError(
-            self.path,
-            f"{exc}: the data file does not match its index (a crafted file or index)",
-            offset=exc.offset,
-            sample=label,
-        )
+        return past_span(self.path, exc, label, what)
 
     def _settle(self) -> ReadPlan:
         """This process's plan (see :func:`~pickleshard.read.planner.settle_plan`), given to
@@ -302,6 +311,7 @@ class SpanReader:
         out = self._execute(plan, i, label)
         if self.verify:
             self._check_same([label])
+        self._bounded([out], [label])
         return out
 
     def many(self, items: list[int], labels: list[int]) -> list[tuple[Any, ...]]:
@@ -325,7 +335,7 @@ class SpanReader:
         out = self._by_field(plan, items, labels)
         if self.verify:  # after the reads: a write that raced them has stamped the file by now
             self._check_same(labels)
-        return out
+        return self._bounded(out, labels)
 
     def _ranges(self, plan: ReadPlan, items: list[int]) -> list[tuple[int, int]]:
         """The ``(offset, n)`` of samples ``items`` in every field not read from an int
@@ -372,7 +382,7 @@ class SpanReader:
         got = [self._execute(plan, i, label) for i, label in zip(items, labels, strict=True)]
         if self.verify:
             self._check_same(labels)
-        return got
+        return self._bounded(got, labels)
 
     def _fallback(self, i: int, label: int) -> tuple[Any, ...]:
         """What the compiled batch read calls for a sample it declines."""

@@ -1,0 +1,115 @@
+"""Writing an index's arrays by plain writes: the ``.npy`` files ``np.load`` reads back, the
+checksums the header records, durability before the header names them, the old index intact
+when a write fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pickleshard import build_index
+from pickleshard.index import write as write_module
+from pickleshard.index.arrays import file_checksum
+from pickleshard.index.ondisk import SAMPLES_DTYPE
+
+
+def _data(folder: Path, files: int = 3, n: int = 5) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in range(files):
+        xs = [np.full(4, f * 100 + i, np.float32) for i in range(n + f)]
+        (folder / f"p{f}.pkl").write_bytes(pickle.dumps((xs, list(range(n + f))), protocol=4))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("dtype", "tail", "parts"),
+    [
+        (np.int64, (2,), [np.arange(6).reshape(3, 2), np.zeros((0, 2)), np.ones((4, 2))]),
+        (np.int64, (), [np.arange(5)]),
+        (np.int64, (3,), []),
+        (SAMPLES_DTYPE, (), [np.array([(1, 2), (3, 4)], SAMPLES_DTYPE)]),
+    ],
+)
+def test_concatenated_arrays_load_back_with_their_checksum(
+    tmp_path: Path, dtype: Any, tail: tuple[int, ...], parts: list[np.ndarray]
+) -> None:
+    path = tmp_path / "a.npy"
+    total = sum(len(p) for p in parts)
+    crc, fd = write_module._save_concatenated(path, iter(parts), total, dtype, tail)
+    os.close(fd)
+    got = np.load(path)
+    want = np.concatenate(parts).astype(dtype) if parts else np.empty((0, *tail), dtype)
+    assert got.dtype == np.dtype(dtype)
+    assert got.shape == (total, *tail)
+    np.testing.assert_array_equal(got, want)
+    assert crc == file_checksum(path)
+
+
+def test_parts_that_do_not_add_up_are_refused(tmp_path: Path) -> None:
+    for parts, total in (([np.arange(3)], 5), ([np.arange(3), np.arange(3)], 4)):
+        with pytest.raises(ValueError, match=r"rows|part"):
+            write_module._save_concatenated(
+                tmp_path / f"x{total}.npy", iter(parts), total, np.int64
+            )
+    with pytest.raises(ValueError, match="part of shape"):
+        write_module._save_concatenated(
+            tmp_path / "t.npy", iter([np.zeros((2, 3))]), 2, np.int64, (2,)
+        )
+
+
+def test_arrays_are_synced_before_the_header_names_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append("fsync " + Path(os.readlink(f"/proc/self/fd/{fd}")).name.split("-")[0])
+        real_fsync(fd)
+
+    def replace(a: Any, b: Any) -> None:
+        events.append("replace " + Path(b).name)
+        real_replace(a, b)
+
+    monkeypatch.setattr(write_module.os, "fsync", fsync)
+    monkeypatch.setattr(write_module.os, "replace", replace)
+    idx = build_index(_data(tmp_path / "d"), jobs=1)
+    assert events[-1] == "replace index.json"
+    synced = sorted(e.split()[1] for e in events[:-1])
+    header = json.loads((tmp_path / "d" / ".pickleshard" / "index.json").read_text())
+    assert synced == sorted(header["arrays"])
+    assert idx.num_samples == 5 + 6 + 7
+
+
+def test_a_failed_write_leaves_the_old_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = _data(tmp_path / "d")
+    build_index(folder, jobs=1)
+    where = folder / ".pickleshard"
+    before = sorted(p.name for p in where.iterdir())
+    header = (where / "index.json").read_bytes()
+    (folder / "p3.pkl").write_bytes((folder / "p0.pkl").read_bytes())
+    calls = 0
+    real = write_module._write
+
+    def failing(fd: int, data: bytes, crc: int) -> int:
+        nonlocal calls
+        calls += 1
+        if calls == 6:  # the third array's data
+            raise OSError(28, "No space left on device")
+        return real(fd, data, crc)
+
+    monkeypatch.setattr(write_module, "_write", failing)
+    with pytest.raises(OSError, match="No space"):
+        build_index(folder, jobs=1)
+    assert (where / "index.json").read_bytes() == header
+    assert sorted(p.name for p in where.iterdir()) == before  # no new array left behind
+    monkeypatch.undo()
+    assert build_index(folder, jobs=1).num_samples == 5 + 6 + 7 + 5
