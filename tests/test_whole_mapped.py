@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,8 @@ def _same(got: Any, want: Any) -> None:
     """``got`` equals ``want`` in type, and, for arrays, dtype, shape and values."""
     assert type(got) is type(want), (type(got), type(want))
     if isinstance(want, np.ndarray):
-        assert got.dtype == want.dtype and got.shape == want.shape
+        assert got.dtype == want.dtype
+        assert got.shape == want.shape
         assert np.array_equal(got, want)
     elif isinstance(want, (list, tuple)):
         assert len(got) == len(want)
@@ -66,7 +66,8 @@ def test_entry_round_trips_every_column_kind(tmp_path: Path) -> None:
     write_entry(entry, decoded, _IDENT)
     got = open_entry(entry, DEFAULT_POLICY, "data.pkl")
     assert got.identity == _IDENT
-    assert got.layout.fields == decoded.fields and got.layout.num_samples == n
+    assert got.layout.fields == decoded.fields
+    assert got.layout.num_samples == n
     kinds = [type(c) for c in got.layout.columns]
     assert kinds == [MappedRows, MappedRows, MappedInts, *[MappedPickled] * 4, MappedRows]
     for col, want in zip(got.layout.columns, columns, strict=True):
@@ -83,7 +84,8 @@ def test_mapped_columns_are_read_only_maps_and_samples_private_copies(tmp_path: 
     assert not col.array.flags.writeable
     assert isinstance(col.array.base, np.memmap)  # pages of the entry's file, shared
     row = col[3]
-    assert row.flags.writeable and row.base is None  # a sample is the caller's own copy
+    assert row.flags.writeable
+    assert row.base is None
     row[:] = 0
     assert np.array_equal(col[3], data[3])
 
@@ -101,10 +103,9 @@ def test_corrupt_entry_is_an_index_format_error(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def as_worker(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def as_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     """This process reads whole files as a DataLoader worker does (through mapped entries)."""
     monkeypatch.setattr(wholemap, "in_worker", lambda: True)
-    yield
 
 
 def _entries(ds: PickleDataset) -> list[Path]:
@@ -124,7 +125,8 @@ def test_worker_reads_whole_files_from_one_mapped_entry(tmp_path: Path) -> None:
         _same(got[0], obj[b"data"][i])
     (entry,) = _entries(ds)
     columns = ds.cache.get(ds._paths[0]).columns
-    assert isinstance(columns[0], MappedRows) and isinstance(columns[0].array.base, np.memmap)
+    assert isinstance(columns[0], MappedRows)
+    assert isinstance(columns[0].array.base, np.memmap)
     assert isinstance(columns[1], MappedInts)
     # another process (a fresh cache) maps the same entry instead of decoding again
     ds.cache.clear()
@@ -164,7 +166,7 @@ def test_file_changed_after_its_entry_was_written_is_detected(tmp_path: Path) ->
     (entry,) = _entries(ds)
     _cifar_like(tmp_path / "batch.pkl", 30, seed=9)  # same size, other bytes
     ds.cache.clear()  # the next process (or epoch of a fresh worker) starts using the file
-    with pytest.raises(errors.FileChangedError, match="batch.pkl"):
+    with pytest.raises(errors.FileChangedError, match=r"batch\.pkl"):
         ds[0]
     assert _entries(ds) == [entry]  # the stale entry was not served, nor replaced
 
@@ -197,3 +199,20 @@ def test_two_workers_share_one_decode_and_read_pickle_load_data(tmp_path: Path) 
     assert json.loads((entry / "meta.json").read_text())["kinds"] == ["array", "ints"]
     # no temporary directory left behind
     assert set(os.listdir(ds.index.path / "whole")) == {entry.name, entry.name[:16] + ".lock"}
+
+
+@pytest.mark.usefixtures("as_worker")
+def test_a_file_that_cannot_be_pickled_again_is_read_unshared(tmp_path: Path) -> None:
+    # ([deep, [1]], [0, 1]), deep = [[[...]]] 5000 lists down: past the pickler's recursion
+    # limit (pickle.dump cannot write it either), within the unpickler's (it has none)
+    deep = b"]" * 5001 + b"a" * 5000
+    x = b"](" + deep + b"]K\x01ae"
+    (tmp_path / "deep.pkl").write_bytes(b"\x80\x04" + x + b"](K\x00K\x01e\x86.")
+    ds = PickleDataset(tmp_path, mode="whole", max_depth=None, max_sample_bytes=None)
+    with pytest.warns(RuntimeWarning, match="not shared"):
+        assert ds[1] == ([1], 1)
+    got, depth = ds[0][0], 0
+    while got:
+        got, depth = got[0], depth + 1
+    assert depth == 5000
+    assert _entries(ds) == []  # no entry, no temporary directory left

@@ -329,17 +329,13 @@ class MappedWholeFiles:
         if not (entry / "meta.json").exists():
             try:
                 self.directory.mkdir(parents=True, exist_ok=True)
-                lock = entry.with_name(entry.name[:16] + ".lock")
-                with _locked(lock):
+                with _locked(entry.with_name(entry.name[:16] + ".lock")):
                     if not (entry / "meta.json").exists():
-                        self._write(path, entry, recorded)
+                        unshared = self._write(path, entry, recorded)
+                        if unshared is not None:
+                            return unshared
             except PermissionError as exc:  # a read-only index: decode here, unshared
-                warnings.warn(
-                    f"{self.directory}: cannot write the whole-file cache ({exc.strerror}); "
-                    "each DataLoader worker decodes its own copy of files read whole",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
+                _warn(f"{self.directory}: cannot write the whole-file cache ({exc.strerror})")
                 return self._decode(path)
         decoded = open_entry(entry, self.policy, path)
         if decoded.identity != recorded:
@@ -348,18 +344,38 @@ class MappedWholeFiles:
         self.mapped += 1
         return decoded.layout
 
-    def _write(self, path: str, entry: Path, identity: FileIdentity) -> None:
+    def _write(self, path: str, entry: Path, identity: FileIdentity) -> DecodedLayout | None:
+        """Decode ``path`` and write its entry; None when written, else the decoded columns
+        (an element that cannot be pickled again, or nested past the recursion limit: this
+        file stays unshared, decoded by each process that reads it)."""
         decoded = self._decode(path)
         tmp = entry.with_name(f".{entry.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
         try:
             write_entry(tmp, decoded, identity)
-            del decoded  # the decoded objects go before the entry is mapped
+        except (pickle.PicklingError, RecursionError, TypeError, AttributeError) as exc:
+            _warn(f"{path}: not shared with other workers ({type(exc).__name__}: {exc})")
+            shutil.rmtree(tmp, ignore_errors=True)
+            return decoded
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        del decoded  # the decoded objects go before the entry is mapped
+        try:
             for old in self.directory.glob(entry.name[:16] + "-*"):
                 shutil.rmtree(old, ignore_errors=True)  # older identities of this path
             os.rename(tmp, entry)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         self.decoded += 1
+        return None
+
+
+def _warn(what: str) -> None:
+    warnings.warn(
+        f"{what}; each DataLoader worker decodes its own copy of this file",
+        RuntimeWarning,
+        stacklevel=4,
+    )
 
 
 def whole_loader(
