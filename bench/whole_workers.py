@@ -30,6 +30,7 @@ import contextlib
 import json
 import os
 import pickle
+import resource
 import shutil
 import statistics
 import subprocess
@@ -201,16 +202,23 @@ def main(argv: list[str] | None = None) -> int:
         for kind in kinds:
             _prepare(kind, path)
             cmd = [sys.executable, "-m", "bench.whole_workers", *rest, "--child", kind]
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
             outside = _watch(proc, args.interval)
             row = json.loads(proc.stdout.read().strip().splitlines()[-1])  # type: ignore[union-attr]
             if proc.wait():
                 raise SystemExit(f"{kind} row failed")
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
             row["outside_pss"] = outside
+            # user + system CPU of the row, its workers included (reaped): robust to a busy machine
+            row["cpu_seconds"] = (after.ru_utime + after.ru_stime) - (
+                before.ru_utime + before.ru_stime
+            )
             rows[kind].append(row)
             print(
                 f"  run {r}: {kind:20} peak PSS {outside / 1e6:6.0f} MB sampled from outside, "
-                f"{row['peak_pss'] / 1e6:6.0f} MB from inside; {row['seconds']:6.2f} s "
+                f"{row['peak_pss'] / 1e6:6.0f} MB from inside; {row['seconds']:6.2f} s, "
+                f"{row['cpu_seconds']:6.2f} s CPU "
                 f"({row['construct_seconds']:.2f} s constructing), {row['samples']:,} samples",
                 flush=True,
             )
@@ -221,14 +229,17 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(
         "| dataset | peak PSS main + workers, MB (sampled from outside) | vs naive "
-        "| same, sampled inside the main process | time s | vs naive |"
+        "| same, sampled inside the main process | time s | vs naive | CPU s, all processes "
+        "| vs naive |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for kind in kinds:
         pss, inside, secs = med(kind, "outside_pss"), med(kind, "peak_pss"), med(kind, "seconds")
         print(
             f"| {kind} | {pss / 1e6:.0f} | {pss / med('naive', 'outside_pss'):.2f}x "
-            f"| {inside / 1e6:.0f} | {secs:.2f} | {secs / med('naive', 'seconds'):.2f}x |"
+            f"| {inside / 1e6:.0f} | {secs:.2f} | {secs / med('naive', 'seconds'):.2f}x "
+            f"| {med(kind, 'cpu_seconds'):.2f} "
+            f"| {med(kind, 'cpu_seconds') / med('naive', 'cpu_seconds'):.2f}x |"
         )
     print(f"\nload average at end {os.getloadavg()[0]:.1f}")
     return 0

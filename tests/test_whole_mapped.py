@@ -216,3 +216,28 @@ def test_a_file_that_cannot_be_pickled_again_is_read_unshared(tmp_path: Path) ->
         got, depth = got[0], depth + 1
     assert depth == 5000
     assert _entries(ds) == []  # no entry, no temporary directory left
+
+
+@pytest.mark.usefixtures("as_worker")
+def test_no_room_for_the_cache_reads_unshared_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    obj = _cifar_like(tmp_path / "batch.pkl", 20)
+    ds = PickleDataset(tmp_path, mode="whole")
+
+    def full(*args: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(wholemap, "write_entry", full)
+    with pytest.warns(RuntimeWarning, match="No space left"):
+        _same(ds[5][0], obj[b"data"][5])
+    assert _entries(ds) == []
+
+
+@pytest.mark.usefixtures("as_worker")
+def test_cache_directory_that_cannot_be_made_reads_unshared(tmp_path: Path) -> None:
+    obj = _cifar_like(tmp_path / "batch.pkl", 20)
+    ds = PickleDataset(tmp_path, mode="whole")
+    (ds.index.path / "whole").write_bytes(b"")  # a file where the directory should be
+    with pytest.warns(RuntimeWarning, match="cannot write the whole-file cache"):
+        _same(ds[5][0], obj[b"data"][5])

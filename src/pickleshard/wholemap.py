@@ -327,16 +327,18 @@ class MappedWholeFiles:
             raise FileChangedError(path, what)
         entry = self.entry_of(path)
         if not (entry / "meta.json").exists():
+            lock = entry.with_name(entry.name[:16] + ".lock")
             try:
                 self.directory.mkdir(parents=True, exist_ok=True)
-                with _locked(entry.with_name(entry.name[:16] + ".lock")):
-                    if not (entry / "meta.json").exists():
-                        unshared = self._write(path, entry, recorded)
-                        if unshared is not None:
-                            return unshared
-            except PermissionError as exc:  # a read-only index: decode here, unshared
+                lock.touch()
+            except OSError as exc:  # a read-only index (EACCES, EROFS): decode here, unshared
                 _warn(f"{self.directory}: cannot write the whole-file cache ({exc.strerror})")
                 return self._decode(path)
+            with _locked(lock):
+                if not (entry / "meta.json").exists():
+                    unshared = self._write(path, entry, recorded)
+                    if unshared is not None:
+                        return unshared
         decoded = open_entry(entry, self.policy, path)
         if decoded.identity != recorded:
             raise _bad(entry, f"was written for {decoded.identity}, the index records {recorded}")
@@ -346,13 +348,14 @@ class MappedWholeFiles:
 
     def _write(self, path: str, entry: Path, identity: FileIdentity) -> DecodedLayout | None:
         """Decode ``path`` and write its entry; None when written, else the decoded columns
-        (an element that cannot be pickled again, or nested past the recursion limit: this
-        file stays unshared, decoded by each process that reads it)."""
+        (an element that cannot be pickled again, nested past the recursion limit, or no room
+        to write: this file stays unshared, decoded by each process that reads it)."""
         decoded = self._decode(path)
         tmp = entry.with_name(f".{entry.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
         try:
             write_entry(tmp, decoded, identity)
-        except (pickle.PicklingError, RecursionError, TypeError, AttributeError) as exc:
+        except (pickle.PicklingError, RecursionError, TypeError, AttributeError, OSError) as exc:
+            # OSError: the disk is full or the directory went read-only
             _warn(f"{path}: not shared with other workers ({type(exc).__name__}: {exc})")
             shutil.rmtree(tmp, ignore_errors=True)
             return decoded
