@@ -46,6 +46,7 @@ import json
 import os
 import pickle
 import shutil
+import sys
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -72,8 +73,6 @@ _INT64 = (-(1 << 63), (1 << 63) - 1)
 
 def in_worker() -> bool:
     """Whether this process is a DataLoader worker (torch looked up only if already imported)."""
-    import sys
-
     data = sys.modules.get("torch.utils.data")
     return data is not None and data.get_worker_info() is not None
 
