@@ -23,6 +23,7 @@ import io
 import json
 import os
 import pstats
+import resource
 import shutil
 import statistics
 import subprocess
@@ -38,9 +39,12 @@ __all__ = ["main"]
 
 HERE = Path(__file__).resolve().parent
 KINDS = ("folk", "whole")
+EXTRA = ("whole-seq", "whole-one")
 NAMES = {
     "folk": "folk JSON Dataset, sequential",
     "whole": "PickleDataset whole + BlockShuffleSampler, first shuffled",
+    "whole-seq": "PickleDataset whole, sequential (no shuffle: the folk row's order)",
+    "whole-one": "PickleDataset whole + BlockShuffleSampler, cache of one file (memory reused)",
 }
 
 
@@ -61,6 +65,12 @@ def _parser() -> argparse.ArgumentParser:
         "pool's contention would swamp the data path being compared",
     )
     p.add_argument("--profile", action="store_true", help="also profile one whole-file epoch")
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="also the rows that locate the floor: whole-file mode read sequentially (the folk "
+        "row's order), and shuffled with a cache of one file (the folk row's memory reuse)",
+    )
     return p
 
 
@@ -78,9 +88,15 @@ def _build(kind: str, data: DataSpec, args: argparse.Namespace) -> tuple[Any, An
         return folk, SequentialSampler(folk)
     shutil.rmtree(data.directory / ".pickleshard", ignore_errors=True)
     build_index(data.directory, spans=False)
-    ds = PickleDataset(data.directory, mode="whole", cache_bytes=args.cache_bytes, rebuild="never")
-    sampler = BlockShuffleSampler(ds, batch_size=args.batch_size, cache_bytes=args.cache_bytes)
-    return ds, sampler
+    budget = args.cache_bytes
+    if kind == "whole-one":  # one decoded file at a time, as the folk Dataset keeps
+        from pickleshard import open_index
+
+        budget = max(f.decoded_nbytes for f in open_index(data.directory)[0].files)
+    ds = PickleDataset(data.directory, mode="whole", cache_bytes=budget, rebuild="never")
+    if kind == "whole-seq":
+        return ds, SequentialSampler(ds)
+    return ds, BlockShuffleSampler(ds, batch_size=args.batch_size, cache_bytes=budget)
 
 
 def _loads(dataset: Any) -> int:
@@ -100,12 +116,14 @@ def _row(kind: str, data: DataSpec, args: argparse.Namespace) -> dict[str, float
         torch.set_num_threads(args.torch_threads)
     dataset, sampler = _build(kind, data, args)
     gc.collect()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     cpu = time.process_time()
     # memory sampled on entry and exit only: a sampling thread would add CPU time to the row
     epoch = run_epoch(dataset, sampler, batch_size=args.batch_size, workers=0, memory_interval=1e6)
     return {
         "seconds": epoch.seconds,
         "cpu_seconds": time.process_time() - cpu,
+        "minor_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults,
         "samples": epoch.samples,
         "loads": _loads(dataset),
     }
@@ -163,13 +181,15 @@ def main(argv: list[str] | None = None) -> int:
         f"row; load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs",
         flush=True,
     )
-    rows: dict[str, list[dict[str, float]]] = {k: [] for k in KINDS}
+    kinds = KINDS + EXTRA if args.floor else KINDS
+    rows: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
     for r in range(args.repeat):
-        for kind in KINDS:
+        for kind in kinds:
             row = _run_isolated(kind, rest)
             print(
                 f"  run {r}: {kind:5} {row['seconds']:6.3f} s wall, {row['cpu_seconds']:6.3f} s "
-                f"CPU, {row['samples']:,} samples, {row['loads']} file loads",
+                f"CPU, {row['samples']:,} samples, {row['loads']} file loads, "
+                f"{row['minor_faults']:,} minor page faults",
                 flush=True,
             )
             rows[kind].append(row)
@@ -177,13 +197,14 @@ def main(argv: list[str] | None = None) -> int:
     def med(kind: str, key: str) -> float:
         return statistics.median(r[key] for r in rows[kind])
 
-    best = {k: min(r["seconds"] for r in rows[k]) for k in KINDS}
+    best = {k: min(r["seconds"] for r in rows[k]) for k in kinds}
     print()
-    print("| epoch | median wall s | best wall s | median CPU s |")
-    print("|---|---|---|---|")
-    for k in KINDS:
+    print("| epoch | median wall s | best wall s | median CPU s | folk / this, median CPU |")
+    print("|---|---|---|---|---|")
+    for k in kinds:
         print(
-            f"| {NAMES[k]} | {med(k, 'seconds'):.3f} | {best[k]:.3f} | {med(k, 'cpu_seconds'):.3f} |"
+            f"| {NAMES[k]} | {med(k, 'seconds'):.3f} | {best[k]:.3f} | {med(k, 'cpu_seconds'):.3f} "
+            f"| {med('folk', 'cpu_seconds') / med(k, 'cpu_seconds'):.2f}x |"
         )
     print()
     print(

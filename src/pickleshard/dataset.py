@@ -33,6 +33,7 @@ from .scan.layouts import DecodedLayout
 from .sources import Source
 from .wholecache import CacheBudget, CacheStats, WholeFileCache
 from .wholefile import load_layout
+from .wholemap import whole_loader
 
 __all__ = ["DEFAULT_CACHE_BYTES", "Mode", "PickleDataset"]
 
@@ -201,7 +202,8 @@ class PickleDataset(_DatasetBase[Any]):
     def cache(self) -> WholeFileCache:
         """This process's whole-file cache, created on first use with its share of the budget."""
         if self._cache is None or self._cache.pid != os.getpid():
-            self._cache = WholeFileCache(self.budget.share_here(), self._load)
+            load = whole_loader(self._load, self.index, self._positions, self.policy)
+            self._cache = WholeFileCache(self.budget.share_here(), load)
         return self._cache
 
     @property

@@ -124,7 +124,9 @@ class WholeFileCache:
     :attr:`stats` counts hits, misses, loads, evictions and bytes held (now and at the peak).
 
     One cache per process: a forked child (DataLoader worker) starts empty instead of touching
-    the parent's objects, which would copy their pages. Thread-safe.
+    the parent's objects, which would copy their pages. A worker's loader maps entries shared
+    by all workers (:mod:`pickleshard.wholemap`), so its share bounds what it maps, not a copy
+    of its own. Thread-safe.
     """
 
     def __init__(self, max_bytes: int, loader: Callable[[str], DecodedLayout]) -> None:
