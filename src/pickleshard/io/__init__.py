@@ -8,6 +8,7 @@ from .base import (
     register_source,
     registered_sources,
 )
+from .compressed import CompressedSource, decompressing
 from .counters import storage_read_bytes
 from .local import LocalFile
 from .reader import SourceReader, open_reader
@@ -17,9 +18,11 @@ __all__ = [
     "COALESCE_GAP",
     "AccessPattern",
     "ByteSource",
+    "CompressedSource",
     "LocalFile",
     "SourceReader",
     "WindowedBuffer",
+    "decompressing",
     "open_reader",
     "open_source",
     "register_source",
