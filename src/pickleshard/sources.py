@@ -14,7 +14,7 @@ from .errors import DatasetNotFoundError, NoPickleFilesError, NotRegularFileErro
 
 __all__ = ["PICKLE_PATTERNS", "ResolvedSource", "Source", "check_regular_file", "resolve_source"]
 
-PICKLE_PATTERNS = ("*.pkl", "*.pickle", "*.pk", "*.p")
+PICKLE_PATTERNS = ("*.pkl", "*.pickle", "*.pk", "*.p", "*.gz", "*.bz2", "*.xz", "*.zst")
 INDEX_DIRNAME = ".pickleshard"
 
 Source = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
@@ -90,7 +90,8 @@ def _scan_directory(root: Path) -> list[Path]:
 def resolve_source(source: Source) -> ResolvedSource:
     """Return the root and sorted relative paths of the pickle files ``source`` names.
 
-    A directory is searched recursively for ``*.pkl``, ``*.pickle``, ``*.pk`` and ``*.p``
+    A directory is searched recursively for ``*.pkl``, ``*.pickle``, ``*.pk``, ``*.p`` and the
+    compressed ``*.gz``, ``*.bz2``, ``*.xz``, ``*.zst`` (read decompressed, see pickleshard.io)
     (skipping ``.pickleshard/``); a string with glob characters is expanded (``**`` recurses);
     a list names files directly. The root is the directory itself, or the deepest directory
     common to all files.

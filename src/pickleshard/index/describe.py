@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import NotSpanIndexableError
-from ..io import LocalFile
+from ..io import open_source
 from ..picklekit.memoids import check_memo_ids
 from ..safety import DEFAULT_POLICY, UnpicklePolicy
 from ..scan import ScanResult, scan_file
@@ -75,8 +75,9 @@ def _check_span_memo(scan: ScanResult) -> None:
     if not suspect:
         return
     # a walk over opcodes that skips payloads: the mapping of a source advised as usual
-    with LocalFile(scan.path) as source:
+    with open_source(scan.path) as source:
         buf = source.map()
+        buf = source.read_at(0, source.size) if buf is None else buf
         for start in suspect:
             check_memo_ids(buf, start, source.size, scan.path)
 
@@ -110,7 +111,8 @@ def describe_file(
     """
     path = os.path.join(root, rel)
     # one open for the identity and the fingerprint's 8 scattered blocks (hence "random")
-    with LocalFile(path, pattern="random") as source:
+    with open_source(path) as source:  # a compressed file: its decompressed bytes
+        source.advise("random")
         source.fileno()  # the open's own error (identity() words it as a failed stat)
         now = source.identity()
         base: dict[str, Any] = {

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..errors import StaleIndexError, UnreadableFileError
 from ..fileidentity import FileIdentity
-from ..io import LocalFile
+from ..io import open_source
 from ..sources import ResolvedSource
 from .files import FileEntry, SkippedFile, fingerprint, skipped_identity
 
@@ -52,7 +52,8 @@ _FRESH, _CHANGED, _RELINKED, _REMOVED = range(4)
 def _compare(path: Path, entry: FileEntry) -> int:
     """How the file at ``path`` stands against its row: one open, an ``fstat``, and the
     fingerprint's 8 blocks when the identity matches (or differs by inode or ctime alone)."""
-    source = LocalFile(path, pattern="random")  # the fingerprint reads 8 scattered blocks
+    source = open_source(path)  # a compressed file: its decompressed bytes and size
+    source.advise("random")  # the fingerprint reads 8 scattered blocks
     try:
         source.fileno()  # the open's own error (identity() words it as a failed stat)
         now = source.identity()

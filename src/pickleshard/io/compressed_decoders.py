@@ -115,7 +115,7 @@ class IndexedStream(Decoder):
 
     def __init__(self, kind: str, source: ByteSource, points: Path) -> None:
         lib = require(kind)
-        self.kind, self.name = kind, source.name
+        self.kind, self.name, self.compressed = kind, source.name, source.size
         # a local file by name: the library preads it itself, without the GIL
         target: Any = source.name if isinstance(source, LocalFile) else open_reader(source)
         try:
@@ -150,14 +150,16 @@ class IndexedStream(Decoder):
         try:
             while got := self._f.readinto(view):
                 total += got
-            complete = self._f.size() == total
+            ended = self._compressed_pos()
         except Exception as exc:
             raise damaged(self.kind, self.name, exc, self._compressed_pos()) from None
-        if not complete:
+        # a gzip cut short decodes what it holds without a word: the decoding must end where
+        # the file does (rapidgzip and indexed_bzip2 count the bits they consumed)
+        if ended != self.compressed or self._f.size() != total:
             raise CorruptPickleError(
                 self.name,
-                f"the {self.kind} stream decodes to {total} bytes but its index says "
-                f"{self._f.size()}: damaged or cut short",
+                f"the {self.kind} data is cut short or damaged: decoding stopped at compressed "
+                f"byte {ended} of {self.compressed} (after {total} decompressed bytes)",
             )
         write = self._write_gzip if self.kind == "gzip" else self._write_bz2
         with contextlib.suppress(OSError):  # unwritable: the next open decodes the file again
@@ -285,7 +287,7 @@ def open_decoder(
     from .compressed_copy import CachedCopy
 
     if kind in ("gzip", "bz2"):
-        suffix = "gzidx" if kind == "gzip" else "bz2idx.npy"
+        suffix = "gzidx" if kind == "gzip" else "bz2idx"  # one dot-free word: see cache_file
         return IndexedStream(kind, source, cache_file(folder, source.name, identity, suffix))
     if kind == "xz":
         blocks = XzBlocks(source)

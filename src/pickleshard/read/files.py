@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import CorruptPickleError, TruncatedPickleError
 from ..index import DatasetIndex
-from ..io import LocalFile
+from ..io import ByteSource, open_source
 from ..safety import UnpicklePolicy
 from .plan import FORKS
 from .reader import SpanReader
@@ -30,7 +30,7 @@ __all__ = ["DEFAULT_MAX_OPEN", "SpanFiles"]
 DEFAULT_MAX_OPEN = 256
 
 
-def _check_size(source: LocalFile, indexed: int) -> None:
+def _check_size(source: ByteSource, indexed: int) -> None:
     """Refuse a file whose size changed since indexing: its spans point at other bytes now."""
     size = source.identity().size
     if size < indexed:
@@ -81,7 +81,8 @@ class SpanFiles:
             return got
         path = self.paths[pos]
         entry = self.index.files[pos]
-        source = LocalFile(path, pattern="random")
+        source = open_source(path)  # a compressed file comes decompressed
+        source.advise("random")
         try:
             _check_size(source, entry.size)
         except BaseException:
