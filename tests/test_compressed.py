@@ -179,3 +179,27 @@ def test_convert_and_verify(tmp_path: Path, how: str) -> None:
 def test_the_compressed_kinds_are_the_ones_sniffed() -> None:
     assert set(KIND.values()) == {"gzip", "bz2", "xz", "zstd"}
     assert os.sep not in "".join(SUFFIX.values())
+
+
+def test_inspect_reports_the_compression_then_the_decompressed_opcodes(tmp_path: Path) -> None:
+    from pickleshard.inspection import inspect_file
+
+    raw, want = seed_bytes(30, protocol=4)
+    plain = tmp_path / "seed.pkl"
+    plain.write_bytes(raw)
+    path = compress_to(tmp_path / "seed.pkl.bz2", raw, "bz2")
+    report = inspect_file(path)
+    reference = inspect_file(plain)
+    assert report.compression is not None
+    assert report.compression["format"] == "bz2"
+    assert report.compression["compressed_size"] == path.stat().st_size
+    assert report.compression["size"] == report.size == len(raw)
+    # the opcodes of the decompressed stream (those of the plain file), never "BZh9" read as ones
+    assert (report.protocol, report.opcodes, report.counts) == (
+        reference.protocol,
+        reference.opcodes,
+        reference.counts,
+    )
+    assert (report.layout, report.samples) == ("columns", len(want))
+    assert report.to_json()["compression"]["format"] == "bz2"
+    assert reference.compression is None

@@ -92,6 +92,15 @@ class CompressedSource(ByteSource):
     def how(self) -> str:
         return self._open().how
 
+    def describe(self) -> dict[str, Any]:
+        """``{"format": kind, "compressed_size", "size", "seek": how}``: what ``inspect`` says."""
+        return {
+            "format": self.kind,
+            "compressed_size": self.compressed_size,
+            "size": self.size,
+            "seek": self.how,
+        }
+
     @property
     def compressed_size(self) -> int:
         """The size of the compressed file."""
