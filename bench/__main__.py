@@ -3,7 +3,8 @@
 ``python -m bench scan ...`` runs ``bench.scan`` instead (index build: scanner vs unpickling),
 ``python -m bench span ...`` runs ``bench.span`` (shuffled epochs by span vs numpy memmap),
 ``python -m bench index-open ...`` runs ``bench.index_open`` (the cost of validating an index),
-``python -m bench first-epoch ...`` runs ``bench.first_epoch`` (whole-file first epoch vs folk).
+``python -m bench first-epoch ...`` runs ``bench.first_epoch`` (whole-file first epoch vs folk),
+``python -m bench compressed ...`` runs ``bench.compressed`` (compressed pickles read in place).
 
 Rows: {null, naive list, folk JSON, PickleDataset + BlockShuffleSampler} x {sequential,
 shuffled} x the ``--workers`` counts, each in a fresh process through the same DataLoader loop.
@@ -205,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
         from .first_epoch import main as first_epoch_main
 
         return first_epoch_main(given[1:])
+    if given[:1] == ["compressed"]:  # `python -m bench compressed ...`
+        from .compressed import main as compressed_main
+
+        return compressed_main(given[1:])
     if given[:1] == ["span"]:  # `python -m bench span ...`
         from .span import main as span_main
 

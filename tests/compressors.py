@@ -9,25 +9,9 @@ import lzma
 from collections.abc import Callable
 from pathlib import Path
 
-from pickleshard.io.compressed_formats import seekable_zstd
+from pickleshard.io.compressed_formats import multiblock_xz, seekable_zstd
 
 __all__ = ["COMPRESSORS", "SUFFIX", "compress_to"]
-
-
-def _xz_blocks(data: bytes) -> bytes:
-    """An xz file with a block per 16 KiB (what ``xz -T0`` or ``--block-size`` writes)."""
-    import io
-
-    import xz
-
-    if not data:  # python-xz writes nothing for no data: an empty xz stream has no block
-        return lzma.compress(data, format=lzma.FORMAT_XZ)
-    out = io.BytesIO()
-    with xz.open(out, "wb") as fh:
-        for lo in range(0, len(data), 16 << 10):
-            fh.write(data[lo : lo + (16 << 10)])
-            fh.change_block()
-    return out.getvalue()
 
 
 def _zstd_plain(data: bytes) -> bytes:
@@ -39,7 +23,7 @@ def _zstd_plain(data: bytes) -> bytes:
 COMPRESSORS: dict[str, Callable[[bytes], bytes]] = {
     "gzip": lambda data: gzip.compress(data, mtime=0),
     "bz2": bz2.compress,
-    "xz-blocks": _xz_blocks,
+    "xz-blocks": lambda data: multiblock_xz(data, 16 << 10),
     "xz-single": lambda data: lzma.compress(data, format=lzma.FORMAT_XZ),
     "zstd-seekable": lambda data: seekable_zstd(data, frame_size=16 << 10),
     "zstd-plain": _zstd_plain,

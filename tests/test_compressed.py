@@ -203,3 +203,22 @@ def test_inspect_reports_the_compression_then_the_decompressed_opcodes(tmp_path:
     assert (report.layout, report.samples) == ("columns", len(want))
     assert report.to_json()["compression"]["format"] == "bz2"
     assert reference.compression is None
+
+
+@pytest.mark.parametrize("how", ["gzip", "zstd-seekable"])
+def test_split_a_compressed_file(tmp_path: Path, how: str) -> None:
+    from pickleshard.splitting import split
+
+    raw, want = seed_bytes(30)
+    path = compress_to(tmp_path / f"big.pkl{SUFFIX[how]}", raw, how)
+    split(path, tmp_path / "out", max_samples=8)
+    parts = sorted((tmp_path / "out").glob("*.pickle"))
+    assert len(parts) == 4
+    got = []
+    for part in parts:
+        with open(part, "rb") as fh:  # the chunks are plain pickles
+            xs, ys = pickle.load(fh)
+        got += list(zip(xs, ys, strict=True))
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert_same(g, w)

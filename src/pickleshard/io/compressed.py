@@ -26,19 +26,22 @@ through the Python path. The decoders need ``pip install 'pickleshard[compressed
 
 from __future__ import annotations
 
+import bisect
 import os
 import pickle
 import threading
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ..errors import PickleshardError, UnreadableFileError
+from ..errors import CorruptPickleError, PickleshardError, UnreadableFileError
 from ..fileidentity import FileIdentity
 from .base import AccessPattern, ByteSource, _check_range
 from .compressed_cache import default_cache_dir
 from .compressed_copy import DEFAULT_CACHE_BYTES
 from .compressed_decoders import Decoder, open_decoder
 from .compressed_formats import SNIFF_BYTES, sniff
+from .compressed_units import unit_cache
 
 __all__ = ["CompressedSource", "decompressing"]
 
@@ -72,6 +75,7 @@ class CompressedSource(ByteSource):
         self._pid = -1
         self._opened: FileIdentity | None = None  # the compressed file's, at the decoder's open
         self._lock = threading.Lock()
+        self._key: tuple[object, ...] = ()  # the decoded units' key: the file as opened
 
     def _folder(self) -> Path:
         return Path(self.cache_dir) if self.cache_dir else default_cache_dir(self.name)
@@ -86,6 +90,7 @@ class CompressedSource(ByteSource):
                 self.kind, self.inner, now, self._folder(), self.cache_bytes
             )
             self._opened, self._pid = now, os.getpid()
+            self._key = (self.name, now.size, now.mtime_ns, now.ctime_ns, now.ino)
         return self._decoder
 
     @property
@@ -116,8 +121,30 @@ class CompressedSource(ByteSource):
         n = max(0, min(len(view), decoder.size - offset))
         if n == 0:
             return 0
-        with self._lock:  # a decoder has one position
-            return decoder.readinto(offset, view[:n])
+        units = decoder.units
+        if units is None:
+            with self._lock:  # a decoder has one position
+                return decoder.readinto(offset, view[:n])
+        done = 0
+        while done < n:  # unit by unit, each decoded once and kept in this process's cache
+            pos = offset + done
+            k = bisect.bisect_right(units, pos) - 1
+            lo, hi = units[k], units[k + 1] if k + 1 < len(units) else decoder.size
+            data = unit_cache().get((self._key, lo), partial(self._decode, decoder, lo, hi))
+            m = min(n - done, hi - pos)
+            view[done : done + m] = data[pos - lo : pos - lo + m]
+            done += m
+        return n
+
+    def _decode(self, decoder: Decoder, lo: int, hi: int) -> bytes:
+        out = bytearray(hi - lo)
+        with self._lock:
+            got = decoder.readinto(lo, memoryview(out))
+        if got != hi - lo:
+            raise CorruptPickleError(
+                self.name, f"the {self.kind} unit at decompressed byte {lo} ends after {got} bytes"
+            )
+        return bytes(out)
 
     def identity(self) -> FileIdentity:
         """The decompressed size and the compressed file's mtime, ctime and inode. After a

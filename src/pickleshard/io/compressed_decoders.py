@@ -89,6 +89,9 @@ class Decoder(ABC):
 
     size: int
     how: str
+    #: the decompressed offsets where decoding can start (sorted, from 0), when the format has
+    #: such units and the decoder does not keep them decoded itself; None: read directly
+    units: tuple[int, ...] | None = None
 
     @abstractmethod
     def readinto(self, offset: int, view: memoryview) -> int:
@@ -130,6 +133,9 @@ class IndexedStream(Decoder):
         if self.how == "seek points built":
             self._build(points)
         self.size = self._f.size()
+        if kind == "bz2":  # rapidgzip keeps its own decoded chunks; indexed_bzip2 does not
+            starts = {int(v) for v in self._f.block_offsets().values() if v < self.size}
+            self.units = tuple(sorted(starts | {0}))
 
     def _load(self, points: Path) -> bool:
         try:
@@ -204,7 +210,8 @@ class XzBlocks(Decoder):
         try:
             self._f = lib.open(target, "rb")
             self.size = len(self._f)
-            self.blocks = len(self._f.block_boundaries)
+            self.units = tuple(int(b) for b in self._f.block_boundaries)
+            self.blocks = len(self.units)
         except Exception as exc:
             raise damaged("xz", self.name, exc) from None
 
@@ -231,6 +238,7 @@ class ZstdFrames(Decoder):
         self._zstd = require("zstd")
         self.source, self.name, self.table = source, source.name, table
         self.size = table.size
+        self.units = table.d_offsets[:-1]
         self._dctx = self._zstd.ZstdDecompressor()
         self._frame, self._data = -1, b""
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 __all__ = [
     "MAGICS",
     "ZstdSeekTable",
+    "multiblock_xz",
     "seekable_zstd",
     "sniff",
     "zstd_seek_table",
@@ -113,3 +114,21 @@ def seekable_zstd(data: bytes, frame_size: int = 1 << 20, level: int = 3) -> byt
         frames.append(frame)
         sizes.append((len(frame), len(data[lo : lo + frame_size])))
     return b"".join(frames) + zstd_seek_table_bytes(sizes)
+
+
+def multiblock_xz(data: bytes, block_size: int = 1 << 20) -> bytes:
+    """``data`` as an xz file with one block per ``block_size`` decompressed bytes (by
+    ``python-xz``), as ``xz -T0`` or ``xz --block-size`` writes it: readable in place."""
+    import io
+    import lzma
+
+    import xz
+
+    if not data:  # python-xz writes nothing for no data: an empty stream has no block
+        return lzma.compress(data, format=lzma.FORMAT_XZ)
+    out = io.BytesIO()
+    with xz.open(out, "wb") as fh:
+        for lo in range(0, len(data), block_size):
+            fh.write(data[lo : lo + block_size])
+            fh.change_block()
+    return out.getvalue()
