@@ -222,3 +222,16 @@ def test_split_a_compressed_file(tmp_path: Path, how: str) -> None:
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
         assert_same(g, w)
+
+
+@pytest.mark.parametrize("how", ["gzip", "bz2", "xz-blocks", "zstd-seekable"])
+def test_a_scan_walks_a_decoded_temporary_file_not_memory(tmp_path: Path, how: str) -> None:
+    import mmap
+
+    raw, _ = seed_bytes(40)
+    with open_source(compress_to(tmp_path / f"d{SUFFIX[how]}", raw, how)) as source:
+        mapped = source.map()
+        assert isinstance(mapped, mmap.mmap)  # page cache, not the process's heap
+        assert mapped[:] == raw
+        assert source.map() is mapped  # decoded once
+    assert not [p for p in (tmp_path / ".pickleshard" / "compressed").iterdir() if "tmp" in p.name]

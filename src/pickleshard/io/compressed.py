@@ -38,7 +38,7 @@ from ..errors import CorruptPickleError, PickleshardError, UnreadableFileError
 from ..fileidentity import FileIdentity
 from .base import AccessPattern, ByteSource, _check_range
 from .compressed_cache import default_cache_dir
-from .compressed_copy import DEFAULT_CACHE_BYTES
+from .compressed_copy import DEFAULT_CACHE_BYTES, spill
 from .compressed_decoders import Decoder, open_decoder
 from .compressed_formats import SNIFF_BYTES, sniff
 from .compressed_units import unit_cache
@@ -76,6 +76,7 @@ class CompressedSource(ByteSource):
         self._opened: FileIdentity | None = None  # the compressed file's, at the decoder's open
         self._lock = threading.Lock()
         self._key: tuple[object, ...] = ()  # the decoded units' key: the file as opened
+        self._spilled: Any = None  # map()'s decoded temporary file, in this process
 
     def _folder(self) -> Path:
         return Path(self.cache_dir) if self.cache_dir else default_cache_dir(self.name)
@@ -84,7 +85,7 @@ class CompressedSource(ByteSource):
         if self._pid != os.getpid() or self._decoder is None:
             if self._decoder is not None:
                 _INHERITED.append(self._decoder)
-            self._decoder = None
+            self._decoder, self._spilled = None, None
             now = self.inner.identity()
             self._decoder = open_decoder(
                 self.kind, self.inner, now, self._folder(), self.cache_bytes
@@ -167,6 +168,9 @@ class CompressedSource(ByteSource):
         return decoder.size
 
     def close(self) -> None:
+        if self._spilled is not None and self._pid == os.getpid() and self._spilled != b"":
+            self._spilled.close()
+        self._spilled = None
         if self._decoder is not None and self._pid == os.getpid():
             self._decoder.close()
         elif self._decoder is not None:
@@ -179,10 +183,19 @@ class CompressedSource(ByteSource):
         if self._decoder is not None and self._pid == os.getpid():
             self._decoder.advise(pattern)
 
-    def map(self) -> Any | None:
-        """The decompressed copy's mmap where there is one (xz and zstd without seek points),
-        else None."""
-        return self._open().map()
+    def map(self) -> Any:
+        """The decompressed bytes, mapped: the decompressed copy's mmap (xz and zstd without
+        seek points), or else a temporary file decoded in full on the first call, in this
+        process (what a scan walks: it reads every byte anyway; this keeps them out of the
+        process's memory). Kept until :meth:`close`."""
+        decoder = self._open()
+        mapped = decoder.map()
+        if mapped is None:
+            if self._spilled is None:
+                with self._lock:
+                    self._spilled = spill(decoder, self._folder())
+            mapped = self._spilled
+        return mapped
 
     def __getstate__(self) -> dict[str, Any]:
         return {

@@ -13,6 +13,9 @@ file, its decompressed size and the budget, and leaves no partial copy.
 from __future__ import annotations
 
 import lzma
+import mmap
+import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -25,7 +28,7 @@ from .compressed_decoders import Decoder, damaged, require
 from .local import LocalFile
 from .reader import open_reader
 
-__all__ = ["DEFAULT_CACHE_BYTES", "CachedCopy"]
+__all__ = ["DEFAULT_CACHE_BYTES", "CachedCopy", "spill"]
 
 DEFAULT_CACHE_BYTES = 16 << 30  # a decompressed copy's budget when none is given
 STEP = 1 << 20
@@ -113,3 +116,26 @@ class CachedCopy(Decoder):
 
     def close(self) -> None:
         self._file.close()
+
+
+def spill(decoder: Decoder, folder: Path) -> Any:
+    """All of ``decoder``'s bytes, decoded in order into an unlinked temporary file in
+    ``folder`` (the system's temporary folder where that cannot be written) and mapped
+    read-only: what a scan walks, held by the page cache rather than this process's memory.
+    The file is gone once the map is closed."""
+    if decoder.size == 0:
+        return b""
+    where = folder if os.access(folder, os.W_OK) else None  # None: the system's folder
+    with tempfile.TemporaryFile(dir=where) as fh:
+        view = memoryview(bytearray(4 * STEP))
+        pos = 0
+        while pos < decoder.size:
+            got = decoder.readinto(pos, view[: min(len(view), decoder.size - pos)])
+            if got == 0:
+                raise CorruptPickleError(
+                    decoder.name, f"the {decoder.kind} data ends after {pos} decompressed bytes"
+                )
+            fh.write(view[:got])
+            pos += got
+        fh.flush()
+        return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)

@@ -89,6 +89,8 @@ class Decoder(ABC):
 
     size: int
     how: str
+    kind: str
+    name: str
     #: the decompressed offsets where decoding can start (sorted, from 0), when the format has
     #: such units and the decoder does not keep them decoded itself; None: read directly
     units: tuple[int, ...] | None = None
