@@ -235,3 +235,32 @@ def test_a_scan_walks_a_decoded_temporary_file_not_memory(tmp_path: Path, how: s
         assert mapped[:] == raw
         assert source.map() is mapped  # decoded once
     assert not [p for p in (tmp_path / ".pickleshard" / "compressed").iterdir() if "tmp" in p.name]
+
+
+def test_a_missing_decoder_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from pickleshard.errors import MissingDependencyError
+
+    raw, _ = seed_bytes(5)
+    path = compress_to(tmp_path / "d.bz2", raw, "bz2")
+    monkeypatch.setitem(sys.modules, "indexed_bzip2", None)  # import fails as if not installed
+    with pytest.raises(MissingDependencyError, match=r"pip install 'pickleshard\[compressed\]'"):
+        open_source(path).read_at(0, 1)
+
+
+def test_a_rewritten_compressed_file_makes_the_index_stale(tmp_path: Path) -> None:
+    from pickleshard.errors import StaleIndexError
+
+    raw, _ = seed_bytes(20)
+    folder = tmp_path / "data"
+    folder.mkdir()
+    path = compress_to(folder / "part.pkl.gz", raw, "gzip")
+    ds = PickleDataset(folder)
+    entry = ds.index.files[0]
+    assert entry.size == len(raw)  # spans are offsets into the decompressed stream
+    assert entry.ino == path.stat().st_ino  # ... stamped with the compressed file's identity
+    other, _ = seed_bytes(21)
+    compress_to(path, other, "gzip")
+    with pytest.raises(StaleIndexError, match="part.pkl.gz"):
+        PickleDataset(folder, rebuild="never")
