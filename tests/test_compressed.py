@@ -262,5 +262,5 @@ def test_a_rewritten_compressed_file_makes_the_index_stale(tmp_path: Path) -> No
     assert entry.ino == path.stat().st_ino  # ... stamped with the compressed file's identity
     other, _ = seed_bytes(21)
     compress_to(path, other, "gzip")
-    with pytest.raises(StaleIndexError, match="part.pkl.gz"):
+    with pytest.raises(StaleIndexError, match=r"part\.pkl\.gz"):
         PickleDataset(folder, rebuild="never")
