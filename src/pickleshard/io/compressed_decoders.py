@@ -135,9 +135,10 @@ class IndexedStream(Decoder):
         if self.how == "seek points built":
             self._build(points)
         self.size = self._f.size()
-        if kind == "bz2":  # rapidgzip keeps its own decoded chunks; indexed_bzip2 does not
-            starts = {int(v) for v in self._f.block_offsets().values() if v < self.size}
-            self.units = tuple(sorted(starts | {0}))
+        # the seek points' decompressed offsets: a unit each, decoded once into the unit cache
+        # (rapidgzip's own chunk cache is a few chunks; indexed_bzip2 keeps none)
+        starts = {int(v) for v in self._f.block_offsets().values() if v < self.size}
+        self.units = tuple(sorted(starts | {0}))
 
     def _load(self, points: Path) -> bool:
         try:
