@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from pickleshard import PickleDataset
+from pickleshard.io import open_source
 from pickleshard.io.compressed_formats import multiblock_xz, seekable_zstd
 from pickleshard.io.compressed_units import unit_cache
 
@@ -101,6 +102,9 @@ def _measure(folder: Path, reads: int) -> dict[str, Any]:
     ds = PickleDataset(folder, jobs=1)
     index_s = time.perf_counter() - t0
     mode = ds.index.files[0].mode
+    source = open_source(path)
+    how = f"{mode}, {getattr(source, 'how', 'pread')}"
+    source.close()
     del ds
     t0 = time.perf_counter()
     ds = PickleDataset(folder, rebuild="never")
@@ -122,6 +126,7 @@ def _measure(folder: Path, reads: int) -> dict[str, Any]:
         "file_bytes": path.stat().st_size,
         "samples": len(ds),
         "mode": mode,
+        "how": how,
         "index_s": index_s,
         "reopen_s": reopen_s,
         "reads": reads,
@@ -139,7 +144,7 @@ def _table(rows: dict[str, dict[str, Any]]) -> list[str]:
     ]
     for form, r in rows.items():
         lines.append(
-            f"| {form} | {r['file_bytes'] / 2**20:.1f} MiB | {r['mode']} | {r['index_s']:.2f} "
+            f"| {form} | {r['file_bytes'] / 2**20:.1f} MiB | {r['how']} | {r['index_s']:.2f} "
             f"| {r['reopen_s']:.3f} | {r['samples_per_s']:,.0f} "
             f"| {r['samples_per_s'] / plain['samples_per_s']:.2f}x "
             f"| {r['samples_per_s_small_cache']:,.0f} "
