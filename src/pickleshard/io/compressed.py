@@ -45,10 +45,6 @@ from .compressed_units import unit_cache
 
 __all__ = ["CompressedSource", "decompressing"]
 
-# Decoders a forked child inherited: never closed or collected there (rapidgzip would join
-# threads that exist only in the parent), and never used.
-_INHERITED: list[Decoder] = []
-
 
 class CompressedSource(ByteSource):
     """The decompressed bytes of ``inner``, a ``kind`` (``"gzip"``, ``"bz2"``, ``"xz"``,
@@ -83,8 +79,8 @@ class CompressedSource(ByteSource):
 
     def _open(self) -> Decoder:
         if self._pid != os.getpid() or self._decoder is None:
-            if self._decoder is not None:
-                _INHERITED.append(self._decoder)
+            # a forked child's copy of the parent's decoder was closed at the fork (see
+            # compressed_decoders); its spilled map stays the parent's
             self._decoder, self._spilled = None, None
             now = self.inner.identity()
             self._decoder = open_decoder(
@@ -173,8 +169,6 @@ class CompressedSource(ByteSource):
         self._spilled = None
         if self._decoder is not None and self._pid == os.getpid():
             self._decoder.close()
-        elif self._decoder is not None:
-            _INHERITED.append(self._decoder)
         self._decoder, self._pid, self._opened = None, -1, None
         self.inner.close()
 

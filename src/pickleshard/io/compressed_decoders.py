@@ -111,8 +111,24 @@ class Decoder(ABC):
 
 
 def _close_in(pid: int, fh: Any) -> None:
-    if os.getpid() == pid:  # a forked child must not join its parent's decoder threads
+    if os.getpid() == pid:  # a child closed its inherited copy when it was forked
         fh.close()
+
+
+# The decoders that run threads (rapidgzip's, indexed_bzip2's): a forked child closes its copies
+# at once (their threads stayed in the parent; one left open aborts the child's interpreter at
+# exit), and opens its own on its first read.
+_THREADED: weakref.WeakSet[IndexedStream] = weakref.WeakSet()
+
+
+def _close_inherited() -> None:
+    for stream in list(_THREADED):
+        with contextlib.suppress(Exception):
+            stream.close()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_inherited)
 
 
 class IndexedStream(Decoder):
@@ -131,6 +147,7 @@ class IndexedStream(Decoder):
         except Exception as exc:
             raise damaged(kind, self.name, exc) from None
         weakref.finalize(self, _close_in, os.getpid(), self._f)
+        _THREADED.add(self)
         self.how = "seek points loaded" if self._load(points) else "seek points built"
         if self.how == "seek points built":
             self._build(points)
