@@ -264,3 +264,37 @@ def test_a_rewritten_compressed_file_makes_the_index_stale(tmp_path: Path) -> No
     compress_to(path, other, "gzip")
     with pytest.raises(StaleIndexError, match=r"part\.pkl\.gz"):
         PickleDataset(folder, rebuild="never")
+
+
+_FORK_THEN_EXIT = """
+import os, sys
+from pickleshard.io import open_source
+source = open_source(sys.argv[1])
+source.read_at(100, 10)  # the parent's decoder is open, its threads running
+pid = os.fork()
+if pid == 0:
+    source.read_at(200, 10)
+    sys.exit(0)  # a normal exit: the interpreter finalizes what the child holds
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+@pytest.mark.parametrize("how", ["gzip", "bz2"])
+def test_a_forked_child_that_exits_normally_does_not_abort(tmp_path: Path, how: str) -> None:
+    import subprocess
+    import sys
+
+    raw, _ = seed_bytes(10)
+    path = compress_to(tmp_path / f"d{SUFFIX[how]}", raw, how)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    out = subprocess.run(
+        [sys.executable, "-c", _FORK_THEN_EXIT, os.fspath(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1] == "0", out.stderr  # the child's exit code (SIGABRT: -6)
