@@ -1,10 +1,10 @@
 """``python -m bench``: whole-file PickleDataset against the naive and folk baselines.
 
 ``python -m bench scan ...`` runs ``bench.scan`` instead (index build: scanner vs unpickling),
+``python -m bench compressed ...`` runs ``bench.compressed`` (compressed pickles read in place),
 ``python -m bench span ...`` runs ``bench.span`` (shuffled epochs by span vs numpy memmap),
 ``python -m bench index-open ...`` runs ``bench.index_open`` (the cost of validating an index),
-``python -m bench first-epoch ...`` runs ``bench.first_epoch`` (whole-file first epoch vs folk),
-``python -m bench compressed ...`` runs ``bench.compressed`` (compressed pickles read in place).
+``python -m bench first-epoch ...`` runs ``bench.first_epoch`` (whole-file first epoch vs folk).
 
 Rows: {null, naive list, folk JSON, PickleDataset + BlockShuffleSampler} x {sequential,
 shuffled} x the ``--workers`` counts, each in a fresh process through the same DataLoader loop.
