@@ -1,6 +1,7 @@
 """``python -m bench``: whole-file PickleDataset against the naive and folk baselines.
 
 ``python -m bench scan ...`` runs ``bench.scan`` instead (index build: scanner vs unpickling),
+``python -m bench compressed ...`` runs ``bench.compressed`` (compressed pickles read in place),
 ``python -m bench span ...`` runs ``bench.span`` (shuffled epochs by span vs numpy memmap),
 ``python -m bench remote ...`` runs ``bench.remote`` (a shuffled epoch from S3 by byte range),
 ``python -m bench index-open ...`` runs ``bench.index_open`` (the cost of validating an index),
@@ -220,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
         from .remote import main as remote_main
 
         return remote_main(given[1:])
+    if given[:1] == ["compressed"]:  # `python -m bench compressed ...`
+        from .compressed import main as compressed_main
+
+        return compressed_main(given[1:])
     if given[:1] == ["span"]:  # `python -m bench span ...`
         from .span import main as span_main
 

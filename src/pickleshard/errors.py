@@ -19,6 +19,7 @@ __all__ = [
     "ConvertedDatasetError",
     "CorruptPickleError",
     "DatasetNotFoundError",
+    "DecompressedTooLargeError",
     "EmptyPickleError",
     "FieldLengthMismatchError",
     "FileChangedError",
@@ -160,6 +161,10 @@ class NotRegularFileError(UnreadableFileError):
 
 class CorruptPickleError(FileProblem, ValueError):
     """The bytes are not a valid pickle stream of the kind expected."""
+
+
+class DecompressedTooLargeError(FileProblem, ValueError):
+    """A compressed file without seek points decompresses to more than its copy's byte budget."""
 
 
 class EmptyPickleError(CorruptPickleError):

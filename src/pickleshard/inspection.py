@@ -41,7 +41,7 @@ from .errors import (
     UnsupportedLayoutError,
 )
 from .inspection_report import FileReport, describe
-from .io import open_source
+from .io import CompressedSource, open_source
 from .picklekit.audit import Audit, audit_buffer
 from .picklekit.auditwalk import COUNTED
 from .picklekit.externals import ExternalMemos, MemoShifts
@@ -240,6 +240,8 @@ def inspect_file(
             raise joblib_note(exc, source) from None
         reader = _Reader(buf, audit.protocol, encoding)
         report = _report(name, buf, audit, reader, encoding, max(samples, 0), check_all)
+        if isinstance(source, CompressedSource):  # what follows is of the decompressed bytes
+            report.compression = source.describe()
     report.globals = audit.globals(extra)
     report.allow_globals = allowed
     report.refusals = [

@@ -106,6 +106,9 @@ class FileReport:
     seconds: float
     allow_globals: tuple[str, ...] = field(default=())
     refusals: list[str] = field(default_factory=list)
+    #: a compressed file's ``{"format", "compressed_size", "seek"}`` (``size``, ``opcodes``...
+    #: are then of the decompressed stream); None for an uncompressed one
+    compression: dict[str, Any] | None = None
 
     @property
     def verdict(self) -> Verdict | None:
@@ -144,4 +147,5 @@ class FileReport:
             "seconds": round(self.seconds, 6),
             "allow_globals": list(self.allow_globals),
             "refusals": list(self.refusals),
+            "compression": self.compression,
         }

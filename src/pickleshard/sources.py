@@ -16,7 +16,7 @@ from .remotesources import is_url, resolve_url, resolve_urls
 
 __all__ = ["PICKLE_PATTERNS", "ResolvedSource", "Source", "check_regular_file", "resolve_source"]
 
-PICKLE_PATTERNS = ("*.pkl", "*.pickle", "*.pk", "*.p")
+PICKLE_PATTERNS = ("*.pkl", "*.pickle", "*.pk", "*.p", "*.gz", "*.bz2", "*.xz", "*.zst")
 INDEX_DIRNAME = ".pickleshard"
 
 Source = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
@@ -95,7 +95,8 @@ def resolve_source(source: Source) -> ResolvedSource:
     A URL (``s3://bucket/prefix/``, ``gs://``, ``https://``...) is listed through fsspec (see
     :mod:`pickleshard.remotesources`); its root is a URL.
 
-    A directory is searched recursively for ``*.pkl``, ``*.pickle``, ``*.pk`` and ``*.p``
+    A directory is searched recursively for ``*.pkl``, ``*.pickle``, ``*.pk``, ``*.p`` and the
+    compressed ``*.gz``, ``*.bz2``, ``*.xz``, ``*.zst`` (read decompressed, see pickleshard.io)
     (skipping ``.pickleshard/``); a string with glob characters is expanded (``**`` recurses);
     a list names files directly. The root is the directory itself, or the deepest directory
     common to all files.

@@ -61,6 +61,12 @@ def render(r: FileReport, fetched: int | None = None) -> str:
         f"{r.path}: pickle protocol {r.protocol}, {r.pickles} pickle{'s' * (r.pickles != 1)}, "
         f"{_size(r.size)}"
     ]
+    if r.compression is not None:
+        c = r.compression
+        lines.append(
+            f"  compressed {c['format']}, {_size(c['compressed_size'])} -> {_size(r.size)} "
+            f"decompressed ({c['seek']}); what follows is the decompressed stream"
+        )
     indexable = "span-indexable" if r.span_indexable else f"not span-indexable: {r.reason}"
     lines.append(f"  layout   {r.layout}")
     lines.append(f"  reading  {indexable}")

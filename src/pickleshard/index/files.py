@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from ..errors import FileProblem
 from ..fileidentity import FileIdentity
-from ..io import ByteSource, LocalFile
+from ..io import ByteSource, open_source
 
 __all__ = [
     "FileEntry",
@@ -44,7 +44,8 @@ def fingerprint(file: ByteSource | str | os.PathLike[str]) -> str:
     Raises :class:`~pickleshard.errors.UnreadableFileError` naming the file.
     """
     if not isinstance(file, ByteSource):
-        with LocalFile(file, pattern="random") as source:
+        with open_source(file) as source:
+            source.advise("random")
             return fingerprint(source)
     h = hashlib.blake2b(digest_size=16)
     size = file.size

@@ -8,6 +8,7 @@ from .base import (
     register_source,
     registered_sources,
 )
+from .compressed import CompressedSource, decompressing
 from .counters import storage_read_bytes
 from .local import LocalFile
 from .reader import SourceReader, open_reader
@@ -18,10 +19,12 @@ __all__ = [
     "COALESCE_GAP",
     "AccessPattern",
     "ByteSource",
+    "CompressedSource",
     "FsspecSource",
     "LocalFile",
     "SourceReader",
     "WindowedBuffer",
+    "decompressing",
     "open_reader",
     "open_source",
     "register_source",

@@ -172,11 +172,14 @@ def registered_sources() -> tuple[str, ...]:
 
 
 def open_source(where: str | os.PathLike[str]) -> ByteSource:
-    """The byte source for ``where``: a local path, or a URL whose scheme a source registered."""
+    """The byte source for ``where``: a local path, or a URL whose scheme a source registered;
+    a compressed file (by its magic bytes) comes decompressed (:mod:`pickleshard.io.compressed`)."""
     text = os.fspath(where)
     scheme, sep, _ = text.partition("://")
     opener = _REGISTRY.get(scheme if sep else "file")
     if opener is None:
         known = ", ".join(f"{p}://" for p in registered_sources())
         raise ValueError(f"{text}: no byte source for {scheme}:// (known: {known})")
-    return opener(text)
+    from .compressed import decompressing  # it builds on this module
+
+    return decompressing(opener(text))

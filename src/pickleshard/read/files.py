@@ -82,7 +82,7 @@ class SpanFiles:
             return got
         path = self.paths[pos]
         entry = self.index.files[pos]
-        source = open_source(path)  # a local file, or a URL's remote object
+        source = open_source(path)  # a local file (decompressed if compressed) or a URL's object
         source.advise("random")
         try:
             _check_size(source, entry.size)

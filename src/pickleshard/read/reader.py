@@ -42,7 +42,7 @@ from ..errors import (
     TruncatedPickleError,
 )
 from ..fileidentity import FileIdentity
-from ..io import ByteSource, LocalFile
+from ..io import ByteSource, open_source
 from ..picklekit.rewrite import BIG, FindClass
 from ..picklekit.unpicklers import MemoIdPastSpan
 from ..picklekit.walk import resolve_engine
@@ -105,7 +105,10 @@ class SpanReader:
             records=np.asarray(scan.records),
         )
         self.path = scan.path
-        self.source = source if source is not None else LocalFile(scan.path, pattern="random")
+        if source is None:  # a compressed file comes decompressed
+            source = open_source(scan.path)
+            source.advise("random")
+        self.source = source
         self.identity = identity if identity is not None else FileIdentity(scan.size)
         self.verify = verify
         self.bounds = bounds

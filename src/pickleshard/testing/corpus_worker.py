@@ -125,14 +125,30 @@ def _engines() -> list[str]:
     return ["python"] + (["compiled"] if walk.compiled_walker() is not None else [])
 
 
+def _decompressed(path: str) -> Any:
+    """``path`` opened for reading, decompressed by the standard library when its magic says
+    gzip, bz2 or xz (pickleshard reads those decompressed; this oracle does not use its code)."""
+    import bz2
+    import gzip
+    import lzma
+
+    with open(path, "rb") as fh:
+        head = fh.read(6)
+    for magic, opener in ((b"\x1f\x8b", gzip.open), (b"BZh", bz2.open), (b"\xfd7zXZ", lzma.open)):
+        if head.startswith(magic):
+            return opener(path, "rb")
+    return open(path, "rb")
+
+
 def _reference(path: str) -> tuple[list[Any] | None, str]:
     """Every pickle of ``path`` loaded one after another under the default allowlist."""
     from ..safety import DEFAULT_POLICY
 
     objs = []
     try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
+        with _decompressed(path) as fh:
+            size = fh.seek(0, os.SEEK_END)
+            fh.seek(0)
             while True:
                 objs.append(DEFAULT_POLICY.unpickler(fh, path).load())
                 if fh.tell() >= size:
