@@ -25,7 +25,9 @@ from .errors import NotSpanIndexableError
 from .index import Rebuild, SkippedFilesWarning, open_index
 from .read import SpanFiles
 from .safety import UnpicklePolicy
-from .scan.layouts import DecodedLayout
+from .scan.ambiguity import warn_ambiguous
+from .scan.filemeta import metadata_from_json
+from .scan.layouts import DecodedLayout, LayoutChoice
 from .sources import Source
 from .wholecache import CacheBudget, CacheStats, WholeFileCache
 from .wholefile import load_layout
@@ -77,6 +79,13 @@ class PickleDataset(_DatasetBase[Any]):
     :class:`~pickleshard.wholecache.CacheBudget`, gives each of ``n`` workers
     ``cache_bytes // n``. Each process has its own cache (a forked worker starts empty), and so
     its own span readers.
+
+    ``layout`` says what a file or record is: ``"columns"`` (``(x_list, y_list)``, a dict of
+    columns), ``"records"`` (each appended pickle, or each item of a top-level list, is one
+    sample), ``"file"`` (the file's one pickle is one sample); ``"auto"`` (default) infers it
+    and warns (:class:`~pickleshard.errors.AmbiguousLayoutWarning`, once) when another reading
+    is as plausible, naming the argument that picks it. See :mod:`pickleshard.scan.layouts`.
+    A one-pickle dict's scalar values (CIFAR's ``batch_label``) are :meth:`file_metadata`.
     """
 
     def __init__(
@@ -96,6 +105,7 @@ class PickleDataset(_DatasetBase[Any]):
         skip_bad: bool = False,
         max_sample_bytes: int | None = DEFAULT_MAX_SAMPLE_BYTES,
         max_depth: int | None = DEFAULT_MAX_DEPTH,
+        layout: LayoutChoice = "auto",
     ) -> None:
         self.budget = CacheBudget(cache_bytes)  # ValueError if negative
         if mode not in ("auto", "span", "whole"):
@@ -115,7 +125,9 @@ class PickleDataset(_DatasetBase[Any]):
             progress=progress,
             policy=self.policy,
             skip_bad=skip_bad,
+            layout=layout,
         )
+        self.layout = layout
         self.mode = mode
         self.transform = transform
         self._paths = [os.fspath(self.source.absolute(f.path)) for f in self.index.files]
@@ -143,6 +155,20 @@ class PickleDataset(_DatasetBase[Any]):
                 SkippedFilesWarning,
                 stacklevel=2,
             )
+        notes = [f.ambiguity for f in self.index.files]
+        warn_ambiguous(zip(self._paths, notes, strict=True), stacklevel=3)
+
+    def file_metadata(self, file: int | str | os.PathLike[str]) -> dict[str, Any]:
+        """The metadata of a file (its position in :attr:`index`'s files table, or its path):
+        the scalar values beside the columns of a one-pickle dict, by name (``{"batch_label":
+        b"training batch 1 of 5"}`` for a CIFAR batch); empty when it has none."""
+        if not isinstance(file, int):
+            path = os.fspath(file)
+            file = self._positions.get(path, self._positions.get(os.path.realpath(path), -1))
+            if file < 0:
+                raise KeyError(f"{path} is not a file of this dataset")
+        stored = self.index.files[file].metadata
+        return metadata_from_json(stored) if stored else {}
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -154,7 +180,8 @@ class PickleDataset(_DatasetBase[Any]):
     def _load(self, path: str) -> DecodedLayout:
         # the file as indexed, checked before and after the load (a rewrite during an epoch)
         pos = self._positions[path]
-        decoded = load_layout(path, self.policy, identity=self.index.files[pos].identity)
+        entry = self.index.files[pos]
+        decoded = load_layout(path, self.policy, identity=entry.identity, layout=self.layout)
         # once per load, not per sample: the cache hands out only what passed it here
         self.index.check_decoded(pos, path, decoded.num_samples, decoded.fields)
         return decoded

@@ -48,7 +48,8 @@ from .picklekit.inert import InspectUnpickler, NotInspectable
 from .picklekit.spanfile import SpanFile
 from .picklekit.standins import ArraySpec, Refusals
 from .scan import ScanResult, scan_file
-from .scan.layouts import decode_layout, decode_records
+from .scan.layouts import decode_layout
+from .scan.records import decode_records
 from .scanio import scan_buffer
 
 __all__ = ["WHOLE_FILE_OPCODES", "FileReport", "inspect_file"]

@@ -26,7 +26,8 @@ from .gcpause import paused_gc
 from .io import ByteSource, open_reader, open_source
 from .picklekit.memoids import check_memo_ids
 from .safety import DEFAULT_POLICY, UnpicklePolicy, guard_misuse
-from .scan.layouts import DecodedLayout, decode_records
+from .scan.layouts import DecodedLayout, LayoutChoice
+from .scan.records import decode_records
 
 __all__ = [
     "load_file",
@@ -176,9 +177,10 @@ def load_layout(
     *,
     check_memo: bool = False,
     identity: FileIdentity | None = None,
+    layout: LayoutChoice = "auto",
 ) -> DecodedLayout:
-    """Unpickle every pickle of ``path`` and return its samples as columns (see
-    :func:`pickleshard.scan.layouts.decode_records`: one pickle, or several appended ones);
-    ``check_memo`` and ``identity`` as in :func:`load_records`."""
+    """Unpickle every pickle of ``path`` and return its samples as columns, read as ``layout``
+    says (see :func:`pickleshard.scan.records.decode_records`: one pickle, or several appended
+    ones); ``check_memo`` and ``identity`` as in :func:`load_records`."""
     records = load_records(path, policy, check_memo=check_memo, identity=identity)
-    return decode_records(records, path)
+    return decode_records(records, path, layout)
