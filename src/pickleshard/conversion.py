@@ -52,6 +52,7 @@ from .formats import Format, PartResult, PartSpec, WriteOptions, get_format
 from .formats.base import DESCRIPTOR_NAME, FORMAT_NAME, FORMAT_VERSION, HASHES_NAME
 from .formats.files import NO_SPACE, NpyWriter, atomic_write_json
 from .formats.staging import Staging
+from .scan.layouts import LayoutChoice
 from .sources import Source
 
 if TYPE_CHECKING:
@@ -116,11 +117,13 @@ def source_dataset(
     encoding: str = "ASCII",
     jobs: int | None = None,
     progress: bool = False,
+    layout: LayoutChoice = "auto",
 ) -> PickleDataset:
     """``source`` as a :class:`~pickleshard.PickleDataset` that keeps one decoded file at a time.
 
     A PickleDataset is copied (without its cache); anything else is opened with ``trusted``,
-    ``allow_globals`` and ``encoding``, its index built (``jobs`` processes) if missing or stale.
+    ``allow_globals``, ``encoding`` and ``layout``, its index built (``jobs`` processes) if
+    missing or stale.
     """
     from .dataset import PickleDataset
 
@@ -135,6 +138,7 @@ def source_dataset(
             encoding=encoding,
             jobs=jobs,
             progress=progress,
+            layout=layout,
         )
     ds.cache_bytes = 0  # conversion reads files in order: one decoded file per process suffices
     return ds
@@ -285,6 +289,7 @@ def convert(
     allow_globals: Iterable[str] = (),
     encoding: str = "ASCII",
     overwrite: bool = False,
+    layout: LayoutChoice = "auto",
 ) -> ConvertReport:
     """Convert ``source`` to format ``to`` in directory ``out``; see the module docstring.
 
@@ -299,7 +304,7 @@ def convert(
     read budget across jobs. ``verify=True`` then reads every sample of the output back and
     compares its content hash with the digest taken of the source sample as it was converted
     (``hashes.npy``), without reading the source again. ``overwrite=True`` replaces an existing
-    conversion.
+    conversion. ``layout`` is :class:`~pickleshard.PickleDataset`'s (what a file or record is).
 
     Rerunning after a kill resumes; rerunning after success returns at once
     (``already_done``). Raises :class:`~pickleshard.errors.OutputPathError` if ``out`` cannot
@@ -323,6 +328,7 @@ def convert(
         encoding=encoding,
         jobs=jobs,
         progress=progress,
+        layout=layout,
     )
     identity = _identity(ds, fmt, shard_bytes)
     files = ds.index.files

@@ -12,6 +12,7 @@ import numpy as np
 from .allowlist import Verdict
 from .picklekit.audit import GlobalUse
 from .picklekit.standins import ArraySpec, EncodedText, Opaque, Payload
+from .scan.ambiguity import Ambiguity
 
 __all__ = ["SCHEMA", "FileReport", "describe"]
 
@@ -42,7 +43,7 @@ def _describe(v: Any, depth: int) -> str:
     if isinstance(v, EncodedText):
         return f"bytes len={v.length if v.length >= 0 else '?'}"
     if isinstance(v, Payload):
-        return f"{'str' if v.kind == 'text' else v.kind} len={v.length}"
+        return f"{'str' if v.kind in ('text', 'string') else v.kind} len={v.length}"
     if isinstance(v, (list, tuple, dict, set, frozenset)):
         text = f"{type(v).__name__} len={len(v)}"
         if v and depth == 0:
@@ -106,6 +107,8 @@ class FileReport:
     seconds: float
     allow_globals: tuple[str, ...] = field(default=())
     refusals: list[str] = field(default_factory=list)
+    ambiguity: Ambiguity | None = None  # the other plausible reading of an inferred layout
+    metadata: dict[str, str] = field(default_factory=dict)  # the file's metadata, shown
 
     @property
     def verdict(self) -> Verdict | None:
@@ -144,4 +147,6 @@ class FileReport:
             "seconds": round(self.seconds, 6),
             "allow_globals": list(self.allow_globals),
             "refusals": list(self.refusals),
+            "ambiguity": self.ambiguity.to_json() if self.ambiguity else None,
+            "metadata": dict(self.metadata),
         }

@@ -24,6 +24,7 @@ from .formats import open_dataset
 from .formats.base import HASHES_NAME, Sample
 from .formats.encoding import sample_digest
 from .formats.npy import map_npy
+from .scan.layouts import LayoutChoice
 from .sources import Source
 
 if TYPE_CHECKING:
@@ -82,11 +83,12 @@ def verify(
     allow_globals: Iterable[str] = (),
     encoding: str = "ASCII",
     progress: bool = False,
+    layout: LayoutChoice = "auto",
 ) -> VerifyReport:
     """Compare every sample of conversion ``out`` (or ``sample`` random ones) with ``source``.
 
     ``source`` is what :func:`pickleshard.conversion` took (``trusted``, ``allow_globals`` and
-    ``encoding`` as there); ``None`` compares with the digests stored at conversion time
+    ``encoding`` and ``layout`` as there); ``None`` compares with the digests stored at conversion time
     instead (no source needed; catches corruption since). With ``sample=K`` only K samples,
     drawn without replacement from ``seed``, are checked.
     Raises :class:`~pickleshard.errors.VerifyMismatchError` naming the first sample (in index
@@ -101,7 +103,7 @@ def verify(
         from .conversion import source_dataset
 
         src = source_dataset(
-            source, trusted=trusted, allow_globals=allow_globals, encoding=encoding
+            source, trusted=trusted, allow_globals=allow_globals, encoding=encoding, layout=layout
         )
         if len(src) != n:
             raise VerifyMismatchError(root, f"has {n} samples, the source has {len(src)}")

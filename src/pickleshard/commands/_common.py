@@ -8,7 +8,14 @@ import sys
 
 from ..safety import UnpicklePolicy
 
-__all__ = ["add_safety_flags", "parse_size", "policy_from_args", "safety_kwargs", "show_progress"]
+__all__ = [
+    "add_layout_flag",
+    "add_safety_flags",
+    "parse_size",
+    "policy_from_args",
+    "safety_kwargs",
+    "show_progress",
+]
 
 _UNITS = {
     "": 1,
@@ -56,6 +63,18 @@ def add_safety_flags(p: argparse.ArgumentParser) -> None:
         help="also allow this global (repeatable)",
     )
     g.add_argument("--encoding", default="ASCII", help="text encoding for Python 2 pickles")
+
+
+def add_layout_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--layout",
+        choices=("auto", "columns", "records", "file"),
+        default="auto",
+        help="what a file or record is: columns ((x_list, y_list), a dict of columns), records "
+        "(each appended pickle, or each item of a top-level list, is one sample), file (one "
+        "sample per file); auto (default) infers it and warns when another reading is as "
+        "plausible",
+    )
 
 
 def policy_from_args(args: argparse.Namespace) -> UnpicklePolicy:

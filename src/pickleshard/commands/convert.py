@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from ._common import add_safety_flags, parse_size, safety_kwargs, show_progress
+from ._common import add_layout_flag, add_safety_flags, parse_size, safety_kwargs, show_progress
 
 # pickleshard.formats.FORMAT_NAMES, spelled out so that the parser does not import torch.
 FORMATS = ("memmap", "lmdb", "webdataset")
@@ -28,6 +28,7 @@ def run(args: argparse.Namespace) -> int:
         verify=args.verify,
         progress=show_progress(args),
         overwrite=args.overwrite,
+        layout=args.layout,
         **sizes,
         **safety_kwargs(args),  # type: ignore[arg-type]
     )
@@ -87,4 +88,5 @@ def register(sub: Any) -> None:
     s.add_argument("--overwrite", action="store_true", help="replace an existing conversion")
     s.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
     add_safety_flags(s)
+    add_layout_flag(s)
     s.set_defaults(handler=run)

@@ -23,6 +23,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from ._common import add_layout_flag
+
 if TYPE_CHECKING:
     from ..inspection_report import FileReport
 
@@ -61,6 +63,12 @@ def render(r: FileReport, fetched: int | None = None) -> str:
     ]
     indexable = "span-indexable" if r.span_indexable else f"not span-indexable: {r.reason}"
     lines.append(f"  layout   {r.layout}")
+    if r.ambiguity is not None:  # the reading chosen, and the other one as plausible
+        a = r.ambiguity
+        lines.append(f"  chosen   {a.chosen} (--layout {a.keep})")
+        lines.append(f"  or       {a.alternative} (--layout {a.argument})")
+    for k, v in r.metadata.items():
+        lines.append(f"  metadata {k} = {v}")
     lines.append(f"  reading  {indexable}")
     if r.fields is not None:
         lines.append(f"  samples  {r.samples:,} per field ({', '.join(r.fields)})")
@@ -114,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
                 allow_globals=args.allow_global,
                 samples=args.samples,
                 check_all=args.strict,
+                layout=args.layout,
             )
         except PickleshardError as exc:
             if not several:
@@ -172,6 +181,7 @@ def register(sub: Any) -> None:
         help="count this global as allowed (repeatable), as the loading commands would",
     )
     s.add_argument("--encoding", default="ASCII", help="text encoding for Python 2 pickles")
+    add_layout_flag(s)
     s.set_defaults(handler=run, parser=s)
 
 

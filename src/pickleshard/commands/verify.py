@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from ._common import add_safety_flags, safety_kwargs, show_progress
+from ._common import add_layout_flag, add_safety_flags, safety_kwargs, show_progress
 
 
 def run(args: argparse.Namespace) -> int:
@@ -21,6 +21,7 @@ def run(args: argparse.Namespace) -> int:
         sample=args.sample,
         seed=args.seed,
         progress=show_progress(args),
+        layout=args.layout,
         **safety_kwargs(args),  # type: ignore[arg-type]
     )
     if args.json:
@@ -51,4 +52,5 @@ def register(sub: Any) -> None:
     s.add_argument("--seed", type=int, default=0, help="seed for --sample")
     s.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
     add_safety_flags(s)
+    add_layout_flag(s)
     s.set_defaults(handler=run, parser=s)

@@ -15,7 +15,7 @@ from typing import Any, cast
 import numpy as np
 
 from ..errors import UnsupportedLayoutError
-from .ambiguity import judge
+from .ambiguity import Ambiguity, judge
 from .layouts import (
     _EXPECTED,
     APPENDED,
@@ -29,7 +29,7 @@ from .layouts import (
     field_names,
 )
 
-__all__ = ["decode_records"]
+__all__ = ["decode_records", "judge_chunks"]
 
 
 def _concat(parts: Sequence[Sequence[Any]]) -> Sequence[Any]:
@@ -77,18 +77,24 @@ def _elements(fields: Sequence[str], columns: Columns) -> str:
     return ", ".join(out)
 
 
-def _judged(result: DecodedLayout, chunks: Sequence[DecodedLayout]) -> DecodedLayout:
-    """``result`` with its ambiguity (:func:`~pickleshard.scan.ambiguity.judge`), from the
-    facts of the pickles it was decoded from (``chunks``)."""
+def judge_chunks(
+    layout: str, fields: tuple[str, ...], chunks: Sequence[DecodedLayout]
+) -> Ambiguity | None:
+    """:func:`~pickleshard.scan.ambiguity.judge` of a file read as ``layout`` with ``fields``,
+    from the facts of the pickles it was decoded from (``chunks``, one each)."""
     first = chunks[0].columns
-    found = judge(
-        result.layout,
+    return judge(
+        layout,
         [c.num_samples for c in chunks],
         [all(isinstance(col, np.ndarray) for col in c.columns) for c in chunks],
         deep=any(isinstance(col, np.ndarray) and col.ndim >= 2 for col in first),
-        width=len(result.fields),
-        elements=_elements(result.fields, first),
+        width=len(fields),
+        elements=_elements(fields, first),
     )
+
+
+def _judged(result: DecodedLayout, chunks: Sequence[DecodedLayout]) -> DecodedLayout:
+    found = judge_chunks(result.layout, result.fields, chunks)
     return result if found is None else replace(result, ambiguity=found)
 
 
