@@ -61,7 +61,7 @@ class _Py2Pickler:
             else:
                 out += b"J" + struct.pack("<i", x)
         elif isinstance(x, bytes):
-            out += (b"U" + bytes([len(x)]) if len(x) < 256 else b"T" + struct.pack("<i", len(x)))
+            out += b"U" + bytes([len(x)]) if len(x) < 256 else b"T" + struct.pack("<i", len(x))
             out += x
             self.put()
         elif x is None:

@@ -83,7 +83,7 @@ class PickleDataset(_DatasetBase[Any]):
     ``layout`` says what a file or record is: ``"columns"`` (``(x_list, y_list)``, a dict of
     columns), ``"records"`` (each appended pickle, or each item of a top-level list, is one
     sample), ``"file"`` (the file's one pickle is one sample); ``"auto"`` (default) infers it
-    and warns (:class:`~pickleshard.errors.AmbiguousLayoutWarning`, once) when another reading
+    and warns (:class:`~pickleshard.AmbiguousLayoutWarning`, once) when another reading
     is as plausible, naming the argument that picks it. See :mod:`pickleshard.scan.layouts`.
     A one-pickle dict's scalar values (CIFAR's ``batch_label``) are :meth:`file_metadata`.
     """

@@ -13,7 +13,6 @@ import pickle
 from collections.abc import Iterable
 
 __all__ = [
-    "AmbiguousLayoutWarning",
     "ConversionStateError",
     "ConvertedDatasetError",
     "CorruptPickleError",
@@ -170,12 +169,6 @@ class MemoIdError(CorruptPickleError):
 
 class UnsupportedLayoutError(FileProblem, ValueError):
     """The file unpickles, but its top-level object is not a layout pickleshard can index."""
-
-
-class AmbiguousLayoutWarning(UserWarning):
-    """A file's layout was inferred (``layout="auto"``) where another reading of the same bytes
-    is as plausible; the message names the file, both readings and the ``layout=`` argument
-    that picks each (which also silences it). Not an error: the data is read as stated."""
 
 
 class FieldLengthMismatchError(UnsupportedLayoutError):

@@ -172,7 +172,7 @@ class InspectUnpickler(SpanUnpickler):
         self.append(self.find_class(*key))
 
     def _payload(self, n: int, kind: str, make: Callable[[bytes], Any]) -> None:
-        if n < (self._bytes_min if kind not in ("text", "string") else _TEXT_PLACEHOLDER_MIN):
+        if n < (_TEXT_PLACEHOLDER_MIN if kind == "text" else self._bytes_min):
             self.append(make(self.read(n)))
         elif n < _TEXT_PLACEHOLDER_MIN:
             offset = self.span.offset

@@ -76,7 +76,7 @@ def _judge(layout: str, parts: list[tuple[tuple[str, ...], list[Field]]]) -> Amb
         layout,
         [len(cs[0].starts) if cs else 0 for _, cs in parts],
         [all(c.array is not None for c in cs) for _, cs in parts],
-        deep=any(c.array is not None and c.array.row_shape for c in cols),
+        deep=all(c.array is not None and c.array.row_shape for c in cols),
         width=len(names),
         elements=", ".join(
             f"{n} {c.array.row_shape} {c.array.dtype}" if c.array else f"{n} object"

@@ -6,21 +6,21 @@ files have two legal readings, and taking one silently is wrong half the time: 4
 ``((32, 3), (32,))`` rows. The rule (:func:`judge`) looks only at facts both the scanner and a
 whole-file load know, so both flag the same files:
 
-- **Appended pickles read as column chunks, each only a few samples long**: every pickle has at
-  most :data:`FEW_ROWS` samples, and either every pickle has the same count (a per-record first
-  dimension, not chunks of a dataset, whose last chunk is usually shorter) or every field of
-  every pickle is a numpy array (rows of arrays, whose first dimension may be spatial). The
-  other reading is one sample per pickle: ``layout="records"``.
-- **One pickle read as columns that are all numpy arrays, at least one of more than one
-  dimension, with at most** :data:`FEW_ROWS` **samples**: the "columns" may be the parts of one
-  sample (an ``(image, mask)``), their shared length a spatial size. The other reading is one
-  sample per file: ``layout="file"``.
-- **One top-level list of N per-sample tuples of W items, W > N, N at most 64** (the most
-  columns a top-level list is read as): the tuples may be columns. The other reading is
+- **Appended pickles read as column chunks of numpy arrays, each only a few samples long**:
+  every field of every pickle is a numpy array and every pickle has at most :data:`FEW_ROWS`
+  samples. The "samples" are then rows of arrays whose first dimension is as likely a spatial
+  size or a vector's length (a per-record first dimension) as a sample count. The other reading
+  is one sample per pickle: ``layout="records"``.
+- **One pickle read as columns that are all numpy arrays of two dimensions or more, with at
+  most** :data:`FEW_ROWS` **samples**: no column holds one scalar per sample (a dataset's label
+  column does), so the "columns" may be the parts of one sample (an ``(image, mask)``), their
+  shared length a spatial size. The other reading is one sample per file: ``layout="file"``.
+- **One top-level list of N per-sample tuples of W items, W above both N and**
+  :data:`FEW_ROWS`: so wide a "sample" is more likely N columns. The other reading is
   ``layout="columns"``.
 
-The seed's ``(x_list, y_list)`` (list fields, one pickle) and chunked writes of many samples never
-match. :class:`Ambiguity` says what was chosen and what else it may be; it travels in the index's
+The seed's ``(x_list, y_list)`` (list fields), an ``(X, y)`` with a label column, and chunked
+writes of many samples never match. :class:`Ambiguity` says what was chosen and what else it may be; it travels in the index's
 files table as JSON, so that opening the dataset warns (once) without rescanning.
 """
 
@@ -32,15 +32,19 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..errors import AmbiguousLayoutWarning
-
-__all__ = ["FEW_ROWS", "Ambiguity", "judge", "warn_ambiguous"]
+__all__ = ["FEW_ROWS", "Ambiguity", "AmbiguousLayoutWarning", "judge", "warn_ambiguous"]
 
 FEW_ROWS = 64
 """At most this many samples in a pickle read as columns is "a few": a per-sample record's
 arrays are this short along their first dimension (a spatial size, a vector's length)."""
 
 _MAX_LIST_FIELDS = 64  # as pickleshard.scan.layouts.MAX_LIST_FIELDS
+
+
+class AmbiguousLayoutWarning(UserWarning):
+    """A file's layout was inferred (``layout="auto"``) where another reading of the same bytes
+    is as plausible; the message names the file, both readings and the ``layout=`` argument
+    that picks each (which also silences it). Not an error: the data is read as stated."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,7 @@ def judge(
     """The ambiguity of a file ``layout="auto"`` read as ``layout`` (a layout name, maybe
     ``appended_``), or None when its reading is the only plausible one (see the module
     docstring). ``rows``: the samples of each pickle of the file; ``arrays``: whether every
-    field of that pickle is a numpy array; ``deep``: some field of the first pickle has
+    field of that pickle is a numpy array; ``deep``: every field of the first pickle has
     elements of one dimension or more; ``width``: the fields per sample; ``elements``: the
     fields' element types in words, for the message."""
     from .layouts import APPENDED, LAYOUT_TABLE
@@ -104,7 +108,7 @@ def judge(
     what = f" ({elements})" if elements else ""
     total = sum(rows)
     if not entry.per_sample:
-        if len(rows) > 1 and max(rows) <= FEW_ROWS and (len(set(rows)) == 1 or all(arrays)):
+        if len(rows) > 1 and max(rows) <= FEW_ROWS and all(arrays):
             each = f"{rows[0]}" if len(set(rows)) == 1 else f"at most {max(rows)}"
             return Ambiguity(
                 chosen=f"{len(rows)} appended pickles each of columns {each} samples long, "
@@ -122,7 +126,7 @@ def judge(
             )
         return None
     rows_of_tuples = entry.rows and entry.sample == "tuple" and len(rows) == 1
-    if rows_of_tuples and rows[0] <= _MAX_LIST_FIELDS and width > rows[0]:
+    if rows_of_tuples and rows[0] <= _MAX_LIST_FIELDS and width > max(rows[0], FEW_ROWS):
         return Ambiguity(
             chosen=f"a list of {rows[0]} per-sample tuples of {width} items",
             alternative=f"{rows[0]} columns of {width} samples each",
@@ -133,7 +137,7 @@ def judge(
 
 
 def warn_ambiguous(found: Iterable[tuple[str, dict[str, str] | None]], stacklevel: int = 2) -> None:
-    """One :class:`~pickleshard.errors.AmbiguousLayoutWarning` for the ``(path, stored
+    """One :class:`~pickleshard.AmbiguousLayoutWarning` for the ``(path, stored
     ambiguity)`` pairs of a dataset's files (as the files table keeps them), naming the first
     ambiguous file and how many there are; nothing when none is."""
     hits = [(path, Ambiguity.from_json(a)) for path, a in found if a is not None]

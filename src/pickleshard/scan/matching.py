@@ -183,13 +183,15 @@ def _item_spans(cand: Candidate) -> tuple[np.ndarray, np.ndarray]:
     return starts, np.array(cand.ends, np.int64)
 
 
-def _metadata_value(spec: Any) -> tuple[bool, Any]:
+def _metadata_value(spec: Any, encoding: str) -> tuple[bool, Any]:
     """``(True, value)`` when an inspected top-level value is file metadata
-    (:func:`~pickleshard.scan.filemeta.is_metadata`); a skipped payload never is."""
+    (:func:`~pickleshard.scan.filemeta.is_metadata`); a skipped payload never is. A Python 2
+    ``str`` payload is what ``encoding`` makes of it, as in :func:`pickle.load`."""
     if isinstance(spec, Payload):
-        if len(spec) != spec.length:
+        if len(spec) != spec.length or spec.kind not in ("bytes", "string"):
             return False, None
-        spec = bytes(spec) if spec.kind == "bytes" else None
+        raw = bytes(spec)
+        spec = raw if spec.kind == "bytes" or encoding == "bytes" else raw.decode(encoding)
     return is_metadata(spec), spec
 
 
@@ -230,7 +232,9 @@ def fields_of(
             for k, j in order.items():
                 v = values[j]
                 found = (
-                    (False, None) if type(v) is list else _metadata_value(insp.value(v, vends[j]))
+                    (False, None)
+                    if type(v) is list
+                    else _metadata_value(insp.value(v, vends[j]), insp.encoding)
                 )
                 if found[0]:
                     meta[field_name(k)] = found[1]

@@ -87,7 +87,7 @@ def judge_chunks(
         layout,
         [c.num_samples for c in chunks],
         [all(isinstance(col, np.ndarray) for col in c.columns) for c in chunks],
-        deep=any(isinstance(col, np.ndarray) and col.ndim >= 2 for col in first),
+        deep=all(isinstance(col, np.ndarray) and col.ndim >= 2 for col in first),
         width=len(fields),
         elements=_elements(fields, first),
     )
@@ -129,7 +129,14 @@ def decode_records(
             return decode_layout(objs[0], where, choice="records")
         return _one_per_record(objs, where, APPENDED if len(objs) > 1 else "")
     if len(objs) == 1:
-        single = decode_layout(objs[0], where, choice=layout, metadata=True)
+        try:
+            single = decode_layout(objs[0], where, choice=layout, metadata=True)
+        except UnsupportedLayoutError as exc:  # FieldLengthMismatchError too: (obs, action)
+            if layout != "auto":
+                raise
+            err = type(exc)(f"{exc}; if the file holds one sample, layout='file' reads it whole")
+            err.path = exc.path
+            raise err from None
         return _judged(single, [single]) if layout == "auto" else single
     try:
         chunks = [decode_layout(o, where, choice=layout) for o in objs]
