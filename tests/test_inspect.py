@@ -595,6 +595,8 @@ def test_cli_json_schema(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         "seconds",
         "allow_globals",
         "refusals",
+        "ambiguity",
+        "metadata",
     }
     assert doc["bytes_fetched"] is None or doc["bytes_fetched"] >= 0
     assert doc["schema"] == 1

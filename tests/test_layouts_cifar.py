@@ -166,3 +166,17 @@ def test_metadata_only_beside_columns_in_a_file_of_one_pickle() -> None:
         decode_records([{"x": [1, 2], "bad": {1, 2}}], "f.pkl")
     with pytest.raises(UnsupportedLayoutError, match="name the same field twice"):
         decode_records([{"x": [1, 2], b"x": [3, 4]}], "f.pkl")
+
+
+def test_split_refuses_to_drop_a_files_metadata(tmp_path: Path) -> None:
+    from pickleshard import split
+
+    py2 = tmp_path / "py2"
+    py2.write_bytes(py2_dumps(cifar_batch(N, 1)))
+    py3 = tmp_path / "py3"  # read whole: protocol 2 arrays are text
+    py3.write_bytes(pickle.dumps(cifar_batch(N, 2), protocol=2))
+    for path, enc in ((py2, "bytes"), (py3, "ASCII")):
+        with pytest.raises(
+            UnsupportedLayoutError, match=r"metadata \['batch_label'\] would be lost"
+        ):
+            split(path, tmp_path / f"out-{path.name}", max_samples=10, encoding=enc)
