@@ -129,6 +129,9 @@ def test_one_sample_per_file_warns_and_reads_whole_objects(per_file: Path) -> No
     assert ds.file_modes == ("span",) * 4
     for i in range(4):
         assert _same(ds[i], pickle.loads((per_file / f"{i}.pkl").read_bytes()))
+    records, seen = _open(per_file, layout="records", rebuild="auto")  # one pickle: one record
+    assert not seen
+    assert [_same(records[i], ds[i]) for i in range(4)] == [True] * 4
 
 
 def test_appended_dicts_warn_and_read_one_sample_per_dict(transitions: Path) -> None:

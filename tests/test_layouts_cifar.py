@@ -93,6 +93,9 @@ def test_python3_protocol2_batches_open_and_match(tmp_path: Path) -> None:
     want = _oracle(paths, "ASCII")
     assert all(_same(g, w) for g, w in zip(ds[N + 5], want[N + 5], strict=True))
     assert ds.file_metadata(2) == {"batch_label": b"training batch 3 of 5"}
+    report = inspect_file(paths[2])  # read inertly whole: the label is still metadata
+    assert report.fields == ds.fields
+    assert report.metadata == {"batch_label": "b'training batch 3 of 5'"}
 
 
 def test_inspect_names_the_metadata_and_the_fields(
@@ -116,7 +119,7 @@ def test_python2_array_reasons_never_guess_object_dtype() -> None:
     big = py2_dumps({b"x": np.arange(600, dtype=np.uint8).reshape(200, 3), b"y": list(range(200))})
     assert scan_bytes(big, encoding="latin1").kinds == ("array_row", "pickle")
     small = py2_dumps({b"x": np.zeros((4, 8), np.uint8), b"y": [1, 2, 3, 4]})
-    with pytest.raises(Exception, match="short text") as info:
+    with pytest.raises(Exception, match="short Python 2 str") as info:
         scan_bytes(small, encoding="bytes")
     assert "object dtype" not in str(info.value)
 

@@ -46,7 +46,7 @@ from .picklekit.auditwalk import COUNTED
 from .picklekit.externals import ExternalMemos, MemoShifts
 from .picklekit.inert import InspectUnpickler, NotInspectable
 from .picklekit.spanfile import SpanFile
-from .picklekit.standins import ArraySpec, Refusals
+from .picklekit.standins import ArraySpec, EncodedBytes, Refusals
 from .scan import ScanResult, scan_file
 from .scan.layouts import LayoutChoice, decode_layout
 from .scan.records import decode_records, judge_chunks
@@ -163,9 +163,13 @@ def _as_ndarray(v: Any) -> Any:
         return [_as_ndarray(x) if isinstance(x, ArraySpec) else x for x in v]
     if type(v) is tuple:
         return tuple(_as_ndarray(x) if isinstance(x, ArraySpec) else x for x in v)
-    if type(v) is dict:
-        return {k: _as_ndarray(x) if isinstance(x, ArraySpec) else x for k, x in v.items()}
+    if type(v) is dict:  # bytes at protocol <= 2 (a label beside the columns) as bytes
+        return {k: _as_ndarray(x) if isinstance(x, ArraySpec) else _plain(x) for k, x in v.items()}
     return v
+
+
+def _plain(x: Any) -> Any:
+    return bytes(x) if type(x) is EncodedBytes else x
 
 
 Decoded = tuple[str, tuple[str, ...] | None, int | None, dict[str, list[str]]]

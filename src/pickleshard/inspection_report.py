@@ -55,8 +55,8 @@ def _describe(v: Any, depth: int) -> str:
                 else f" ({key}{describe(first, 1)})"
             )
         return text
-    if isinstance(v, (bytes, bytearray)):
-        return f"{type(v).__name__} len={len(v)}"
+    if isinstance(v, (bytes, bytearray)):  # EncodedBytes: bytes written as text
+        return f"{'bytearray' if isinstance(v, bytearray) else 'bytes'} len={len(v)}"
     if isinstance(v, (str, int, float, complex, bool)) or v is None:
         text = repr(v)
         return f"{type(v).__name__} {text if len(text) <= 40 else text[:37] + '...'}"

@@ -21,7 +21,7 @@ import numpy as np
 from ..guards import CHECKS
 from .opcodes import I4, U4, U8
 from .spanfile import SpanFile
-from .standins import ArraySpec, EncodedText, Opaque, Payload, Refusals
+from .standins import ArraySpec, EncodedBytes, EncodedText, Opaque, Payload, Refusals
 from .unpicklers import SpanUnpickler
 
 __all__ = ["INERT_GLOBALS", "InspectUnpickler", "NotInspectable"]
@@ -101,7 +101,7 @@ def _encode(
     sink.check(key, (text, encoding), {})
     if type(text) is str and _is_latin1(encoding):
         try:
-            return text.encode("latin1")
+            return EncodedBytes(text.encode("latin1"))
         except UnicodeEncodeError:
             return EncodedText(len(text))
     n = text.length if isinstance(text, Payload) else len(text) if isinstance(text, str) else -1

@@ -24,7 +24,15 @@ import numpy as np
 
 from ..guards import check_call
 
-__all__ = ["MAX_REFUSALS", "ArraySpec", "EncodedText", "Opaque", "Payload", "Refusals"]
+__all__ = [
+    "MAX_REFUSALS",
+    "ArraySpec",
+    "EncodedBytes",
+    "EncodedText",
+    "Opaque",
+    "Payload",
+    "Refusals",
+]
 
 MAX_REFUSALS = 20
 """Refusals a :class:`Refusals` keeps (a hostile file could make millions)."""
@@ -125,6 +133,11 @@ class EncodedText:
         self.length = length
 
 
+class EncodedBytes(bytes):
+    """What ``_codecs.encode(text, "latin1")`` made of a short text: the bytes themselves
+    (a dict key, a label), marked as written as latin-1 text (protocol <= 2)."""
+
+
 class _LenStr(str):
     """A ``str`` of a skipped text payload's length, for the argument checks."""
 
@@ -185,7 +198,7 @@ class ArraySpec:
         problem, if any, with reading its rows in place."""
         self.dtype = dtype if isinstance(dtype, np.dtype) else None
         self.shape = tuple(shape) if isinstance(shape, tuple) else ()
-        if isinstance(data, EncodedText):
+        if isinstance(data, (EncodedText, EncodedBytes)):
             self.problem = "its bytes are pickled as latin-1 text (protocol <= 2)"
         elif isinstance(data, Payload) and data.kind == "text":
             self.problem = (
@@ -193,7 +206,7 @@ class ArraySpec:
                 "reads them in place)"
             )
         elif isinstance(data, (str, bytes)) and not isinstance(data, Payload):
-            self.problem = "its bytes are short text in the pickle (protocol <= 2), read with it"
+            self.problem = "its bytes are a short Python 2 str, read with the pickle"
         elif not isinstance(data, Payload) or self.dtype is None:
             self.problem = "it is not a plain array of fixed-size items (object dtype?)"
         elif self.dtype.hasobject:

@@ -25,7 +25,10 @@ all have the same layout and fields, and samples are concatenated in file order)
 as *one sample per pickle*: layout ``appended_samples`` (an exact tuple gives fields ``x``,
 ``y``, ``f2``...; any other object is the single field ``x``) or ``appended_dict_samples``
 (exact dicts; fields are the first one's keys). ``pickle.load`` called once per pickle, with
-these rules, is the reference for both.
+these rules, is the reference for both: :func:`pickleshard.scan.records.decode_records`, which
+also follows a ``layout=`` the user named (``"columns"``, ``"records"``, ``"file"``), judges the
+ambiguity of an inferred one (:attr:`ScanResult.ambiguity`) and keeps a one-pickle dict's scalar
+values as file metadata (:attr:`ScanResult.metadata`), as the scan does.
 
 Not span-indexable (:class:`~pickleshard.errors.NotSpanIndexableError`, read the file whole):
 protocols 0/1, persistent ids, out-of-band buffers, GETs of ids the pickle never stored (a

@@ -67,6 +67,7 @@ from .filemeta import field_name, is_metadata
 
 __all__ = [
     "APPENDED",
+    "EXPECTED_LAYOUTS",
     "LAYOUTS",
     "LAYOUT_CHOICES",
     "LAYOUT_TABLE",
@@ -244,7 +245,8 @@ def _records_of(
     return ITEMS
 
 
-_EXPECTED = (
+# what an unsupported layout's error says a file may hold
+EXPECTED_LAYOUTS = (
     "expected (x_list, y_list, ...) as a tuple or list of equal-length sequences, "
     "a dict of equal-length sequences, a list of per-sample tuples, or a list of per-sample dicts"
 )
@@ -324,7 +326,7 @@ def _dict_items(
             )
             raise UnsupportedLayoutError(
                 where,
-                f"top-level dict whose value for key {k!r} is {_describe(v)}: {what}; {_EXPECTED}",
+                f"top-level dict whose value for key {k!r} is {_describe(v)}: {what}; {EXPECTED_LAYOUTS}",
             )
     return tuple(keys), values, meta
 
@@ -368,10 +370,10 @@ def decode_layout(
     except NoLayout as exc:
         if top == "dict" and not items and obj:
             raise UnsupportedLayoutError(
-                where, f"top-level dict with no sequence values; {_EXPECTED}"
+                where, f"top-level dict with no sequence values; {EXPECTED_LAYOUTS}"
             ) from None
         raise UnsupportedLayoutError(
-            where, f"top-level object is {_describe(obj)} ({exc}); {_EXPECTED}"
+            where, f"top-level object is {_describe(obj)} ({exc}); {EXPECTED_LAYOUTS}"
         ) from None
     if not layout.per_sample:
         fields = field_names(keys, where) if layout.keyed else default_field_names(len(items))
@@ -388,6 +390,6 @@ def decode_layout(
         columns = tuple([r[k] for r in items] for k in keys)
     except KeyError as exc:
         raise UnsupportedLayoutError(
-            where, f"per-sample dicts with different keys (missing {exc}); {_EXPECTED}"
+            where, f"per-sample dicts with different keys (missing {exc}); {EXPECTED_LAYOUTS}"
         ) from None
     return DecodedLayout(layout.name, field_names(keys, where), columns)

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import FieldLengthMismatchError, NotSpanIndexableError
 from ..picklekit.nodes import BOUNDS, DICT, ITEMS, KIND, LIST, START, TUPLE, Node, Value, start_of
-from ..picklekit.standins import ArraySpec, Opaque, Payload
+from ..picklekit.standins import ArraySpec, EncodedBytes, Opaque, Payload
 from .filemeta import field_name, is_metadata
 from .inspector import UNKNOWN, Inspector
 from .layouts import (
@@ -187,6 +187,8 @@ def _metadata_value(spec: Any, encoding: str) -> tuple[bool, Any]:
     """``(True, value)`` when an inspected top-level value is file metadata
     (:func:`~pickleshard.scan.filemeta.is_metadata`); a skipped payload never is. A Python 2
     ``str`` payload is what ``encoding`` makes of it, as in :func:`pickle.load`."""
+    if type(spec) is EncodedBytes:  # bytes at protocol <= 2
+        spec = bytes(spec)
     if isinstance(spec, Payload):
         if len(spec) != spec.length or spec.kind not in ("bytes", "string"):
             return False, None
@@ -199,6 +201,8 @@ def _dict_order(keys: list[Any], name: str) -> dict[Any, int]:
     """``{key: position}`` as a dict built from these keys in order would hold them."""
     order: dict[Any, int] = {}
     for j, k in enumerate(keys):
+        if type(k) is EncodedBytes:  # a bytes key at protocol <= 2
+            k = bytes(k)
         if k is UNKNOWN or type(k) not in _KEY_TYPES:
             raise NotSpanIndexableError(name, "a dict key the scanner cannot evaluate")
         try:

@@ -17,9 +17,9 @@ import numpy as np
 from ..errors import UnsupportedLayoutError
 from .ambiguity import Ambiguity, judge
 from .layouts import (
-    _EXPECTED,
     APPENDED,
     DICT_SAMPLES,
+    EXPECTED_LAYOUTS,
     SAMPLES,
     Columns,
     DecodedLayout,
@@ -114,7 +114,7 @@ def decode_records(
     """
     where = os.fspath(path)
     if not objs:
-        raise UnsupportedLayoutError(where, f"the file holds no pickle; {_EXPECTED}")
+        raise UnsupportedLayoutError(where, f"the file holds no pickle; {EXPECTED_LAYOUTS}")
     if layout == "file":
         if len(objs) > 1:
             raise UnsupportedLayoutError(
