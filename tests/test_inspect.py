@@ -180,8 +180,8 @@ def test_python_2_strings_follow_the_encoding(tmp_path: Path) -> None:
     assert (r.layout, r.fields) == ("dict_columns", ("x", "y"))
     assert r.preview["y"] == ["str 'ab'", "str 'cd'"]
     r = inspect_file(path, encoding="bytes")
-    assert r.fields == ("b'x'", "b'y'")
-    assert r.preview["b'y'"] == ["bytes len=2", "bytes len=2"]
+    assert r.fields == ("x", "y")  # bytes keys name fields by their text (issue 14)
+    assert r.preview["y"] == ["bytes len=2", "bytes len=2"]
 
 
 def test_appended_pickles_are_counted(tmp_path: Path) -> None:
@@ -596,6 +596,8 @@ def test_cli_json_schema(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         "allow_globals",
         "refusals",
         "compression",
+        "ambiguity",
+        "metadata",
     }
     assert doc["bytes_fetched"] is None or doc["bytes_fetched"] >= 0
     assert doc["schema"] == 1

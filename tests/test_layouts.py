@@ -21,10 +21,10 @@ from pickleshard.scan.layouts import (
     LAYOUTS,
     MAX_LIST_FIELDS,
     decode_layout,
-    decode_records,
     default_field_names,
     layout_named,
 )
+from pickleshard.scan.records import decode_records
 
 XS = [np.full((2, 2), i, dtype=np.float32) for i in range(4)]
 YS = [3, 1, 4, 1]
@@ -141,7 +141,7 @@ def test_the_scanner_and_decode_layout_take_the_same_decision(obj: Any) -> None:
     """One table, one set of decisions: the scanner (on opcode nodes) names the layout that
     decode_layout (on the unpickled object) names, or both refuse."""
     try:
-        want = decode_layout(obj, "f.pkl").layout
+        want = decode_records([obj], "f.pkl").layout  # one pickle: its file's decision
     except FieldLengthMismatchError:  # a layout of columns, but not of one length
         want = "mismatch"
     except UnsupportedLayoutError:
@@ -164,9 +164,10 @@ def test_every_layout_of_the_table_is_reachable() -> None:
     seen = {decode_layout(obj, "f.pkl").layout for obj in _DECISIONS[:5]}
     seen.add(decode_records([(1, 2), (3, 4)], "f.pkl").layout.removeprefix(APPENDED))
     seen.add(decode_records([{"a": 1}, {"a": 2}], "f.pkl").layout.removeprefix(APPENDED))
+    seen.add(decode_records([[1, "a"]], "f.pkl", "records").layout)  # only when asked for
     assert seen == set(LAYOUT_TABLE)
     assert LAYOUTS == ("columns", "dict_columns", "rows", "dict_rows")
-    assert [x.name for x in LAYOUT_TABLE.values() if x.rows] == ["rows", "dict_rows"]
+    assert [x.name for x in LAYOUT_TABLE.values() if x.rows] == ["rows", "dict_rows", "items"]
     assert [x.name for x in LAYOUT_TABLE.values() if x.per_pickle] == ["samples", "dict_samples"]
     assert [x.name for x in LAYOUT_TABLE.values() if x.keyed] == [
         "dict_columns",

@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING, Any
 from ._version import __version__
 from .errors import PickleshardError, StaleIndexError
 from .index import DatasetIndex, build_index, open_index
+from .scan.ambiguity import AmbiguousLayoutWarning
 
 if TYPE_CHECKING:
     from .conversion import ConvertReport, convert
@@ -58,6 +59,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",
+    "AmbiguousLayoutWarning",
     "BlockShuffleSampler",
     "ConvertReport",
     "DatasetIndex",

@@ -59,6 +59,7 @@ from .formats.files import NO_SPACE, NpyWriter, atomic_write_json
 from .formats.staging import Staging
 from .index.executor import ExecutorLike, executor_session
 from .producers.plain import TRANSFORM_HINT, ConvertTransform
+from .scan.layouts import LayoutChoice
 from .sources import Source
 
 if TYPE_CHECKING:
@@ -125,11 +126,13 @@ def source_dataset(
     progress: bool = False,
     allow: str | Iterable[str] = (),
     transform: Callable[[Any], Any] | None = None,
+    layout: LayoutChoice = "auto",
 ) -> PickleDataset:
     """``source`` as a :class:`~pickleshard.PickleDataset` that keeps one decoded file at a time.
 
     A PickleDataset is copied (without its cache); anything else is opened with ``trusted``,
-    ``allow_globals`` and ``encoding``, its index built (``jobs`` processes) if missing or stale.
+    ``allow_globals``, ``encoding`` and ``layout``, its index built (``jobs`` processes) if
+    missing or stale.
     """
     from .dataset import PickleDataset
 
@@ -145,6 +148,7 @@ def source_dataset(
             encoding=encoding,
             jobs=jobs,
             progress=progress,
+            layout=layout,
         )
     # then convert's transform=, then PIL images and sparse matrices as arrays (producers.plain)
     ds.transform = ConvertTransform(ds.transform, transform)
@@ -302,6 +306,7 @@ def convert(
     executor: ExecutorLike = None,
     allow: str | Iterable[str] = (),
     transform: Callable[[Any], Any] | None = None,
+    layout: LayoutChoice = "auto",
 ) -> ConvertReport:
     """Convert ``source`` to format ``to`` in directory ``out``; see the module docstring.
 
@@ -330,7 +335,7 @@ def convert(
     (``"dask"``, ``"dask://HOST:PORT"``, a ``distributed.Client``: see
     :func:`~pickleshard.index.executor.resolve_executor`), with
     the same output, byte for byte; its workers must see ``source`` and ``out`` at the same
-    paths.
+    paths. ``layout`` is :class:`~pickleshard.PickleDataset`'s (what a file or record is).
 
     Rerunning after a kill resumes; rerunning after success returns at once
     (``already_done``). Raises :class:`~pickleshard.errors.OutputPathError` if ``out`` cannot
@@ -360,6 +365,7 @@ def convert(
         progress=progress,
         allow=allow,
         transform=transform,
+        layout=layout,
     )
     identity = _identity(ds, fmt, shard_bytes)
     files = ds.index.files

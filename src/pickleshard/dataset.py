@@ -29,7 +29,9 @@ from .read import SpanFiles
 from .read.failures import named
 from .remotesources import use_storage_options
 from .safety import UnpicklePolicy
-from .scan.layouts import DecodedLayout
+from .scan.ambiguity import warn_ambiguous
+from .scan.filemeta import metadata_from_json
+from .scan.layouts import DecodedLayout, LayoutChoice
 from .sources import Source
 from .wholecache import CacheBudget, CacheStats, WholeFileCache
 from .wholefile import load_layout
@@ -93,6 +95,13 @@ class PickleDataset(_DatasetBase[Any]):
     :class:`~pickleshard.wholecache.CacheBudget`, gives each of ``n`` workers
     ``cache_bytes // n``. Each process has its own cache (a forked worker starts empty), and so
     its own span readers.
+
+    ``layout`` says what a file or record is: ``"columns"`` (``(x_list, y_list)``, a dict of
+    columns), ``"records"`` (each appended pickle, or each item of a top-level list, is one
+    sample), ``"file"`` (the file's one pickle is one sample); ``"auto"`` (default) infers it
+    and warns (:class:`~pickleshard.AmbiguousLayoutWarning`, once) when another reading
+    is as plausible, naming the argument that picks it. See :mod:`pickleshard.scan.layouts`.
+    A one-pickle dict's scalar values (CIFAR's ``batch_label``) are :meth:`file_metadata`.
     """
 
     def __init__(
@@ -115,6 +124,7 @@ class PickleDataset(_DatasetBase[Any]):
         max_depth: int | None = DEFAULT_MAX_DEPTH,
         storage_options: Mapping[str, Any] | None = None,
         audit: bool = True,
+        layout: LayoutChoice = "auto",
     ) -> None:
         self.storage_options = storage_options  # for a URL (s3://...): see docs/remote.md
         use_storage_options(source, storage_options)
@@ -137,6 +147,7 @@ class PickleDataset(_DatasetBase[Any]):
                 progress=progress,
                 policy=self.policy,
                 skip_bad=skip_bad,
+                layout=layout,
             )
         except UnsafePickleError:
             if audit:  # a file unpickled whole refused one global: name every one
@@ -144,6 +155,7 @@ class PickleDataset(_DatasetBase[Any]):
             raise
         if audit:  # every refused global, at once, before any is met in a read
             audit_opened(self.index, self.source, self.policy, jobs)
+        self.layout = layout
         self.mode = mode
         self.transform = transform
         self._paths = [os.fspath(self.source.absolute(f.path)) for f in self.index.files]
@@ -171,6 +183,20 @@ class PickleDataset(_DatasetBase[Any]):
                 SkippedFilesWarning,
                 stacklevel=2,
             )
+        notes = [f.ambiguity for f in self.index.files]
+        warn_ambiguous(zip(self._paths, notes, strict=True), stacklevel=3)
+
+    def file_metadata(self, file: int | str | os.PathLike[str]) -> dict[str, Any]:
+        """The metadata of a file (its position in :attr:`index`'s files table, or its path):
+        the scalar values beside the columns of a one-pickle dict, by name (``{"batch_label":
+        b"training batch 1 of 5"}`` for a CIFAR batch); empty when it has none."""
+        if not isinstance(file, int):
+            path = os.fspath(file)
+            file = self._positions.get(path, self._positions.get(os.path.realpath(path), -1))
+            if file < 0:
+                raise KeyError(f"{path} is not a file of this dataset")
+        stored = self.index.files[file].metadata
+        return metadata_from_json(stored) if stored else {}
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -182,7 +208,8 @@ class PickleDataset(_DatasetBase[Any]):
     def _load(self, path: str) -> DecodedLayout:
         # the file as indexed, checked before and after the load (a rewrite during an epoch)
         pos = self._positions[path]
-        decoded = load_layout(path, self.policy, identity=self.index.files[pos].identity)
+        entry = self.index.files[pos]
+        decoded = load_layout(path, self.policy, identity=entry.identity, layout=self.layout)
         # once per load, not per sample: the cache hands out only what passed it here
         self.index.check_decoded(pos, path, decoded.num_samples, decoded.fields)
         return decoded

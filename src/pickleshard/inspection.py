@@ -47,10 +47,11 @@ from .picklekit.auditwalk import COUNTED
 from .picklekit.externals import ExternalMemos, MemoShifts
 from .picklekit.inert import InspectUnpickler, NotInspectable
 from .picklekit.spanfile import SpanFile
-from .picklekit.standins import ArraySpec, Refusals
+from .picklekit.standins import ArraySpec, EncodedBytes, Refusals
 from .producers.joblibfile import joblib_note
 from .scan import ScanResult, scan_file
-from .scan.layouts import decode_layout, decode_records
+from .scan.layouts import LayoutChoice, decode_layout
+from .scan.records import decode_records, judge_chunks
 from .scanio import scan_buffer
 
 __all__ = ["WHOLE_FILE_OPCODES", "FileReport", "inspect_file"]
@@ -164,21 +165,38 @@ def _as_ndarray(v: Any) -> Any:
         return [_as_ndarray(x) if isinstance(x, ArraySpec) else x for x in v]
     if type(v) is tuple:
         return tuple(_as_ndarray(x) if isinstance(x, ArraySpec) else x for x in v)
-    if type(v) is dict:
-        return {k: _as_ndarray(x) if isinstance(x, ArraySpec) else x for k, x in v.items()}
+    if type(v) is dict:  # bytes at protocol <= 2 (a label beside the columns) as bytes
+        return {k: _as_ndarray(x) if isinstance(x, ArraySpec) else _plain(x) for k, x in v.items()}
     return v
 
 
+def _plain(x: Any) -> Any:
+    return bytes(x) if type(x) is EncodedBytes else x
+
+
+Decoded = tuple[str, tuple[str, ...] | None, int | None, dict[str, list[str]]]
+
+
 def _decode_whole(
-    objs: list[Any], path: str, samples: int
-) -> tuple[str, tuple[str, ...] | None, int | None, dict[str, list[str]]]:
-    """Layout, fields, sample count and preview of inertly unpickled records."""
+    objs: list[Any], path: str, samples: int, layout: LayoutChoice, report: FileReport
+) -> Decoded:
+    """Layout, fields, sample count and preview of inertly unpickled records; their
+    ambiguity and metadata go into ``report``."""
     objs = [_as_ndarray(o) for o in objs]
-    if len(objs) == 1 and not isinstance(objs[0], (list, tuple, dict)):
+    top = objs[0]
+    if (
+        len(objs) == 1
+        and layout in ("auto", "columns")
+        and not isinstance(top, (list, tuple, dict))
+    ):
         return f"unsupported: the top-level object is {describe(objs[0])}", None, None, {}
     try:
-        if len(objs) > 1 and all(_is_layout(o, path) for o in objs):
-            chunks = [decode_layout(o, path) for o in objs]
+        if (
+            len(objs) > 1
+            and layout in ("auto", "columns")
+            and all(_is_layout(o, path, layout) for o in objs)
+        ):
+            chunks = [decode_layout(o, path, choice=layout) for o in objs]
             names = chunks[0].fields
             if any(c.fields != names for c in chunks):
                 return "unsupported: appended pickles with different fields", None, None, {}
@@ -187,22 +205,29 @@ def _decode_whole(
                 itertools.chain.from_iterable([c.columns[f] for c in chunks])
                 for f in range(len(names))
             ]
-            layout = f"appended_{chunks[0].layout}"
+            name = f"appended_{chunks[0].layout}"
+            if layout == "auto":
+                report.ambiguity = judge_chunks(name, names, chunks)
         else:
-            d = decode_records(objs, path)
-            names, n, cols, layout = d.fields, d.num_samples, d.columns, d.layout
+            d = decode_records(objs, path, layout)
+            names, n, cols, name = d.fields, d.num_samples, d.columns, d.layout
+            report.ambiguity, report.metadata = d.ambiguity, _shown(d.metadata)
     except UnsupportedLayoutError as exc:
         return f"unsupported: {_message(exc).split('; expected')[0]}", None, None, {}
     preview = {
         name: [describe(v) for v in itertools.islice(col, samples)]
         for name, col in zip(names, cols, strict=True)
     }
-    return layout, names, n, preview
+    return name, names, n, preview
 
 
-def _is_layout(obj: Any, path: str) -> bool:
+def _shown(metadata: dict[str, Any]) -> dict[str, str]:
+    return {k: (r if len(r := repr(v)) <= 80 else r[:77] + "...") for k, v in metadata.items()}
+
+
+def _is_layout(obj: Any, path: str, layout: LayoutChoice) -> bool:
     try:
-        decode_layout(obj, path)
+        decode_layout(obj, path, choice=layout)
     except UnsupportedLayoutError:
         return False
     return True
@@ -215,6 +240,7 @@ def inspect_file(
     allow_globals: Iterable[str] = (),
     samples: int = 3,
     check_all: bool = False,
+    layout: LayoutChoice = "auto",
 ) -> FileReport:
     """Inspect one pickle file without loading it; see the module docstring.
 
@@ -224,7 +250,9 @@ def inspect_file(
     :attr:`FileReport.refusals`. It costs a pure-Python pass over every opcode.
 
     ``allow_globals`` (``"module.name"`` strings, as everywhere) turns those globals' verdicts
-    to "allowed". ``encoding`` decodes Python 2 ``str`` as :func:`pickle.load` does. Raises the
+    to "allowed". ``layout`` is what a file or record is, as :class:`~pickleshard.PickleDataset`
+    takes it; with ``"auto"``, :attr:`FileReport.ambiguity` is the other plausible reading when
+    there is one. ``encoding`` decodes Python 2 ``str`` as :func:`pickle.load` does. Raises the
     :class:`~pickleshard.errors.PickleshardError` classes for files that are not readable
     pickles (empty, truncated, not a pickle, lying lengths), naming the file and offset.
     """
@@ -239,7 +267,7 @@ def inspect_file(
         except CorruptPickleError as exc:  # a joblib.dump file says so
             raise joblib_note(exc, source) from None
         reader = _Reader(buf, audit.protocol, encoding)
-        report = _report(name, buf, audit, reader, encoding, max(samples, 0), check_all)
+        report = _report(name, buf, audit, reader, encoding, max(samples, 0), check_all, layout)
         if isinstance(source, CompressedSource):  # what follows is of the decompressed bytes
             report.compression = source.describe()
     report.globals = audit.globals(extra)
@@ -262,6 +290,7 @@ def _report(
     encoding: str,
     samples: int,
     check_all: bool = False,
+    layout: LayoutChoice = "auto",
 ) -> FileReport:
     report = FileReport(
         path=name,
@@ -283,7 +312,7 @@ def _report(
         seconds=0.0,
     )
     try:
-        scan = scan_file(name, encoding=encoding)
+        scan = scan_file(name, encoding=encoding, layout=layout)
     except (NotSpanIndexableError, UnsupportedLayoutError) as exc:
         report.reason = _message(exc)
     except PickleshardError:
@@ -294,6 +323,7 @@ def _report(
         report.span_indexable = True
         report.layout, report.fields, report.kinds = scan.layout, scan.fields, scan.kinds
         report.samples = scan.num_samples
+        report.ambiguity, report.metadata = scan.ambiguity, _shown(scan.metadata)
         report.bytes_read += scan.bytes_read
         preview = _SpanPreview(reader, scan)
         n = min(samples, scan.num_samples)
@@ -312,7 +342,7 @@ def _report(
         objs = [reader.load(start, end)[0] for start, end in audit.records]
         for k, obj in enumerate(objs):
             _check_depth(obj, DEFAULT_MAX_DEPTH + 2, f"pickle {k}", reader.refusals)
-        decoded = _decode_whole(objs, name, samples)
+        decoded = _decode_whole(objs, name, samples, layout, report)
     except Exception as exc:  # the inert reading cannot establish the content; it ran nothing
         report.layout += f" ({type(exc).__name__}: {exc})"
         return report

@@ -12,6 +12,7 @@ import numpy as np
 from .allowlist import Verdict
 from .picklekit.audit import GlobalUse
 from .picklekit.standins import ArraySpec, EncodedText, Opaque, Payload
+from .scan.ambiguity import Ambiguity
 
 __all__ = ["SCHEMA", "FileReport", "describe"]
 
@@ -42,7 +43,7 @@ def _describe(v: Any, depth: int) -> str:
     if isinstance(v, EncodedText):
         return f"bytes len={v.length if v.length >= 0 else '?'}"
     if isinstance(v, Payload):
-        return f"{'str' if v.kind == 'text' else v.kind} len={v.length}"
+        return f"{'str' if v.kind in ('text', 'string') else v.kind} len={v.length}"
     if isinstance(v, (list, tuple, dict, set, frozenset)):
         text = f"{type(v).__name__} len={len(v)}"
         if v and depth == 0:
@@ -54,8 +55,8 @@ def _describe(v: Any, depth: int) -> str:
                 else f" ({key}{describe(first, 1)})"
             )
         return text
-    if isinstance(v, (bytes, bytearray)):
-        return f"{type(v).__name__} len={len(v)}"
+    if isinstance(v, (bytes, bytearray)):  # EncodedBytes: bytes written as text
+        return f"{'bytearray' if isinstance(v, bytearray) else 'bytes'} len={len(v)}"
     if isinstance(v, (str, int, float, complex, bool)) or v is None:
         text = repr(v)
         return f"{type(v).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
@@ -109,6 +110,8 @@ class FileReport:
     #: a compressed file's ``{"format", "compressed_size", "seek"}`` (``size``, ``opcodes``...
     #: are then of the decompressed stream); None for an uncompressed one
     compression: dict[str, Any] | None = None
+    ambiguity: Ambiguity | None = None  # the other plausible reading of an inferred layout
+    metadata: dict[str, str] = field(default_factory=dict)  # the file's metadata, shown
 
     @property
     def verdict(self) -> Verdict | None:
@@ -148,4 +151,6 @@ class FileReport:
             "allow_globals": list(self.allow_globals),
             "refusals": list(self.refusals),
             "compression": self.compression,
+            "ambiguity": self.ambiguity.to_json() if self.ambiguity else None,
+            "metadata": dict(self.metadata),
         }

@@ -248,6 +248,7 @@ def open_source(
             recorded = data.identity()  # before the scan: a change during it shows after
             if scan is None:
                 scan = scan_file(data, encoding=policy.encoding)
+                _refuse_metadata(path, scan.metadata)
             elif scan.size != recorded.size:
                 raise ValueError(f"scan= is of a file of {scan.size} bytes, not of {path}")
     except NotSpanIndexableError as exc:
@@ -276,7 +277,8 @@ def _load_whole(path: Path, policy: UnpicklePolicy) -> tuple[Sequence[Any], Chun
     # a NotAPickleError at their offset), and refuses impossible memo ids before unpickling.
     objs = load_records(path, policy, check_memo=True)
     if len(objs) == 1:
-        decoded = decode_layout(objs[0], path)
+        decoded = decode_layout(objs[0], path, metadata=True)
+        _refuse_metadata(path, decoded.metadata)
         return decoded.columns, _shape_from_object(objs[0], decoded.layout, decoded.fields)
     try:
         parts = [decode_layout(o, path) for o in objs]
@@ -316,6 +318,15 @@ def _load_whole(path: Path, policy: UnpicklePolicy) -> tuple[Sequence[Any], Chun
     ):
         shape = replace(shape, containers=tuple("list" for _ in shape.containers))
     return columns, shape
+
+
+def _refuse_metadata(path: Path, metadata: dict[str, Any]) -> None:
+    """Chunks hold columns only: a file's metadata (CIFAR's ``batch_label``) would be lost."""
+    if metadata:
+        raise UnsupportedLayoutError(
+            path,
+            f"split writes the columns only; the file's metadata {sorted(metadata)} would be lost",
+        )
 
 
 def _protocol_of(path: Path) -> int:

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from .errors import VerifyMismatchError
 from .formats import open_dataset
 from .index.executor import ExecutorLike, resolve_executor
+from .scan.layouts import LayoutChoice
 from .sources import Source
 from .verifyparts import VerifyJob, check_run, plan_runs, release, stored_hashes
 
@@ -55,11 +56,12 @@ def verify(
     progress: bool = False,
     jobs: int | None = None,
     executor: ExecutorLike = None,
+    layout: LayoutChoice = "auto",
 ) -> VerifyReport:
     """Compare every sample of conversion ``out`` (or ``sample`` random ones) with ``source``.
 
     ``source`` is what :func:`pickleshard.conversion` took (``trusted``, ``allow_globals`` and
-    ``encoding`` as there); ``None`` compares with the digests stored at conversion time
+    ``encoding`` and ``layout`` as there); ``None`` compares with the digests stored at conversion time
     instead (no source needed; catches corruption since). With ``sample=K`` only K samples,
     drawn without replacement from ``seed``, are checked.
     The samples are checked in up to 64 runs by ``executor`` (see
@@ -77,7 +79,7 @@ def verify(
         from .conversion import source_dataset
 
         src = source_dataset(
-            source, trusted=trusted, allow_globals=allow_globals, encoding=encoding
+            source, trusted=trusted, allow_globals=allow_globals, encoding=encoding, layout=layout
         )
         if len(src) != n:
             raise VerifyMismatchError(root, f"has {n} samples, the source has {len(src)}")

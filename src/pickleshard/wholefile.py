@@ -28,7 +28,8 @@ from .picklekit.memoids import check_memo_ids
 from .producers.foreign import foreign_records, unwrap_tables
 from .producers.python2 import is_python2_str, python2_error
 from .safety import DEFAULT_POLICY, UnpicklePolicy, guard_misuse
-from .scan.layouts import DecodedLayout, decode_records
+from .scan.layouts import DecodedLayout, LayoutChoice
+from .scan.records import decode_records
 
 __all__ = [
     "load_file",
@@ -180,11 +181,12 @@ def load_layout(
     *,
     check_memo: bool = False,
     identity: FileIdentity | None = None,
+    layout: LayoutChoice = "auto",
 ) -> DecodedLayout:
-    """Unpickle every pickle of ``path`` and return its samples as columns (see
-    :func:`pickleshard.scan.layouts.decode_records`: one pickle, or several appended ones);
-    ``check_memo`` and ``identity`` as in :func:`load_records`."""
+    """Unpickle every pickle of ``path`` and return its samples as columns, read as ``layout``
+    says (see :func:`pickleshard.scan.records.decode_records`: one pickle, or several appended
+    ones); ``check_memo`` and ``identity`` as in :func:`load_records`."""
     records = foreign_records(path, policy, identity)  # joblib.dump files, by their bytes
     if records is None:
         records = load_records(path, policy, check_memo=check_memo, identity=identity)
-    return decode_records(unwrap_tables(records, path), path)  # DataFrame/Series: rows
+    return decode_records(unwrap_tables(records, path), path, layout)  # DataFrame/Series: rows

@@ -13,6 +13,7 @@ from ..safety import UnpicklePolicy
 
 __all__ = [
     "add_executor_flag",
+    "add_layout_flag",
     "add_safety_flags",
     "add_storage_flags",
     "apply_storage_options",
@@ -143,6 +144,18 @@ def apply_storage_options(args: argparse.Namespace) -> None:
             node = node.setdefault(k, {})
         node[keys[-1]] = value
     set_storage_options("", options)
+
+
+def add_layout_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--layout",
+        choices=("auto", "columns", "records", "file"),
+        default="auto",
+        help="what a file or record is: columns ((x_list, y_list), a dict of columns), records "
+        "(each appended pickle, or each item of a top-level list, is one sample), file (one "
+        "sample per file); auto (default) infers it and warns when another reading is as "
+        "plausible",
+    )
 
 
 def policy_from_args(args: argparse.Namespace) -> UnpicklePolicy:

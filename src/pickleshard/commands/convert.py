@@ -6,7 +6,14 @@ import argparse
 import json
 from typing import Any
 
-from ._common import add_executor_flag, add_safety_flags, parse_size, safety_kwargs, show_progress
+from ._common import (
+    add_executor_flag,
+    add_layout_flag,
+    add_safety_flags,
+    parse_size,
+    safety_kwargs,
+    show_progress,
+)
 
 # pickleshard.formats.FORMAT_NAMES, spelled out so that the parser does not import torch.
 FORMATS = ("memmap", "lmdb", "webdataset", "parquet", "arrow")
@@ -33,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
         progress=show_progress(args),
         overwrite=args.overwrite,
         executor=args.executor,
+        layout=args.layout,
         **sizes,
         **safety_kwargs(args),  # type: ignore[arg-type]
     )
@@ -101,4 +109,5 @@ def register(sub: Any) -> None:
     s.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
     add_executor_flag(s)
     add_safety_flags(s)
+    add_layout_flag(s)
     s.set_defaults(handler=run)

@@ -13,7 +13,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ._common import add_executor_flag, add_safety_flags, policy_from_args, show_progress
+from ._common import (
+    add_executor_flag,
+    add_layout_flag,
+    add_safety_flags,
+    policy_from_args,
+    show_progress,
+)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -26,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         progress=show_progress(args),
         policy=policy_from_args(args),
+        layout=args.layout,
         spans=not args.no_spans,
         skip_bad=args.skip_bad,
         executor=args.executor,
@@ -109,4 +116,5 @@ def register(sub: Any) -> None:
     s.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
     add_executor_flag(s)
     add_safety_flags(s)
+    add_layout_flag(s)
     s.set_defaults(handler=run)

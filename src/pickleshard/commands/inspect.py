@@ -23,7 +23,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from ._common import add_storage_flags
+from ._common import add_layout_flag, add_storage_flags
 
 if TYPE_CHECKING:
     from ..inspection_report import FileReport
@@ -69,6 +69,12 @@ def render(r: FileReport, fetched: int | None = None) -> str:
         )
     indexable = "span-indexable" if r.span_indexable else f"not span-indexable: {r.reason}"
     lines.append(f"  layout   {r.layout}")
+    if r.ambiguity is not None:  # the reading chosen, and the other one as plausible
+        a = r.ambiguity
+        lines.append(f"  chosen   {a.chosen} (--layout {a.keep})")
+        lines.append(f"  or       {a.alternative} (--layout {a.argument})")
+    for k, v in r.metadata.items():
+        lines.append(f"  metadata {k} = {v}")
     lines.append(f"  reading  {indexable}")
     if r.fields is not None:
         lines.append(f"  samples  {r.samples:,} per field ({', '.join(r.fields)})")
@@ -122,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
                 allow_globals=args.allow_global,
                 samples=args.samples,
                 check_all=args.strict,
+                layout=args.layout,
             )
         except PickleshardError as exc:
             if not several:
@@ -181,6 +188,7 @@ def register(sub: Any) -> None:
     )
     s.add_argument("--encoding", default="ASCII", help="text encoding for Python 2 pickles")
     add_storage_flags(s)
+    add_layout_flag(s)
     s.set_defaults(handler=run, parser=s)
 
 

@@ -6,7 +6,13 @@ import argparse
 import json
 from typing import Any
 
-from ._common import add_executor_flag, add_safety_flags, safety_kwargs, show_progress
+from ._common import (
+    add_executor_flag,
+    add_layout_flag,
+    add_safety_flags,
+    safety_kwargs,
+    show_progress,
+)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -23,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         executor=args.executor,
         progress=show_progress(args),
+        layout=args.layout,
         **safety_kwargs(args),  # type: ignore[arg-type]
     )
     if args.json:
@@ -58,4 +65,5 @@ def register(sub: Any) -> None:
     s.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
     add_executor_flag(s)
     add_safety_flags(s)
+    add_layout_flag(s)
     s.set_defaults(handler=run, parser=s)

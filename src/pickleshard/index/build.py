@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from ..errors import FileProblem, UnsupportedLayoutError
 from ..safety import DEFAULT_POLICY, UnpicklePolicy
+from ..scan.layouts import LayoutChoice, check_layout_choice
 from ..sources import ResolvedSource, Source, resolve_source
 from .describe import Described, describe_file
 from .executor import ExecutorLike, IndexExecutor, resolve_executor
@@ -33,12 +34,17 @@ __all__ = ["build_index"]
 
 
 def describe_or_problem(
-    root: str, rel: str, pos: int, staging: Path | None, policy: UnpicklePolicy
+    root: str,
+    rel: str,
+    pos: int,
+    staging: Path | None,
+    policy: UnpicklePolicy,
+    layout: LayoutChoice = "auto",
 ) -> Described | FileProblem:
     """:func:`~pickleshard.index.describe.describe_file`, with the error that names a bad file
     returned rather than raised (so that an executor hands it back like any result)."""
     try:
-        return describe_file(root, rel, pos, staging, policy)
+        return describe_file(root, rel, pos, staging, policy, layout)
     except FileProblem as exc:
         return exc
 
@@ -50,11 +56,12 @@ def _describe_all(
     progress: bool,
     policy: UnpicklePolicy,
     skip_bad: bool,
+    layout: LayoutChoice,
 ) -> Iterator[tuple[int, Described | FileProblem]]:
     """``(position, described)`` for every file, in completion order; with ``skip_bad`` a bad
     file yields its error instead of raising it."""
     root = os.fspath(source.root)
-    tasks = [(root, rel, pos, staging, policy) for pos, rel in enumerate(source.files)]
+    tasks = [(root, rel, pos, staging, policy, layout) for pos, rel in enumerate(source.files)]
     with tqdm(total=len(tasks), unit="file", desc="index", disable=not progress) as bar:
         results = executor.run(describe_or_problem, tasks)
         try:
@@ -119,8 +126,13 @@ def build_index(
     spans: bool = True,
     skip_bad: bool = False,
     executor: ExecutorLike = None,
+    layout: LayoutChoice = "auto",
 ) -> DatasetIndex:
     """Index every pickle file of ``source`` and save the index; return it opened.
+
+    ``layout`` says what a file or record is (:data:`pickleshard.scan.layouts.LAYOUT_CHOICES`;
+    ``"auto"`` infers it and records in the files table where another reading is as
+    plausible); the index records it, and is stale for another.
 
     ``index`` is the index directory (default: see :func:`default_index_path`). At most ``jobs``
     files are indexed at once, each in its own process (default: the number of CPUs, at most 8).
@@ -137,6 +149,7 @@ def build_index(
     ``"dask"``, ``"dask://HOST:PORT"``, a ``distributed.Client``...); by default local
     processes, ``jobs`` of them.
     """
+    layout = check_layout_choice(layout)
     resolved = resolve_source(source)
     index_dir = Path(index) if index is not None else default_index_path(resolved)
     n_jobs = jobs if jobs is not None else min(os.cpu_count() or 1, 8)
@@ -145,7 +158,8 @@ def build_index(
     try:
         described: dict[int, Described] = {}
         skipped: list[SkippedFile] = []
-        for pos, got in _describe_all(resolved, staging, runner, progress, policy, skip_bad):
+        described_all = _describe_all(resolved, staging, runner, progress, policy, skip_bad, layout)
+        for pos, got in described_all:
             if isinstance(got, Described):
                 described[pos] = got
             else:
@@ -153,7 +167,7 @@ def build_index(
                 skipped.append(skip_record(resolved.absolute(rel), rel, got))
         kept, mismatched = _check_fields(described, resolved, skip_bad)
         index_dir.mkdir(parents=True, exist_ok=True)
-        write_index(index_dir, resolved, kept, staging, skipped + mismatched)
+        write_index(index_dir, resolved, kept, staging, skipped + mismatched, layout)
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)

@@ -27,6 +27,9 @@ from ..picklekit.memoids import check_memo_ids
 from ..producers.foreign import foreign_scan
 from ..safety import DEFAULT_POLICY, UnpicklePolicy
 from ..scan import ScanResult, scan_file
+from ..scan.ambiguity import Ambiguity
+from ..scan.filemeta import metadata_to_json
+from ..scan.layouts import LayoutChoice
 from ..wholecache import estimate_nbytes
 from ..wholefile import load_layout
 from .files import FileEntry, fingerprint
@@ -84,10 +87,21 @@ def _check_span_memo(scan: ScanResult) -> None:
             check_memo_ids(buf, start, source.size, scan.path)
 
 
-def _whole(path: str, base: dict[str, Any], policy: UnpicklePolicy, reason: str) -> Described:
-    decoded = load_layout(path, policy, check_memo=True)
+def _found(metadata: dict[str, Any], ambiguity: Ambiguity | None) -> dict[str, Any]:
+    """The files-table columns of a file's metadata and ambiguity (None when it has none)."""
+    return {
+        "metadata": metadata_to_json(metadata) if metadata else None,
+        "ambiguity": ambiguity.to_json() if ambiguity else None,
+    }
+
+
+def _whole(
+    path: str, base: dict[str, Any], policy: UnpicklePolicy, reason: str, layout: LayoutChoice
+) -> Described:
+    decoded = load_layout(path, policy, check_memo=True, layout=layout)
     entry = FileEntry(
         **base,
+        **_found(decoded.metadata, decoded.ambiguity),
         num_samples=decoded.num_samples,
         decoded_nbytes=estimate_nbytes(decoded.columns),
         layout=decoded.layout,
@@ -104,8 +118,10 @@ def describe_file(
     pos: int,
     staging: Path | None,
     policy: UnpicklePolicy = DEFAULT_POLICY,
+    layout: LayoutChoice = "auto",
 ) -> Described:
-    """Index file ``rel`` of ``root``, position ``pos`` in the files table.
+    """Index file ``rel`` of ``root``, position ``pos`` in the files table, read as ``layout``
+    (:data:`pickleshard.scan.layouts.LAYOUT_CHOICES`).
 
     With a ``staging`` folder, the file is scanned and its span arrays saved there as
     ``{pos}.{name}.npy``; without one (or when the scanner refuses it) it is unpickled whole.
@@ -127,19 +143,23 @@ def describe_file(
             **({} if now.etag is None else {"etag": now.etag}),  # remote objects only
         }
     if staging is None:
-        return _whole(path, base, policy, "indexed without spans")
+        return _whole(path, base, policy, "indexed without spans", layout)
     try:
-        scan = foreign_scan(path, policy) or scan_file(path, encoding=policy.encoding)
+        scan = foreign_scan(path, policy) or scan_file(
+            path, encoding=policy.encoding, layout=layout
+        )
     except NotSpanIndexableError as exc:
-        return _whole(path, base, policy, exc.reason)
+        return _whole(path, base, policy, exc.reason, layout)
     except Exception as exc:  # the whole-file load below decides whether the file is bad
         # A file the whole-file load reads is not bad: the scanner was stricter than pickle.
-        return _whole(path, base, policy, f"the scanner failed: {type(exc).__name__}: {exc}")
+        why = f"the scanner failed: {type(exc).__name__}: {exc}"
+        return _whole(path, base, policy, why, layout)
     _check_span_memo(scan)
     for name, array in scan.arrays_dict().items():
         np.save(staged_name(staging, pos, name), np.ascontiguousarray(array))
     entry = FileEntry(
         **base,
+        **_found(scan.metadata, scan.ambiguity),
         num_samples=scan.num_samples,
         decoded_nbytes=_estimate(scan),
         layout=scan.layout,

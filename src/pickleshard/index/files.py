@@ -71,7 +71,10 @@ class FileEntry:
     says why). ``decoded_nbytes`` is the file's decoded size: measured for whole files,
     estimated from the span sizes for span files. ``ctime_ns`` and ``ino`` are the file's
     ``st_ctime_ns`` and ``st_ino`` when indexed; None in rows written before they were stored
-    (the staleness check then rests on size, mtime and fingerprint alone).
+    (the staleness check then rests on size, mtime and fingerprint alone). ``metadata`` is the
+    file's metadata (:func:`pickleshard.scan.filemeta.metadata_to_json`) and ``ambiguity`` the
+    other plausible reading of an inferred layout
+    (:meth:`pickleshard.scan.ambiguity.Ambiguity.to_json`); None when there is none.
     """
 
     path: str
@@ -91,6 +94,8 @@ class FileEntry:
     ctime_ns: int | None = None
     ino: int | None = None
     etag: str | None = None  # a remote object's ETag (absent from local rows)
+    metadata: dict[str, Any] | None = None
+    ambiguity: dict[str, str] | None = None
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> FileEntry:

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from ..errors import IndexFormatError, StaleIndexError
 from ..safety import DEFAULT_POLICY, UnpicklePolicy
+from ..scan.layouts import LayoutChoice, check_layout_choice
 from ..sources import ResolvedSource, Source, resolve_source
 from .build import build_index
 from .executor import ExecutorLike
@@ -30,6 +31,7 @@ def open_index(
     policy: UnpicklePolicy = DEFAULT_POLICY,
     skip_bad: bool = False,
     executor: ExecutorLike = None,
+    layout: LayoutChoice = "auto",
 ) -> tuple[DatasetIndex, ResolvedSource]:
     """Open the index of ``source``, checking it against the files on disk.
 
@@ -41,7 +43,12 @@ def open_index(
     :meth:`DatasetIndex.stale_files`' rule (a copied dataset's files all do; a moved one's do
     not). ``jobs``, ``progress``, ``policy``, ``skip_bad`` and ``executor`` are passed to
     :func:`build_index` when it builds.
+
+    ``layout`` is what a file or record is (:data:`pickleshard.scan.layouts.LAYOUT_CHOICES`):
+    an index built with another is rebuilt (``"missing"``, ``"auto"``), or refused with
+    :class:`IndexFormatError` (``"never"``).
     """
+    layout = check_layout_choice(layout)
     if rebuild not in ("missing", "auto", "never"):
         raise ValueError(f"rebuild must be 'missing', 'auto' or 'never', got {rebuild!r}")
     resolved = resolve_source(source)
@@ -53,6 +60,7 @@ def open_index(
         "policy": policy,
         "skip_bad": skip_bad,
         "executor": executor,
+        "layout": layout,
     }
     if rebuild != "never":
         if not (index_dir / "index.json").exists():
@@ -63,12 +71,21 @@ def open_index(
             stored = {}
         if stored.get("format") == FORMAT_NAME and is_older(stored.get("version")):
             return build_index(source, **kwargs), resolved
+        if stored and stored.get("layout_choice", "auto") != layout:  # another reading
+            return build_index(source, **kwargs), resolved
     try:
         opened = DatasetIndex.open(index_dir)
     except IndexFormatError:
         if rebuild != "auto":
             raise
         return build_index(source, **kwargs), resolved  # damaged or edited: built afresh
+    built_as = opened.header.get("layout_choice", "auto")
+    if built_as != layout:
+        raise IndexFormatError(
+            index_dir / "index.json",
+            f"built with layout={built_as!r}, not layout={layout!r}; rebuild it "
+            f"(`pickleshard index --layout {layout}`, or rebuild='auto')",
+        )
     try:
         opened.check(resolved)
     except StaleIndexError:

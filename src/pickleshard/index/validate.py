@@ -37,7 +37,7 @@ from .checking import (
 )
 from .files import FileEntry
 from .ondisk import ARRAY_NAME, SPAN_ARRAYS
-from .validate_scan import check_scan_meta
+from .validate_scan import check_file_notes, check_scan_meta
 
 __all__ = ["check_header"]
 
@@ -84,6 +84,7 @@ def _file_entry(obj: Any, k: int, fields: list[str]) -> tuple[FileEntry, tuple[F
         want_str(row.get(key), f"{at}.{key}")
     want_str(row.get("reason"), f"{at}.reason", none=True)
     want_str(row.get("etag"), f"{at}.etag", none=True)
+    check_file_notes(row.get("metadata"), row.get("ambiguity"), at)
     if row.get("fields") != fields:
         raise IndexProblem("index.json", f"{at}.fields is {show(row.get('fields'))}, not {fields}")
     mode = row["mode"]
@@ -142,6 +143,8 @@ def check_header(
         raise IndexProblem(
             "index.json", f"modes {show(header.get('modes'))}, the files table has {modes}"
         )
+    if header.get("layout_choice", "auto") not in ("auto", "columns", "records", "file"):
+        raise IndexProblem("index.json", f"layout_choice is {show(header.get('layout_choice'))}")
     layout = want_list(header.get("layout"), "layout")
     if not all(type(x) is str for x in layout):
         raise IndexProblem("index.json", "layout is not a list of strings")

@@ -19,7 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from ..scan.ambiguity import Ambiguity
 from ..scan.dtypes import dtype_from_json
+from ..scan.filemeta import metadata_from_json
 from ..scan.model import MAX_TEMPLATE as _MAX_TEMPLATE
 from .checking import (
     INT,
@@ -35,7 +37,7 @@ from .checking import (
     want_str,
 )
 
-__all__ = ["check_scan_meta"]
+__all__ = ["check_file_notes", "check_scan_meta"]
 
 
 def _dtype(descr: Any, what: str) -> np.dtype[Any]:
@@ -216,3 +218,14 @@ def _shared(sh: dict[str, Any], at: str, size: int) -> None:
             raise IndexProblem(
                 "index.json", f"{at}.elements[{j}] needs keys the table does not define"
             )
+
+
+def check_file_notes(metadata: Any, ambiguity: Any, at: str) -> None:
+    """A files-table row's ``metadata`` and ``ambiguity``: None, or what the builder writes."""
+    try:
+        if metadata is not None:
+            metadata_from_json(metadata)
+        if ambiguity is not None:
+            Ambiguity.from_json(ambiguity)
+    except ValueError as exc:
+        raise IndexProblem("index.json", f"{at}: {exc}") from None

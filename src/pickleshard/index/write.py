@@ -105,10 +105,12 @@ def write_index(
     kept: list[Described],
     staging: Path | None,
     skipped: list[SkippedFile],
+    layout: str = "auto",
 ) -> None:
     """Write the index of ``kept`` (the described files that stay, in files-table order, whose
     span arrays lie in ``staging``) and ``skipped`` into ``index_dir``, replacing the index
-    there (the old arrays are deleted once the new header names the new ones)."""
+    there (the old arrays are deleted once the new header names the new ones). ``layout`` is
+    the ``layout=`` the files were read as."""
     fields = kept[0].entry.fields if kept else ()
     nf = len(fields)
     final = _place(kept, nf)
@@ -166,6 +168,7 @@ def write_index(
         "tool_version": __version__,
         "root": os.fspath(source.root),
         "layout": sorted({e.layout for e in final}),
+        "layout_choice": layout,
         "fields": list(fields),
         "num_files": len(final),
         "num_samples": total,

@@ -10,6 +10,7 @@ allowlist (:data:`INERT_GLOBALS`) and otherwise hands out the one stand-in class
 
 from __future__ import annotations
 
+import codecs
 import copyreg
 import pickle
 from collections.abc import Callable
@@ -20,7 +21,7 @@ import numpy as np
 from ..guards import CHECKS
 from .opcodes import I4, U4, U8
 from .spanfile import SpanFile
-from .standins import ArraySpec, EncodedText, Opaque, Payload, Refusals
+from .standins import ArraySpec, EncodedBytes, EncodedText, Opaque, Payload, Refusals
 from .unpicklers import SpanUnpickler
 
 __all__ = ["INERT_GLOBALS", "InspectUnpickler", "NotInspectable"]
@@ -29,6 +30,13 @@ GlobalKey = tuple[str, str]
 _CORES = ("numpy.core", "numpy._core")
 _NDARRAY = "numpy.ndarray"
 _TEXT_PLACEHOLDER_MIN = 4096
+
+
+def _is_latin1(encoding: str) -> bool:
+    try:
+        return codecs.lookup(encoding).name == "iso8859-1"
+    except LookupError:
+        return False
 
 
 class NotInspectable(Exception):
@@ -85,9 +93,17 @@ def _reconstruct(
     return Opaque(f"{key[0]}.{key[1]}", (cls,), True)
 
 
-def _encode(key: GlobalKey, sink: Refusals, text: Any, encoding: str = "utf-8") -> EncodedText:
-    """``_codecs.encode`` (how protocol <= 2 writes bytes): the length of what it would make."""
+def _encode(
+    key: GlobalKey, sink: Refusals, text: Any, encoding: str = "utf-8"
+) -> EncodedText | bytes:
+    """``_codecs.encode`` (how protocol <= 2 writes bytes): the length of what it would make,
+    or, for a text read whole (shorter than 4 KiB: a dict key, a label), the bytes themselves."""
     sink.check(key, (text, encoding), {})
+    if type(text) is str and _is_latin1(encoding):
+        try:
+            return EncodedBytes(text.encode("latin1"))
+        except UnicodeEncodeError:
+            return EncodedText(len(text))
     n = text.length if isinstance(text, Payload) else len(text) if isinstance(text, str) else -1
     return EncodedText(n)
 
@@ -156,7 +172,7 @@ class InspectUnpickler(SpanUnpickler):
         self.append(self.find_class(*key))
 
     def _payload(self, n: int, kind: str, make: Callable[[bytes], Any]) -> None:
-        if n < (self._bytes_min if kind != "text" else _TEXT_PLACEHOLDER_MIN):
+        if n < (_TEXT_PLACEHOLDER_MIN if kind == "text" else self._bytes_min):
             self.append(make(self.read(n)))
         elif n < _TEXT_PLACEHOLDER_MIN:
             offset = self.span.offset
@@ -181,7 +197,11 @@ class InspectUnpickler(SpanUnpickler):
         n = I4(self.read(4))[0]
         if n < 0:
             raise pickle.UnpicklingError("BINSTRING pickle has negative byte count")
-        self._payload(n, "text", self._decode_string)
+        # a Python 2 str: its bytes load unchanged where the encoding maps bytes one to one
+        # (numpy's __setstate__ encodes a latin-1 str back), so an array's rows are in place
+        encoding = getattr(self, "encoding", "ASCII")  # pickle._Unpickler sets it
+        raw = encoding == "bytes" or _is_latin1(encoding)
+        self._payload(n, "string" if raw else "text", self._decode_string)
 
     def load_binunicode(self) -> None:
         self._payload(U4(self.read(4))[0], "text", lambda b: str(b, "utf-8", "surrogatepass"))

@@ -24,7 +24,15 @@ import numpy as np
 
 from ..guards import check_call
 
-__all__ = ["MAX_REFUSALS", "ArraySpec", "EncodedText", "Opaque", "Payload", "Refusals"]
+__all__ = [
+    "MAX_REFUSALS",
+    "ArraySpec",
+    "EncodedBytes",
+    "EncodedText",
+    "Opaque",
+    "Payload",
+    "Refusals",
+]
 
 MAX_REFUSALS = 20
 """Refusals a :class:`Refusals` keeps (a hostile file could make millions)."""
@@ -102,7 +110,8 @@ class Payload(bytes):
     """Stand-in for a payload the inspector skipped: ``length`` bytes at file ``offset``.
 
     It *is* the payload's bytes when shorter than 4 KiB (dtype metadata, small arrays), and
-    empty otherwise; ``kind`` is "bytes", "bytearray" or "text".
+    empty otherwise; ``kind`` is "bytes", "bytearray", "text", or "string" (a Python 2 ``str``
+    read with an encoding that keeps its bytes: ``"bytes"`` or ``"latin1"``).
     """
 
     offset: int
@@ -122,6 +131,11 @@ class EncodedText:
 
     def __init__(self, length: int) -> None:
         self.length = length
+
+
+class EncodedBytes(bytes):
+    """What ``_codecs.encode(text, "latin1")`` made of a short text: the bytes themselves
+    (a dict key, a label), marked as written as latin-1 text (protocol <= 2)."""
 
 
 class _LenStr(str):
@@ -147,7 +161,7 @@ def _checked_value(v: Any) -> Any:
     become ``str``/``bytes`` of their length."""
     kind: type[_LenStr] | type[_LenBytes]
     if isinstance(v, Payload):
-        kind, n = (_LenStr if v.kind == "text" else _LenBytes), v.length
+        kind, n = (_LenStr if v.kind in ("text", "string") else _LenBytes), v.length
     elif isinstance(v, EncodedText) and v.length >= 0:
         kind, n = _LenBytes, v.length
     else:
@@ -184,9 +198,16 @@ class ArraySpec:
         problem, if any, with reading its rows in place."""
         self.dtype = dtype if isinstance(dtype, np.dtype) else None
         self.shape = tuple(shape) if isinstance(shape, tuple) else ()
-        if isinstance(data, EncodedText):
+        if isinstance(data, (EncodedText, EncodedBytes)):
             self.problem = "its bytes are pickled as latin-1 text (protocol <= 2)"
-        elif not isinstance(data, Payload) or data.kind == "text" or self.dtype is None:
+        elif isinstance(data, Payload) and data.kind == "text":
+            self.problem = (
+                "its bytes are a Python 2 str decoded as text (encoding='latin1' or 'bytes' "
+                "reads them in place)"
+            )
+        elif isinstance(data, (str, bytes)) and not isinstance(data, Payload):
+            self.problem = "its bytes are a short Python 2 str, read with the pickle"
+        elif not isinstance(data, Payload) or self.dtype is None:
             self.problem = "it is not a plain array of fixed-size items (object dtype?)"
         elif self.dtype.hasobject:
             self.problem = "its dtype holds Python objects"

@@ -25,7 +25,10 @@ all have the same layout and fields, and samples are concatenated in file order)
 as *one sample per pickle*: layout ``appended_samples`` (an exact tuple gives fields ``x``,
 ``y``, ``f2``...; any other object is the single field ``x``) or ``appended_dict_samples``
 (exact dicts; fields are the first one's keys). ``pickle.load`` called once per pickle, with
-these rules, is the reference for both.
+these rules, is the reference for both: :func:`pickleshard.scan.records.decode_records`, which
+also follows a ``layout=`` the user named (``"columns"``, ``"records"``, ``"file"``), judges the
+ambiguity of an inferred one (:attr:`ScanResult.ambiguity`) and keeps a one-pickle dict's scalar
+values as file metadata (:attr:`ScanResult.metadata`), as the scan does.
 
 Not span-indexable (:class:`~pickleshard.errors.NotSpanIndexableError`, read the file whole):
 protocols 0/1, persistent ids, out-of-band buffers, GETs of ids the pickle never stored (a
@@ -52,13 +55,14 @@ import numpy as np
 
 from ..errors import FieldLengthMismatchError, NotSpanIndexableError
 from ..io import ByteSource, open_source, storage_read_bytes
-from ..picklekit.nodes import DICT, ITEMS, KIND, TUPLE, start_of
+from ..picklekit.nodes import DICT, ITEMS, KIND, LIST, TUPLE, start_of
 from ..picklekit.walk import resolve_engine, walk_opcodes
 from ..picklekit.walker import Walked
 from ..scanio import fetched_since, scan_buffer
+from .ambiguity import Ambiguity, judge
 from .externals import assemble, element_table
 from .inspector import Inspector
-from .layouts import APPENDED, DICT_SAMPLES, SAMPLES, default_field_names
+from .layouts import APPENDED, DICT_SAMPLES, SAMPLES, LayoutChoice, default_field_names
 from .matching import Field, NotLayout, dict_rows, fields_of, leaves, node_kind, spans, structure
 from .model import ArrayItem, ArrayRow, IntItem, ScanResult
 
@@ -68,11 +72,30 @@ __all__ = ["ENGINE", "ArrayItem", "ArrayRow", "IntItem", "ScanResult", "scan_byt
 ENGINE = resolve_engine("auto")
 
 
-def _scan_chunks(buf: Any, w: Walked, stops: list[int], encoding: str) -> ScanResult:
-    cands = [structure(r, w.name) for r in w.roots]
+def _judge(layout: str, parts: list[tuple[tuple[str, ...], list[Field]]]) -> Ambiguity | None:
+    """:func:`~pickleshard.scan.ambiguity.judge` on the scanned pickles' columns."""
+    names, cols = parts[0]
+    return judge(
+        layout,
+        [len(cs[0].starts) if cs else 0 for _, cs in parts],
+        [all(c.array is not None for c in cs) for _, cs in parts],
+        deep=all(c.array is not None and c.array.row_shape for c in cols),
+        width=len(names),
+        elements=", ".join(
+            f"{n} {c.array.row_shape} {c.array.dtype}" if c.array else f"{n} object"
+            for n, c in zip(names, cols, strict=True)
+        ),
+    )
+
+
+def _scan_chunks(
+    buf: Any, w: Walked, stops: list[int], encoding: str, choice: LayoutChoice = "auto"
+) -> ScanResult:
+    cands = [structure(r, w.name, choice) for r in w.roots]
     table = element_table(w, [leaf for c in cands for leaf in leaves(c)])
     insp = Inspector(buf, w, table, encoding)
-    parts = [fields_of(c, insp, w.name) for c in cands]
+    meta: dict[str, Any] | None = {} if len(cands) == 1 else None
+    parts = [fields_of(c, insp, w.name, meta) for c in cands]
     names, cols = parts[0]
     for r, (c, (n, cs)) in enumerate(zip(cands, parts, strict=True)):
         if (
@@ -98,10 +121,14 @@ def _scan_chunks(buf: Any, w: Walked, stops: list[int], encoding: str) -> ScanRe
     # The GETs are in the table now, and _scan no longer falls back to _scan_samples (which
     # builds its own table from them): let them go before the biggest temporaries.
     w.get_offs, w.get_keys = array("q"), array("q")
-    return assemble(w, table, insp, layout, names, cols)
+    result = assemble(w, table, insp, layout, names, cols)
+    ambiguity = _judge(layout, parts) if choice == "auto" else None
+    return replace(result, metadata=meta or {}, ambiguity=ambiguity)
 
 
-def _scan_samples(buf: Any, w: Walked, stops: list[int], encoding: str) -> ScanResult:
+def _scan_samples(
+    buf: Any, w: Walked, stops: list[int], encoding: str, prefix: str = APPENDED
+) -> ScanResult:
     first = w.roots[0]
     kind = (
         first[KIND] if type(first) is list and first[ITEMS] and first[KIND] in (TUPLE, DICT) else 0
@@ -122,7 +149,7 @@ def _scan_samples(buf: Any, w: Walked, stops: list[int], encoding: str) -> ScanR
     insp = Inspector(buf, w, table, encoding)
     if kind == DICT:
         names, cols = dict_rows(w.roots, insp, w.name)
-        return assemble(w, table, insp, APPENDED + DICT_SAMPLES.name, names, cols)
+        return assemble(w, table, insp, prefix + DICT_SAMPLES.name, names, cols)
     n = len(first[ITEMS]) if kind else 1
     starts, ends = (leaves[0][0].reshape(-1, n), leaves[0][1].reshape(-1, n))
     names = default_field_names(n)
@@ -130,19 +157,36 @@ def _scan_samples(buf: Any, w: Walked, stops: list[int], encoding: str) -> ScanR
         w,
         table,
         insp,
-        APPENDED + SAMPLES.name,
+        prefix + SAMPLES.name,
         names,
         [Field(starts[:, f], ends[:, f]) for f in range(n)],
     )
 
 
-def _scan(buf: Any, size: int, name: str, encoding: str, engine: str) -> ScanResult:
+def _scan(
+    buf: Any, size: int, name: str, encoding: str, engine: str, layout: LayoutChoice = "auto"
+) -> ScanResult:
     w = walk_opcodes(buf, size, name, engine=engine)
     stops = [end - 1 for _, end, _ in w.records]
+    one = len(w.roots) == 1
+    if layout == "file" and not one:  # the whole-file load words the error
+        raise NotSpanIndexableError(
+            name, f"layout='file' but the file holds {len(w.roots)} pickles"
+        )
+    root = w.roots[0]
+    if layout == "file" or (
+        layout == "records" and not (one and type(root) is list and root[KIND] == LIST)
+    ):
+        try:
+            return _scan_samples(buf, w, stops, encoding, "" if one else APPENDED)
+        except NotLayout as exc:
+            raise NotSpanIndexableError(
+                name, f"{exc}; not samples that can be read in place"
+            ) from None
     try:
-        return _scan_chunks(buf, w, stops, encoding)
+        return _scan_chunks(buf, w, stops, encoding, layout)
     except (NotLayout, FieldLengthMismatchError) as exc:
-        if len(w.roots) == 1:
+        if one or layout != "auto":
             if isinstance(exc, FieldLengthMismatchError):
                 raise
             raise NotSpanIndexableError(
@@ -155,7 +199,11 @@ def _scan(buf: Any, size: int, name: str, encoding: str, engine: str) -> ScanRes
 
 
 def scan_file(
-    path: str | os.PathLike[str] | ByteSource, *, encoding: str = "ASCII", engine: str = "auto"
+    path: str | os.PathLike[str] | ByteSource,
+    *,
+    encoding: str = "ASCII",
+    engine: str = "auto",
+    layout: LayoutChoice = "auto",
 ) -> ScanResult:
     """Scan the pickle file at ``path`` (see the module docstring for what is reported).
 
@@ -165,13 +213,16 @@ def scan_file(
     it examines. ``encoding`` decodes Python 2 ``str`` dict keys, as in :func:`pickle.load`.
     ``engine`` picks the opcode walker: ``"auto"`` (the compiled one when built, see
     :data:`ENGINE`), ``"compiled"`` or ``"python"`` (the reference); results and errors are the
-    same. Raises :class:`~pickleshard.errors.NotSpanIndexableError` when the file must be read
+    same. ``layout`` is what the user named (see
+    :data:`~pickleshard.scan.layouts.LAYOUT_CHOICES`); the result's ``ambiguity`` and
+    ``metadata`` are as :func:`~pickleshard.scan.records.decode_records` finds them.
+    Raises :class:`~pickleshard.errors.NotSpanIndexableError` when the file must be read
     whole, and the other :class:`~pickleshard.errors.PickleshardError` classes for bad files.
     """
     source = path if isinstance(path, ByteSource) else open_source(path)
     before = storage_read_bytes()
     try:
-        result = _scan(scan_buffer(source), source.size, source.name, encoding, engine)
+        result = _scan(scan_buffer(source), source.size, source.name, encoding, engine, layout)
     finally:  # the source's map goes with it
         if source is not path:
             source.close()
@@ -179,7 +230,12 @@ def scan_file(
 
 
 def scan_bytes(
-    data: bytes, name: str = "<bytes>", *, encoding: str = "ASCII", engine: str = "auto"
+    data: bytes,
+    name: str = "<bytes>",
+    *,
+    encoding: str = "ASCII",
+    engine: str = "auto",
+    layout: LayoutChoice = "auto",
 ) -> ScanResult:
     """:func:`scan_file` over bytes in memory; ``name`` is used in errors and as ``path``."""
-    return _scan(data, len(data), name, encoding, engine)
+    return _scan(data, len(data), name, encoding, engine, layout)

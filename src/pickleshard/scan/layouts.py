@@ -16,7 +16,7 @@ layout             top-level object                            field names
 A field may be a list, a tuple or a numpy array of shape ``(N, ...)`` (row ``i`` is sample ``i``).
 
 A file may hold several pickles one after another (one ``pickle.dump`` call each);
-:func:`decode_records` reads them by the rules of :mod:`pickleshard.scan`, so that whole-file
+:func:`pickleshard.scan.records.decode_records` reads them by the rules of :mod:`pickleshard.scan`, so that whole-file
 and span reading agree:
 
 =========================  ===================================  ==========================
@@ -31,6 +31,20 @@ layout                     pickles                              field names
 ``appended_dict_samples``  exact dicts, one sample each         the first dict's keys
 =========================  ===================================  ==========================
 
+``items`` (a top-level list whose items are the samples, any objects, the single field ``x``) is
+read only when asked for (``layout="records"``).
+
+What the user may name (:data:`LAYOUT_CHOICES`, the ``layout=`` argument everywhere): ``"auto"``
+infers as above and notes when another reading is as plausible
+(:mod:`pickleshard.scan.ambiguity`); ``"columns"`` reads every pickle as ``columns`` or
+``dict_columns``; ``"records"`` reads each appended pickle as one sample, or, in a file of one
+pickle, each item of its top-level list (``rows``, ``dict_rows``, ``items``; another top-level
+object is the one sample); ``"file"`` reads the file's one pickle as one sample.
+
+In a file of one pickle, a top-level dict's small scalar values (``b"batch_label"`` beside
+CIFAR's columns) are the file's metadata, not fields (:mod:`pickleshard.scan.filemeta`); dict
+keys name fields by :func:`~pickleshard.scan.filemeta.field_name` (``bytes`` by their text).
+
 These rows are :data:`LAYOUT_TABLE` (:class:`Layout`, keyed by name without ``appended_``), and
 :func:`match_layout` is the one set of decisions that picks a row for a top-level object: run
 by :func:`decode_layout` on the unpickled object and by the scanner on the opcode walker's
@@ -40,27 +54,32 @@ table's entries (:func:`layout_named`) rather than on names.
 
 from __future__ import annotations
 
-import itertools
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar, cast
 
 import numpy as np
 
 from ..errors import FieldLengthMismatchError, UnsupportedLayoutError
+from .ambiguity import Ambiguity
+from .filemeta import field_name, is_metadata
 
 __all__ = [
     "APPENDED",
+    "EXPECTED_LAYOUTS",
     "LAYOUTS",
+    "LAYOUT_CHOICES",
     "LAYOUT_TABLE",
     "Columns",
     "DecodedLayout",
     "Layout",
+    "LayoutChoice",
     "NoLayout",
+    "check_layout_choice",
     "decode_layout",
-    "decode_records",
     "default_field_names",
+    "field_names",
     "layout_named",
     "match_layout",
 ]
@@ -70,6 +89,17 @@ __all__ = [
 MAX_LIST_FIELDS = 64
 T = TypeVar("T")
 APPENDED = "appended_"  # prefix of a layout read across appended pickles, one chunk each
+LayoutChoice = Literal["auto", "columns", "records", "file"]
+LAYOUT_CHOICES: tuple[LayoutChoice, ...] = ("auto", "columns", "records", "file")
+
+
+def check_layout_choice(layout: str) -> LayoutChoice:
+    """``layout`` if it is one of :data:`LAYOUT_CHOICES`, else ``ValueError`` listing them."""
+    if layout not in LAYOUT_CHOICES:
+        raise ValueError(
+            f"layout must be one of {', '.join(map(repr, LAYOUT_CHOICES))}, got {layout!r}"
+        )
+    return layout
 
 
 @dataclass(frozen=True)
@@ -111,8 +141,13 @@ DICT_ROWS = Layout("dict_rows", ("list",), "dict", keyed=True)
 # Appended pickles only: any object that is not an exact tuple or dict is the single field x.
 SAMPLES = Layout("samples", (), "tuple", keyed=False)
 DICT_SAMPLES = Layout("dict_samples", (), "dict", keyed=True)
-LAYOUT_TABLE = {x.name: x for x in (COLUMNS, DICT_COLUMNS, ROWS, DICT_ROWS, SAMPLES, DICT_SAMPLES)}
-LAYOUTS = tuple(name for name, x in LAYOUT_TABLE.items() if not x.per_pickle)
+# layout="records" only: a top-level list whose items are the samples, each the single field x
+ITEMS = Layout("items", ("list",), "item", keyed=False)
+LAYOUT_TABLE = {
+    x.name: x for x in (COLUMNS, DICT_COLUMNS, ROWS, DICT_ROWS, SAMPLES, DICT_SAMPLES, ITEMS)
+}
+# the layouts "auto" infers for a file of one pickle
+LAYOUTS = tuple(n for n, x in LAYOUT_TABLE.items() if not x.per_pickle and x is not ITEMS)
 
 
 def layout_named(name: str, path: str | os.PathLike[str]) -> Layout:
@@ -142,7 +177,11 @@ _FIELD_KINDS = frozenset(("tuple", "list", "array", "unknown"))
 
 
 def match_layout(
-    top: str, items: Sequence[T], kind: Callable[[T], str], size: Callable[[T], int]
+    top: str,
+    items: Sequence[T],
+    kind: Callable[[T], str],
+    size: Callable[[T], int],
+    choice: LayoutChoice = "auto",
 ) -> Layout:
     """The layout of a top-level object of container kind ``top`` (``"tuple"``, ``"list"``,
     ``"dict"``) whose items (a dict's values) are ``items``: the one set of decisions that both
@@ -151,10 +190,19 @@ def match_layout(
     ``"dict"``, ``"array"``, ``"unknown"`` or ``"other"``; ``size(x)`` is a container's length.
     A field may be anything but a dict or an ``"other"`` value; whether an ``"unknown"`` one
     really is a field is the caller's to check. Raises :class:`NoLayout` with the reason.
+
+    ``choice`` (see :data:`LAYOUT_CHOICES`) narrows the decision: ``"columns"`` gives a column
+    layout or none, ``"records"`` (a top-level list) the rows, dict rows or items it holds.
     """
     if top not in ("tuple", "list", "dict") or not items:
         raise NoLayout("the top-level object is not a non-empty list, tuple or dict")
     fields = all(kind(v) in _FIELD_KINDS for v in items)
+    if choice == "records":
+        return _records_of(top, items, kind, size)
+    if choice == "columns":
+        if fields:
+            return DICT_COLUMNS if top == "dict" else COLUMNS
+        raise NoLayout(f"a top-level {top} whose items are not all sequences (layout='columns')")
     if top == "dict":
         if fields:
             return DICT_COLUMNS
@@ -179,7 +227,26 @@ def match_layout(
     raise NoLayout(f"a top-level list that is neither rows nor at most {MAX_LIST_FIELDS} columns")
 
 
-_EXPECTED = (
+def _records_of(
+    top: str, items: Sequence[T], kind: Callable[[T], str], size: Callable[[T], int]
+) -> Layout:
+    """:func:`match_layout` with ``choice="records"``: each item of a top-level list is one
+    sample (per-sample tuples of one length, dicts, or else any objects)."""
+    if top != "list":
+        raise NoLayout(f"layout='records' reads the items of a top-level list, not a {top}")
+    first = kind(items[0])
+    if first == "tuple" and size(items[0]):
+        if all(kind(r) == "tuple" and size(r) == size(items[0]) for r in items):
+            return ROWS
+    elif first == "dict" and all(kind(r) == "dict" for r in items):
+        return DICT_ROWS
+    if any(kind(r) == "unknown" for r in items) and first in ("tuple", "dict"):
+        raise UnknownRows("a list of per-sample containers with some items of unknown type")
+    return ITEMS
+
+
+# what an unsupported layout's error says a file may hold
+EXPECTED_LAYOUTS = (
     "expected (x_list, y_list, ...) as a tuple or list of equal-length sequences, "
     "a dict of equal-length sequences, a list of per-sample tuples, or a list of per-sample dicts"
 )
@@ -189,9 +256,15 @@ Columns = tuple[Sequence[Any], ...]
 
 @dataclass(frozen=True)
 class DecodedLayout:
+    """A decoded file: its layout name, field names and columns; ``metadata`` holds a
+    one-pickle dict's scalar values by name (:mod:`pickleshard.scan.filemeta`), and
+    ``ambiguity`` the other plausible reading where ``layout="auto"`` had a choice."""
+
     layout: str
     fields: tuple[str, ...]
     columns: Columns
+    metadata: dict[str, Any] = field(default_factory=dict, compare=False)
+    ambiguity: Ambiguity | None = field(default=None, compare=False)
 
     @property
     def num_samples(self) -> int:
@@ -232,8 +305,53 @@ def _check_lengths(path: str, fields: Sequence[str], columns: Columns) -> None:
         raise FieldLengthMismatchError(path, f"fields have different lengths: {detail}")
 
 
-def decode_layout(obj: object, path: str | os.PathLike[str]) -> DecodedLayout:
+def _dict_items(
+    obj: dict[Any, Any], where: str, metadata: bool
+) -> tuple[tuple[Any, ...], list[Any], dict[str, Any]]:
+    """A top-level dict's field keys, field values and (with ``metadata``) metadata by name;
+    :class:`UnsupportedLayoutError` naming the first key whose value is neither."""
+    keys, values, meta = [], [], {}
+    for k, v in obj.items():
+        if _kind(v) in _FIELD_KINDS:
+            keys.append(k)
+            values.append(v)
+        elif metadata and is_metadata(v):
+            meta[field_name(k)] = v
+        else:
+            what = (
+                "a small scalar, kept as file metadata only in a file of one pickle"
+                if is_metadata(v)
+                else "neither a column (list, tuple, numpy array) nor a small scalar kept as "
+                "file metadata"
+            )
+            raise UnsupportedLayoutError(
+                where,
+                f"top-level dict whose value for key {k!r} is {_describe(v)}: {what}; {EXPECTED_LAYOUTS}",
+            )
+    return tuple(keys), values, meta
+
+
+def field_names(keys: Sequence[Any], where: str) -> tuple[str, ...]:
+    """The field names of dict keys (:func:`~pickleshard.scan.filemeta.field_name`);
+    :class:`UnsupportedLayoutError` when two keys give one name (``"x"`` and ``b"x"``)."""
+    names = tuple(field_name(k) for k in keys)
+    if len(set(names)) < len(names):
+        raise UnsupportedLayoutError(where, f"dict keys {list(keys)} name the same field twice")
+    return names
+
+
+def decode_layout(
+    obj: object,
+    path: str | os.PathLike[str],
+    *,
+    choice: LayoutChoice = "auto",
+    metadata: bool = False,
+) -> DecodedLayout:
     """Recognise the layout of an unpickled top-level object and return it as columns.
+
+    ``choice`` narrows the decision as in :func:`match_layout`. With ``metadata`` (a file of
+    one pickle), a top-level dict's small scalar values are the file's metadata
+    (:attr:`DecodedLayout.metadata`), its other values the columns.
 
     Raises :class:`UnsupportedLayoutError` (naming ``path``) for anything else, and
     :class:`FieldLengthMismatchError` when the fields of a columns layout differ in length.
@@ -241,27 +359,29 @@ def decode_layout(obj: object, path: str | os.PathLike[str]) -> DecodedLayout:
     where = os.fspath(path)
     top = _kind(obj)
     items: Sequence[Any] = ()
+    meta: dict[str, Any] = {}
+    keys: tuple[Any, ...] = ()
     if top == "dict":
-        items = list(cast(dict[Any, Any], obj).values())
+        keys, items, meta = _dict_items(cast(dict[Any, Any], obj), where, metadata)
     elif top in ("tuple", "list"):
         items = cast(Sequence[Any], obj)
     try:
-        layout = match_layout(top, items, _kind, len)
-    except NoLayout:
-        if top == "dict":
+        layout = match_layout(top, items, _kind, len, choice)
+    except NoLayout as exc:
+        if top == "dict" and not items and obj:
             raise UnsupportedLayoutError(
-                where, f"top-level dict whose values are not all sequences; {_EXPECTED}"
+                where, f"top-level dict with no sequence values; {EXPECTED_LAYOUTS}"
             ) from None
         raise UnsupportedLayoutError(
-            where, f"top-level object is {_describe(obj)}; {_EXPECTED}"
+            where, f"top-level object is {_describe(obj)} ({exc}); {EXPECTED_LAYOUTS}"
         ) from None
-    keys: tuple[Any, ...]
     if not layout.per_sample:
-        keys = tuple(cast(dict[Any, Any], obj)) if layout.keyed else ()
-        fields = tuple(str(k) for k in keys) if layout.keyed else default_field_names(len(items))
+        fields = field_names(keys, where) if layout.keyed else default_field_names(len(items))
         columns = tuple(items)
         _check_lengths(where, fields, columns)
-        return DecodedLayout(layout.name, fields, columns)
+        return DecodedLayout(layout.name, fields, columns, meta)
+    if layout.sample == "item":
+        return DecodedLayout(layout.name, ("x",), (list(items),))
     if layout.sample == "tuple":
         fields = default_field_names(len(items[0]))
         return DecodedLayout(layout.name, fields, tuple(zip(*items, strict=True)))
@@ -270,68 +390,6 @@ def decode_layout(obj: object, path: str | os.PathLike[str]) -> DecodedLayout:
         columns = tuple([r[k] for r in items] for k in keys)
     except KeyError as exc:
         raise UnsupportedLayoutError(
-            where, f"per-sample dicts with different keys (missing {exc}); {_EXPECTED}"
+            where, f"per-sample dicts with different keys (missing {exc}); {EXPECTED_LAYOUTS}"
         ) from None
-    return DecodedLayout(layout.name, tuple(str(k) for k in keys), columns)
-
-
-def _concat(parts: Sequence[Sequence[Any]]) -> Sequence[Any]:
-    """One column from its chunks: arrays of one dtype and row shape stay an array."""
-    if all(isinstance(p, np.ndarray) for p in parts):
-        arrays: list[np.ndarray] = list(parts)  # type: ignore[arg-type]
-        first = arrays[0]
-        if all(a.dtype == first.dtype and a.shape[1:] == first.shape[1:] for a in arrays):
-            return cast(Sequence[Any], np.concatenate(arrays))
-    return list(itertools.chain.from_iterable(parts))
-
-
-def _one_per_record(objs: Sequence[Any], where: str) -> DecodedLayout:
-    first = objs[0]
-    if type(first) is tuple and first:
-        if not all(type(o) is tuple and len(o) == len(first) for o in objs):
-            raise UnsupportedLayoutError(
-                where, "appended pickles are samples of different shapes (tuples of one length)"
-            )
-        fields = default_field_names(len(first))
-        return DecodedLayout(APPENDED + SAMPLES.name, fields, tuple(zip(*objs, strict=True)))
-    if type(first) is dict and first:
-        # types first: a list or an array indexed by a key is an IndexError, not a KeyError
-        if not all(type(o) is dict for o in objs):
-            raise UnsupportedLayoutError(where, "appended pickles are samples of different shapes")
-        keys = tuple(first)
-        try:
-            columns = tuple([o[k] for o in objs] for k in keys)
-        except KeyError:
-            raise UnsupportedLayoutError(
-                where, "appended pickles are per-sample dicts with different keys"
-            ) from None
-        return DecodedLayout(APPENDED + DICT_SAMPLES.name, tuple(str(k) for k in keys), columns)
-    return DecodedLayout(APPENDED + SAMPLES.name, ("x",), (list(objs),))
-
-
-def decode_records(objs: Sequence[Any], path: str | os.PathLike[str]) -> DecodedLayout:
-    """Samples of a file holding the pickles ``objs`` (one per ``pickle.dump`` call).
-
-    One pickle is :func:`decode_layout`. Several are chunks when every one is a layout with the
-    same fields (layout ``appended_<layout of the first>``, samples in file order), and otherwise
-    one sample each (see the module docstring).
-    """
-    where = os.fspath(path)
-    if len(objs) == 1:
-        return decode_layout(objs[0], where)
-    if not objs:
-        raise UnsupportedLayoutError(where, f"the file holds no pickle; {_EXPECTED}")
-    try:
-        chunks = [decode_layout(o, where) for o in objs]
-    except UnsupportedLayoutError:
-        return _one_per_record(objs, where)
-    first = chunks[0]
-    for r, chunk in enumerate(chunks[1:], start=2):
-        if chunk.fields != first.fields:
-            raise UnsupportedLayoutError(
-                where,
-                f"appended pickle #{r} has fields {list(chunk.fields)}, "
-                f"the first {list(first.fields)}",
-            )
-    columns = tuple(_concat([c.columns[f] for c in chunks]) for f in range(len(first.fields)))
-    return DecodedLayout(APPENDED + first.layout, first.fields, columns)
+    return DecodedLayout(layout.name, field_names(keys, where), columns)

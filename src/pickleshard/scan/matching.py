@@ -18,9 +18,18 @@ import numpy as np
 
 from ..errors import FieldLengthMismatchError, NotSpanIndexableError
 from ..picklekit.nodes import BOUNDS, DICT, ITEMS, KIND, LIST, START, TUPLE, Node, Value, start_of
-from ..picklekit.standins import ArraySpec, Opaque
+from ..picklekit.standins import ArraySpec, EncodedBytes, Opaque, Payload
+from .filemeta import field_name, is_metadata
 from .inspector import UNKNOWN, Inspector
-from .layouts import Layout, NoLayout, UnknownRows, default_field_names, match_layout
+from .layouts import (
+    Layout,
+    LayoutChoice,
+    NoLayout,
+    UnknownRows,
+    default_field_names,
+    field_names,
+    match_layout,
+)
 from .model import ArrayRow
 
 __all__ = [
@@ -108,14 +117,15 @@ def _size(v: Value) -> int:
     return len(v[ITEMS])
 
 
-def structure(root: Value, name: str) -> Candidate:
+def structure(root: Value, name: str, choice: LayoutChoice = "auto") -> Candidate:
     """The layout of one pickle's top-level node, by :func:`match_layout` (the decisions
-    :func:`pickleshard.scan.layouts.decode_layout` makes on the unpickled object)."""
+    :func:`pickleshard.scan.layouts.decode_layout` makes on the unpickled object, narrowed by
+    ``choice``)."""
     top = _kind_name(root)
     values: list[Value] = list(root[ITEMS]) if type(root) is list else []
     items = values[1::2] if top == "dict" else values
     try:
-        layout = match_layout(top, items, _kind_name, _size)
+        layout = match_layout(top, items, _kind_name, _size, choice)
     except UnknownRows as exc:
         raise NotSpanIndexableError(name, str(exc)) from None
     except NoLayout as exc:
@@ -151,6 +161,8 @@ def _array_field(spec: ArraySpec, name: str) -> Field:
 
 def leaves(cand: Candidate) -> list[tuple[np.ndarray, np.ndarray]]:
     """Every element span of a candidate: items of its fields or rows, keys, opaque fields."""
+    if cand.layout.sample == "item":
+        return [_item_spans(cand)]
     if cand.layout.per_sample:
         return [spans(cand.values)]
     out = [spans([v]) for v in cand.values if type(v) is list]
@@ -165,10 +177,32 @@ def leaves(cand: Candidate) -> list[tuple[np.ndarray, np.ndarray]]:
     return out
 
 
+def _item_spans(cand: Candidate) -> tuple[np.ndarray, np.ndarray]:
+    """The spans of a top-level list's items (layout ``items``)."""
+    starts = np.fromiter((start_of(v) for v in cand.values), np.int64, len(cand.values))
+    return starts, np.array(cand.ends, np.int64)
+
+
+def _metadata_value(spec: Any, encoding: str) -> tuple[bool, Any]:
+    """``(True, value)`` when an inspected top-level value is file metadata
+    (:func:`~pickleshard.scan.filemeta.is_metadata`); a skipped payload never is. A Python 2
+    ``str`` payload is what ``encoding`` makes of it, as in :func:`pickle.load`."""
+    if type(spec) is EncodedBytes:  # bytes at protocol <= 2
+        spec = bytes(spec)
+    if isinstance(spec, Payload):
+        if len(spec) != spec.length or spec.kind not in ("bytes", "string"):
+            return False, None
+        raw = bytes(spec)
+        spec = raw if spec.kind == "bytes" or encoding == "bytes" else raw.decode(encoding)
+    return is_metadata(spec), spec
+
+
 def _dict_order(keys: list[Any], name: str) -> dict[Any, int]:
     """``{key: position}`` as a dict built from these keys in order would hold them."""
     order: dict[Any, int] = {}
     for j, k in enumerate(keys):
+        if type(k) is EncodedBytes:  # a bytes key at protocol <= 2
+            k = bytes(k)
         if k is UNKNOWN or type(k) not in _KEY_TYPES:
             raise NotSpanIndexableError(name, "a dict key the scanner cannot evaluate")
         try:
@@ -178,8 +212,14 @@ def _dict_order(keys: list[Any], name: str) -> dict[Any, int]:
     return order
 
 
-def fields_of(cand: Candidate, insp: Inspector, name: str) -> tuple[tuple[str, ...], list[Field]]:
-    """Field names and columns of one pickle whose structure matched ``cand``."""
+def fields_of(
+    cand: Candidate, insp: Inspector, name: str, meta: dict[str, Any] | None = None
+) -> tuple[tuple[str, ...], list[Field]]:
+    """Field names and columns of one pickle whose structure matched ``cand``; with ``meta``
+    (a file of one pickle), a top-level dict's small scalar values go there by name instead
+    of being refused as fields."""
+    if cand.layout.sample == "item":
+        return ("x",), [Field(*_item_spans(cand))]
     if cand.layout.sample == "tuple":
         starts, ends = spans(cand.values)
         n = len(cand.values[0][ITEMS])
@@ -190,10 +230,26 @@ def fields_of(cand: Candidate, insp: Inspector, name: str) -> tuple[tuple[str, .
     values, vends = cand.values, cand.ends
     if cand.layout.keyed:
         order = _dict_order([insp.key(s, e) for s, e in cand.keys], name)
-        names = tuple(str(k) for k in order)
-        values, vends = [values[j] for j in order.values()], [vends[j] for j in order.values()]
+        picked = list(order.items())
+        if meta is not None:
+            picked = []
+            for k, j in order.items():
+                v = values[j]
+                found = (
+                    (False, None)
+                    if type(v) is list
+                    else _metadata_value(insp.value(v, vends[j]), insp.encoding)
+                )
+                if found[0]:
+                    meta[field_name(k)] = found[1]
+                else:
+                    picked.append((k, j))
+        names = field_names([k for k, _ in picked], name)
+        values, vends = [values[j] for _, j in picked], [vends[j] for _, j in picked]
     else:
         names = default_field_names(len(values))
+    if not values:
+        raise NotLayout("a top-level dict with no sequence values")
     opaque = {j: insp.value(v, vends[j]) for j, v in enumerate(values) if type(v) is not list}
     for why in filter(None, map(_not_a_field, opaque.values())):
         raise NotLayout(why)
@@ -231,6 +287,6 @@ def dict_rows(rows: list[Node], insp: Inspector, name: str) -> tuple[tuple[str, 
             raise NotLayout(f"per-sample dicts with different keys (missing {exc})") from None
         base += n
     idx = np.array(picks, np.int64).reshape(len(rows), -1)
-    return tuple(str(k) for k in keys0 or ()), [
+    return field_names(keys0 or (), name), [
         Field(starts[idx[:, f]], ends[idx[:, f]]) for f in range(idx.shape[1])
     ]

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..picklekit import opcodes as oc
 from ..picklekit.memotables import SharedTable
+from .ambiguity import Ambiguity
 from .dtypes import dtype_from_json, dtype_to_json
 
 __all__ = ["ARRAYS", "FORMAT", "MAX_TEMPLATE", "ArrayItem", "ArrayRow", "IntItem", "ScanResult"]
@@ -167,7 +168,10 @@ class ScanResult:
     start, end after STOP, memo-key shift of each pickle in the file), ``shared`` and the rest.
     ``bytes_read`` is how many bytes of the file the scan examined; ``bytes_fetched`` how many
     storage delivered to the scanning process meanwhile (readahead included; None where not
-    measured: ``/proc/self/io`` missing, or bytes scanned). ``engine`` is the opcode
+    measured: ``/proc/self/io`` missing, or bytes scanned). ``metadata`` (a one-pickle dict's
+    scalar values) and ``ambiguity`` (the other plausible reading under ``layout="auto"``) are
+    what :func:`~pickleshard.scan.records.decode_records` would find; the index keeps them in
+    its files table, so a result rebuilt from the stored form has neither. ``engine`` is the opcode
     walker that ran ("compiled" or "python"; empty when rebuilt from the stored form); it takes
     no part in comparisons, since both give equal results.
     """
@@ -190,6 +194,9 @@ class ScanResult:
     engine: str = field(default="", compare=False)
     items: tuple[ArrayItem | IntItem | None, ...] = ()
     bytes_fetched: int | None = field(default=None, compare=False)
+    # per-file facts the index keeps in its files table, not in the stored scan
+    metadata: dict[str, Any] = field(default_factory=dict, compare=False)
+    ambiguity: Ambiguity | None = field(default=None, compare=False)
 
     @property
     def num_samples(self) -> int:

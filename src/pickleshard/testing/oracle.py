@@ -68,7 +68,7 @@ def reference_samples(objs: Sequence[Any], path: str) -> tuple[tuple[str, ...], 
     (:func:`~pickleshard.scan.layouts.decode_layout`); several are chunks when every one is a layout,
     else one sample each (an exact tuple gives one field per item, an exact dict one per key of
     the first, anything else the single field ``x``). Independent of
-    :func:`~pickleshard.scan.layouts.decode_records`, which it checks."""
+    :func:`~pickleshard.scan.records.decode_records`, which it checks."""
     from ..errors import UnsupportedLayoutError
     from ..scan.layouts import LAYOUT_TABLE, decode_layout, default_field_names
 
