@@ -176,6 +176,8 @@ def _litdata(
 
 
 def _measure(args: argparse.Namespace) -> dict[str, Any]:
+    import torch.utils.data  # noqa: F401 - imported before any row is timed
+
     work = Path(tempfile.mkdtemp(prefix="bench-remote-"))
     os.environ["PICKLESHARD_INDEX_HOME"] = str(work / "indexes")
     paths = write_synthetic(
