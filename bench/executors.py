@@ -132,6 +132,8 @@ def _report(raw: dict[str, Any], machine: dict[str, str]) -> list[str]:
         f"pickles, in the page cache; jobs={raw['jobs']} (local pool processes = Dask workers, "
         "one thread each); best of "
         f"{raw['repeat']}, local and Dask alternating",
+        "- the machine has 2 cores, shared with other jobs during the run (see the load "
+        "average): the ratios are indicative, not a measurement of Dask's overhead alone",
         f"- outputs identical byte for byte: index {raw['identical']['index']}, memmap "
         f"{raw['identical']['memmap']}",
         "",

@@ -10,11 +10,12 @@ digests ``convert`` stored in ``hashes.npy`` as it read the source.
 from __future__ import annotations
 
 import os
-import secrets
+import pickle
 import time
 from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from secrets import token_hex
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -92,7 +93,7 @@ def verify(
     else:
         indices = np.sort(np.random.default_rng(seed).choice(n, size=sample, replace=False))
     runs = plan_runs(indices, contiguous=len(indices) == n)
-    job = VerifyJob(root, root.absolute(), src, secrets.token_hex(8))
+    job = VerifyJob(root, root.absolute(), None if src is None else pickle.dumps(src), token_hex(8))
     runner = resolve_executor(executor, jobs, len(runs))
     with tqdm(total=len(indices), unit="sample", desc="verify", disable=not progress) as bar:
         try:

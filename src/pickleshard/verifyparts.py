@@ -12,6 +12,7 @@ verify run (:class:`VerifyJob.token`), not once per task. Planning and the repor
 
 from __future__ import annotations
 
+import pickle
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,7 +52,9 @@ class VerifyJob:
 
     out: Path  # as the caller named it (errors name it so)
     where: Path  # absolute: a worker's working directory may differ
-    source: PickleDataset | None  # None: compare with the stored digests (reopened by path)
+    # The source PickleDataset, pickled once by the caller (None: compare with the stored
+    # digests): unpickling reopens its index, which a process does once per token, not per task.
+    source: bytes | None
     token: str  # names this verify: a process opens ``out`` and ``source`` once per token
 
 
@@ -87,16 +90,21 @@ def stored_hashes(root: Path, n: int) -> np.ndarray[Any, Any]:
 _opened = threading.local()  # per thread: a Dask worker may run tasks in several threads
 
 
-def _open(job: VerifyJob) -> tuple[Any, np.ndarray[Any, Any] | None]:
-    """(the output dataset, the stored digests or None), opened once per job per thread."""
+Opened = tuple[Any, "np.ndarray[Any, Any] | None", "PickleDataset | None"]
+
+
+def _open(job: VerifyJob) -> Opened:
+    """(the output dataset, the stored digests or None, the source or None), opened once per
+    job per thread."""
     held = getattr(_opened, "held", None)
     if held is not None and held[0] == job.token:
-        opened: tuple[Any, np.ndarray[Any, Any] | None] = held[1]
+        opened: Opened = held[1]
         return opened
     ds_out = open_dataset(job.where, shuffle=False)
     stored = stored_hashes(job.where, len(ds_out)) if job.source is None else None
-    _opened.held = (job.token, (ds_out, stored))
-    return ds_out, stored
+    source = None if job.source is None else pickle.loads(job.source)  # our own bytes
+    _opened.held = (job.token, (ds_out, stored, source))
+    return ds_out, stored, source
 
 
 def release() -> None:
@@ -107,7 +115,7 @@ def release() -> None:
 def check_run(job: VerifyJob, run: Sequence[int]) -> VerifyMismatchError | None:
     """The first sample of ``run`` whose output differs from the source (or the stored digest)
     or cannot be read, as an error value; None when every sample matches."""
-    ds_out, stored = _open(job)
+    ds_out, stored, source = _open(job)
     root = job.out
     for a in range(0, len(run), BATCH):
         chunk = list(run[a : a + BATCH])
@@ -117,7 +125,7 @@ def check_run(job: VerifyJob, run: Sequence[int]) -> VerifyMismatchError | None:
             err = VerifyMismatchError(root, f"cannot read the output: {exc}", sample=exc.sample)
             err.__cause__ = exc
             return err
-        want = None if job.source is None else job.source.__getitems__(chunk)
+        want = None if source is None else source.__getitems__(chunk)
         for k, i in enumerate(chunk):
             digest = sample_digest(got[k])
             if want is not None and digest != sample_digest(want[k]):
