@@ -272,7 +272,9 @@ def audit_opened(
 ) -> None:
     """:func:`audit_source` over the files an opened index holds (a
     :class:`~pickleshard.index.DatasetIndex` of ``source``): files the build refused or
-    skipped are never walked (a pathological file costs the build's refusal, not a walk)."""
+    skipped are never walked (a pathological file costs the build's refusal, not a walk), nor
+    are remote objects (an index row with an ETag): walking them would fetch their opcodes a
+    second time, so their refusals come at the read that meets them, as before this audit."""
     if policy.trusted:
         return
     files = tuple(
@@ -280,6 +282,7 @@ def audit_opened(
         for f in index.files
         if int((f.scan or {}).get("bytes_read", f.size) if f.mode == "span" else f.size)
         <= AUDIT_OPCODE_BYTES
+        and f.etag is None  # a remote object: its opcodes would be fetched a second time
     )
     audit_source(dataclasses.replace(source, files=files), Path(index.path), policy, jobs)
 
