@@ -233,3 +233,26 @@ def test_an_unreachable_scheduler_is_one_clear_error(data: Path, tmp_path: Path)
         build_index(data, index=tmp_path / "i", executor=DaskExecutor(address, connect_timeout=1))
     assert "cannot connect within 1 s" in str(info.value)
     assert isinstance(info.value, ConnectionError)
+
+
+def test_a_remote_dataset_indexes_on_the_cluster(client: Any, data: Path, tmp_path: Path) -> None:
+    """The workers open s3:// objects with the storage options given in this process (they
+    travel with the tasks), and the index is the local executor's."""
+    from pickleshard.testing.servers import S3Server
+
+    server = S3Server().start()
+    try:
+        files = {f"data/{p.name}": p.read_bytes() for p in sorted(data.glob("*.pkl"))}
+        server.upload("dask-bucket", files)
+        url = "s3://dask-bucket/data/"
+        local = PickleDataset(
+            url, index=tmp_path / "local", storage_options=server.options(), jobs=1
+        )
+        build_index(url, index=tmp_path / "dask", executor=client)
+        assert _index_tree(tmp_path / "dask") == _index_tree(tmp_path / "local")
+        remote = PickleDataset(url, index=tmp_path / "dask", rebuild="never")
+        assert [remote[i][1] for i in range(len(remote))] == [
+            local[i][1] for i in range(len(local))
+        ]
+    finally:
+        server.stop()

@@ -140,8 +140,8 @@ def test_not_a_conversion_is_a_clear_error(
 def test_unknown_format_is_a_clear_error(tmp_path: Path) -> None:
     out, _ = _convert(tmp_path, [([1, 2], [3, 4])])
     desc = json.loads((out / "pickleshard.json").read_text())
-    (out / "pickleshard.json").write_text(json.dumps({**desc, "to": "parquet"}))
-    with pytest.raises(ConvertedDatasetError, match="unknown format 'parquet'"):
+    (out / "pickleshard.json").write_text(json.dumps({**desc, "to": "feather"}))
+    with pytest.raises(ConvertedDatasetError, match="unknown format 'feather'"):
         open_dataset(out)
 
 

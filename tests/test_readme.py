@@ -2,7 +2,9 @@
 
 Each ``python`` block runs as a script, and each ``sh`` block line by line through bash, in a fresh
 directory that holds a small synthetic ``data/`` (written by ``pickleshard synth``, the same data
-the blocks describe). The one block that is not run here is the set-up block (``make demo`` /
+the blocks describe). The same files are in ``s3://my-bucket/pickles/`` on a moto S3 server on
+127.0.0.1 that this module starts and stops, which the blocks reach through the standard AWS
+environment variables (``AWS_ENDPOINT_URL``...), as a user's would reach their bucket. The one block that is not run here is the set-up block (``make demo`` /
 ``make test``): CI runs ``make test`` itself, and ``tests/test_cli.py`` runs the demo.
 """
 
@@ -12,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -52,6 +55,35 @@ def _env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
+def s3_env(
+    data_template: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, str]]:
+    """The environment of a block: ``PATH`` with this interpreter's scripts, an S3 endpoint
+    holding ``data/`` as ``my-bucket/pickles/``, and caches kept in a temporary directory."""
+    from pickleshard.testing.servers import S3Server
+
+    server = S3Server().start()
+    try:
+        files = {f"pickles/{p.name}": p.read_bytes() for p in sorted(data_template.glob("*.pkl"))}
+        server.upload("my-bucket", files)
+        home = tmp_path_factory.mktemp("readme-home")
+        env = _env()
+        env.update(
+            AWS_ENDPOINT_URL=server.endpoint,
+            AWS_ACCESS_KEY_ID="testing",
+            AWS_SECRET_ACCESS_KEY="testing",
+            AWS_DEFAULT_REGION="eu-west-1",
+            PICKLESHARD_INDEX_HOME=str(home / "remote-index"),
+            HF_HOME=str(home / "hf"),
+            HF_DATASETS_OFFLINE="1",
+            HF_HUB_OFFLINE="1",
+        )
+        yield env
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
 def data_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("readme-data")
     subprocess.run(
@@ -79,7 +111,7 @@ def data_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ("lang", "body", "line"), BLOCKS, ids=[f"README.md:{line}" for _, _, line in BLOCKS]
 )
 def test_readme_block_runs(
-    lang: str, body: str, line: int, data_template: Path, tmp_path: Path
+    lang: str, body: str, line: int, data_template: Path, s3_env: dict[str, str], tmp_path: Path
 ) -> None:
     subprocess.run(["cp", "-r", str(data_template), str(tmp_path / "data")], check=True)
     if lang == "python":
@@ -89,7 +121,7 @@ def test_readme_block_runs(
     else:
         cmd = ["bash", "-euo", "pipefail", "-c", body]
     done = subprocess.run(
-        cmd, cwd=tmp_path, capture_output=True, text=True, env=_env(), timeout=240
+        cmd, cwd=tmp_path, capture_output=True, text=True, env=s3_env, timeout=240
     )
     assert done.returncode == 0, (
         f"README.md line {line} ({lang}) failed with exit {done.returncode}:\n"

@@ -45,7 +45,11 @@ class _Raised:
     error: PickleshardError
 
 
-def _call(work: Callable[..., Any], *args: Any) -> Any:
+def _call(work: Callable[..., Any], options: dict[str, Any], *args: Any) -> Any:
+    if options:  # a remote source's storage options, registered where the task runs
+        from ..io.remote import install_storage_options
+
+        install_storage_options(options)
     try:
         return work(*args)
     except PickleshardError as exc:
@@ -169,9 +173,12 @@ class DaskExecutor:
         if not tasks:
             return
         name = f"pickleshard-{getattr(work, '__name__', 'task')}-{uuid.uuid4().hex[:8]}"
+        # The storage options of remote sources live in this process's table: the tasks carry
+        # them to the workers (credentials included: a worker needs them to read the data).
+        options = _storage_options()
         with self._session() as client:
             futures = [
-                client.submit(_call, work, *args, key=f"{name}-{k}", retries=self.retries)
+                client.submit(_call, work, options, *args, key=f"{name}-{k}", retries=self.retries)
                 for k, args in enumerate(tasks)
             ]
             position = {fut.key: k for k, fut in enumerate(futures)}
@@ -191,6 +198,13 @@ class DaskExecutor:
                     yield k, got
             finally:  # an error, or the caller closed us: drop what has not finished
                 client.cancel([f for f in futures if not f.done()])
+
+
+def _storage_options() -> dict[str, Any]:
+    import sys
+
+    remote = sys.modules.get("pickleshard.io.remote")  # never imported: no URL was opened
+    return remote.storage_options_table() if remote is not None else {}
 
 
 def _where(client: Any) -> str:

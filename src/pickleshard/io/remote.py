@@ -79,6 +79,18 @@ def set_storage_options(prefix: str, options: Mapping[str, Any] | None) -> None:
         _OPTIONS[prefix] = dict(options)
 
 
+def storage_options_table() -> dict[str, dict[str, Any]]:
+    """A copy of every prefix's options registered in this process: what a task sent to
+    another machine (a Dask worker) needs to open the same URLs (see :func:`install_storage_options`)."""
+    return {prefix: dict(options) for prefix, options in _OPTIONS.items()}
+
+
+def install_storage_options(table: Mapping[str, Mapping[str, Any]]) -> None:
+    """Register every prefix's options of ``table`` (from :func:`storage_options_table`) here."""
+    for prefix, options in table.items():
+        set_storage_options(prefix, options)
+
+
 def storage_options_for(url: str) -> dict[str, Any]:
     """The options registered for the longest prefix of ``url`` (``{}`` when none is)."""
     best = max((p for p in _OPTIONS if url.startswith(p)), key=len, default=None)
