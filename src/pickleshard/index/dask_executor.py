@@ -31,6 +31,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from ..errors import ClusterError, ClusterUnreachableError, PickleshardError
+from ..io.remote import install_storage_options, storage_options_table
 from .executor import import_distributed
 
 __all__ = ["DaskExecutor"]
@@ -47,8 +48,6 @@ class _Raised:
 
 def _call(work: Callable[..., Any], options: dict[str, Any], *args: Any) -> Any:
     if options:  # a remote source's storage options, registered where the task runs
-        from ..io.remote import install_storage_options
-
         install_storage_options(options)
     try:
         return work(*args)
@@ -175,7 +174,7 @@ class DaskExecutor:
         name = f"pickleshard-{getattr(work, '__name__', 'task')}-{uuid.uuid4().hex[:8]}"
         # The storage options of remote sources live in this process's table: the tasks carry
         # them to the workers (credentials included: a worker needs them to read the data).
-        options = _storage_options()
+        options = storage_options_table()
         with self._session() as client:
             futures = [
                 client.submit(_call, work, options, *args, key=f"{name}-{k}", retries=self.retries)
@@ -198,13 +197,6 @@ class DaskExecutor:
                     yield k, got
             finally:  # an error, or the caller closed us: drop what has not finished
                 client.cancel([f for f in futures if not f.done()])
-
-
-def _storage_options() -> dict[str, Any]:
-    import sys
-
-    remote = sys.modules.get("pickleshard.io.remote")  # never imported: no URL was opened
-    return remote.storage_options_table() if remote is not None else {}
 
 
 def _where(client: Any) -> str:
