@@ -347,3 +347,9 @@ def test_a_failed_remote_read_names_the_url_the_range_and_the_sample(
     start = int(ds.index.scan(0, urls[0]).starts[3, 0])
     assert f"bytes {start}-" in text
     assert err.value.sample == 3
+    # a batch names the sample too (the reader names it, whichever path reads)
+    http_server.traffic.faults = ["503"] * (remote.RETRIES + 1)
+    with pytest.raises(RemoteStorageError) as err:
+        ds.__getitems__([3])
+    assert err.value.sample == 3
+    assert "(sample 3)" in str(err.value)

@@ -22,11 +22,10 @@ except ImportError:  # pragma: no cover - exercised only without torch
 
 from .allowlist import preset_names
 from .bounds import DEFAULT_MAX_DEPTH, DEFAULT_MAX_SAMPLE_BYTES, check_sample
-from .errors import NotSpanIndexableError, RemoteStorageError, UnsafePickleError
+from .errors import NotSpanIndexableError, UnsafePickleError
 from .index import Rebuild, SkippedFilesWarning, open_index
 from .producers.openaudit import audit_dataset_source, audit_opened
 from .read import SpanFiles
-from .read.failures import named
 from .remotesources import use_storage_options
 from .safety import UnpicklePolicy
 from .scan.ambiguity import warn_ambiguous
@@ -264,10 +263,7 @@ class PickleDataset(_DatasetBase[Any]):
         pos = bisect.bisect_right(self._firsts, j) - 1
         item = j - self._firsts[pos]
         if self._is_span[pos]:  # the read holds the sample to the policy's bounds
-            try:
-                sample = self._spans.one(pos, item, j)
-            except RemoteStorageError as exc:  # a remote read that failed its retries
-                raise named(exc, j) from None
+            sample = self._spans.one(pos, item, j)
             return sample if self.transform is None else self.transform(sample)
         columns = self._file(pos).columns
         return self._finish(tuple([col[item] for col in columns]), pos, j)

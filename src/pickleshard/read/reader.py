@@ -332,7 +332,11 @@ class SpanReader:
         if plan is None:
             plan = self._plan = self._settle()
         if self._fd < 0:  # no descriptor (remote): the batch's ranges go out together
-            self.source.prefetch(self._ranges(plan, items))
+            try:
+                self.source.prefetch(self._ranges(plan, items))
+            except PickleshardError as exc:  # named by the sample whose bytes it was reading
+                at = getattr(exc, "offset", None)
+                raise named(exc, self._label_at(at, items, labels)) from None
         if len(items) < BATCH_READ_MIN or not plan.by_field:
             return self._each(plan, items, labels)
         out = self._by_field(plan, items, labels)
@@ -347,23 +351,31 @@ class SpanReader:
         starts, ends = self.scan.starts[items][:, fields], self.scan.ends[items][:, fields]
         return list(zip(starts.ravel().tolist(), (ends - starts).ravel().tolist(), strict=True))
 
+    def _label_at(self, offset: int | None, items: list[int], labels: list[int]) -> int | None:
+        """The label of the sample of ``items`` whose bytes hold ``offset`` (None: none does)."""
+        if offset is None:
+            return None
+        inside = (self.scan.starts[items] <= offset) & (offset < self.scan.ends[items])
+        hits = np.flatnonzero(inside.any(axis=1))
+        return labels[int(hits[0])] if len(hits) else None
+
     def _execute(self, plan: ReadPlan, i: int, label: int) -> tuple[Any, ...]:
         """Sample ``i`` read by ``plan`` in Python (the reference of the compiled reads)."""
         scan = self.scan
         starts = scan.starts[i].tolist()
         out: list[Any] = [None] * len(starts)
         spans: list[int] = []
-        for f, reader in enumerate(plan.readers):
-            s = starts[f]
-            if reader is None or (isinstance(reader, ArrayItems) and not reader.direct(i, s)):
-                spans.append(f)
-            else:
-                out[f] = reader.one(i, s, int(scan.ends[i, f]), label)
-        if spans:
-            try:
+        try:  # a refusal or a failed remote read, named by the sample it was for
+            for f, reader in enumerate(plan.readers):
+                s = starts[f]
+                if reader is None or (isinstance(reader, ArrayItems) and not reader.direct(i, s)):
+                    spans.append(f)
+                else:
+                    out[f] = reader.one(i, s, int(scan.ends[i, f]), label)
+            if spans:
                 self.spans.many(out, i, starts, spans, label, self._loader)
-            except PickleshardError as exc:
-                raise named(exc, label) from None
+        except PickleshardError as exc:
+            raise named(exc, label) from None
         return tuple(out)
 
     def _each(self, plan: ReadPlan, items: list[int], labels: list[int]) -> list[tuple[Any, ...]]:
