@@ -23,6 +23,8 @@ from .prepare import PREP_KEY
 
 __all__ = ["Loader", "Unavailable", "open_loader"]
 
+JSON = 3  # the member kind of a JSON value (docs/formats.md), readable without pickleshard
+
 
 class Unavailable(Exception):
     """This loader cannot run on this dataset or machine; the message says why."""
@@ -56,7 +58,7 @@ class PlainMemmap(Dataset[tuple[Any, Any]]):
         if (root / f"{name}.npy").exists():
             return np.load(root / f"{name}.npy", mmap_mode="r")
         kinds = np.load(root / f"{name}.kinds.npy", mmap_mode="r")
-        if (root / f"{name}.values.npy").exists() and set(np.unique(kinds)) <= {ord("j")}:
+        if (root / f"{name}.values.npy").exists() and set(np.unique(kinds).tolist()) <= {JSON}:
             values = np.load(root / f"{name}.values.npy", mmap_mode="r")
             offsets = np.load(root / f"{name}.offsets.npy", mmap_mode="r")
             return (values, offsets)

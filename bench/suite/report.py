@@ -48,7 +48,7 @@ def _table(rows: list[dict[str, Any]]) -> list[str]:
         lines.append(
             f"| {label} | {r['workers']} | {_fmt(r.get('prep_s'), '.1f')} | {r['open_s']:.2f} | "
             f"{r['first_batch_s']:.2f} | {r['samples_per_s']:,.0f} | {r['mb_per_s']:,.1f} | "
-            f"{_fmt(vs, '.2f')}x | {r['peak_pss'] / MiB:,.0f} | "
+            f"{_fmt(vs, '.2f')}{'x' if vs is not None else ''} | {r['peak_pss'] / MiB:,.0f} | "
             f"{r['bytes_fetched'] / 1e6:,.1f} | {note} |"
         )
     return lines
