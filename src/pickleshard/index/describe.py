@@ -142,17 +142,20 @@ def describe_file(
             "fingerprint": fingerprint(source),
             **({} if now.etag is None else {"etag": now.etag}),  # remote objects only
         }
-    if staging is None:
-        return _whole(path, base, policy, "indexed without spans", layout)
-    try:
-        scan = foreign_scan(path, policy) or scan_file(
-            path, encoding=policy.encoding, layout=layout
-        )
-    except NotSpanIndexableError as exc:
-        return _whole(path, base, policy, exc.reason, layout)
-    except Exception as exc:  # the whole-file load below decides whether the file is bad
-        # A file the whole-file load reads is not bad: the scanner was stricter than pickle.
-        why = f"the scanner failed: {type(exc).__name__}: {exc}"
+        if staging is None:
+            why = "indexed without spans"
+        else:  # scanned through the same open (for a remote object: no second sniff or stat)
+            try:
+                scan = foreign_scan(source, policy) or scan_file(
+                    source, encoding=policy.encoding, layout=layout
+                )
+                why = ""
+            except NotSpanIndexableError as exc:
+                why = exc.reason
+            except Exception as exc:  # the whole-file load below decides whether it is bad
+                # A file the whole-file load reads is not bad: the scanner was stricter.
+                why = f"the scanner failed: {type(exc).__name__}: {exc}"
+    if why or staging is None:
         return _whole(path, base, policy, why, layout)
     _check_span_memo(scan)
     for name, array in scan.arrays_dict().items():

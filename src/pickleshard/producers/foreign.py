@@ -11,7 +11,7 @@ import numpy as np
 
 from ..errors import FileChangedError
 from ..fileidentity import FileIdentity
-from ..io import open_source
+from ..io import ByteSource, open_source
 from ..safety import UnpicklePolicy
 from ..scan.model import ScanResult
 from .joblibfile import joblib_kind, load_joblib, scan_joblib
@@ -20,7 +20,9 @@ from .pandasfile import unwrap_tables
 __all__ = ["foreign_records", "foreign_scan", "unwrap_tables"]
 
 
-def foreign_scan(path: str | os.PathLike[str], policy: UnpicklePolicy) -> ScanResult | None:
+def foreign_scan(
+    path: str | os.PathLike[str] | ByteSource, policy: UnpicklePolicy
+) -> ScanResult | None:
     """The scan of a file another tool wrote that pickleshard reads in place (an uncompressed
     ``joblib.dump`` of arrays), None for any other file (the pickle scanner's business).
     Raises :class:`~pickleshard.errors.NotSpanIndexableError` for such a file read whole."""

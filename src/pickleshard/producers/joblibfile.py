@@ -225,31 +225,40 @@ def _columns(top: Any, path: str) -> tuple[str, tuple[str, ...], list[_ArrayRef]
     )
 
 
-def scan_joblib(path: str | os.PathLike[str], policy: UnpicklePolicy) -> ScanResult | None:
+def scan_joblib(
+    path: str | os.PathLike[str] | ByteSource, policy: UnpicklePolicy
+) -> ScanResult | None:
     """The scan of an uncompressed ``joblib.dump`` file: every field an ``array_row`` read in
     place (see the module docstring); None when the file is not one (its bytes say so).
     Raises :class:`NotSpanIndexableError` for a joblib file to load whole (compressed, object
-    or Fortran-order arrays, another structure), and the allowlist's refusal."""
-    where = os.fspath(path)
-    with open_source(where) as source:
-        kind = joblib_kind(source)
-        if not kind:
-            return None
-        if kind != "joblib":
-            raise NotSpanIndexableError(where, f"a compressed joblib file ({kind}): read whole")
-        with open_reader(source) as raw:
-            fh = io.BufferedReader(raw, 1 << 16)
-            walker = _Structure(fh, where, source.size, _lookup_for(policy, where), policy.encoding)
-            try:
-                top = walker.load()
-            except PickleshardError:
-                raise
-            except Exception as exc:  # the whole load says what is wrong, in its words
-                raise NotSpanIndexableError(
-                    where, f"joblib structure not read in place: {type(exc).__name__}: {exc}"
-                ) from None
-            end = fh.tell()
-        protocol = source.read_at(1, 1)[0] if source.read_at(0, 1) == b"\x80" else 0
+    or Fortran-order arrays, another structure), and the allowlist's refusal. ``path`` is a
+    path (opened and closed here) or an open source (left open)."""
+    if isinstance(path, ByteSource):
+        return _scan_joblib(path, policy)
+    with open_source(os.fspath(path)) as source:
+        return _scan_joblib(source, policy)
+
+
+def _scan_joblib(source: ByteSource, policy: UnpicklePolicy) -> ScanResult | None:
+    where = source.name
+    kind = joblib_kind(source)
+    if not kind:
+        return None
+    if kind != "joblib":
+        raise NotSpanIndexableError(where, f"a compressed joblib file ({kind}): read whole")
+    with open_reader(source) as raw:
+        fh = io.BufferedReader(raw, 1 << 16)
+        walker = _Structure(fh, where, source.size, _lookup_for(policy, where), policy.encoding)
+        try:
+            top = walker.load()
+        except PickleshardError:
+            raise
+        except Exception as exc:  # the whole load says what is wrong, in its words
+            raise NotSpanIndexableError(
+                where, f"joblib structure not read in place: {type(exc).__name__}: {exc}"
+            ) from None
+        end = fh.tell()
+    protocol = source.read_at(1, 1)[0] if source.read_at(0, 1) == b"\x80" else 0
     layout, fields, refs = _columns(top, where)
     return _result(where, source.size, end, protocol, layout, fields, refs, walker)
 
