@@ -32,7 +32,7 @@ __all__ = ["main"]
 HERE = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
 SUITES: dict[str, dict[str, Any]] = {
-    "full": {"cache_bytes": 512 * MiB, "folk_cap": 2048, "workers": (0, 2), "timeout": 1200},
+    "full": {"cache_bytes": 256 * MiB, "folk_cap": 256, "workers": (0, 2), "timeout": 900},
     "quick": {"cache_bytes": 8 * MiB, "folk_cap": 128, "workers": (0,), "timeout": 120},
 }
 
@@ -58,6 +58,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=HERE / "results")
     p.add_argument("--name", default=None, help="results file stem (default suite-SUITE)")
     p.add_argument("--render", type=Path, default=None, help="re-render a results JSON, no runs")
+    p.add_argument(
+        "--resume", action="store_true", help="keep the rows of a run cut short (NAME.partial.json)"
+    )
     return p
 
 
@@ -116,6 +119,14 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
     preps: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
     t_start = time.perf_counter()
+    partial = args.out / f"{args.name}.partial.json"
+    kept = {}
+    if args.resume and partial.exists():
+        kept = {
+            (r["dataset"], r["loader"], r["workers"]): r
+            for r in json.loads(partial.read_text())["rows"]
+        }
+        print(f"-- resuming: {len(kept)} rows kept from {partial}", flush=True)
     for data in datasets:
         ensure_pickles(data)
         size = tree_bytes(data.directory)
@@ -143,6 +154,9 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
                     "loader": loader,
                     "workers": w,
                 }
+                if (data.name, loader, w) in kept:
+                    rows.append(kept[(data.name, loader, w)])
+                    continue
                 prep = prep_of.get(row_key, {}) if row_key else {}
                 if "error" in prep or "unavailable" in prep:
                     rows.append({**base, "unavailable": prep.get("unavailable") or prep["error"]})
@@ -174,10 +188,29 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
                 else:
                     print(f"   {row.get('unavailable') or row.get('error')}", flush=True)
                 rows.append(row)
+                _raw(args, machine, datasets, workers, conf, preps, rows, t_start, done=False)
+    return _raw(args, machine, datasets, workers, conf, preps, rows, t_start, done=True)
+
+
+def _raw(
+    args: argparse.Namespace,
+    machine: dict[str, str],
+    datasets: list[DatasetSpec],
+    workers: tuple[int, ...],
+    conf: dict[str, Any],
+    preps: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    t_start: float,
+    *,
+    done: bool,
+) -> dict[str, Any]:
+    """The results so far; written after every row, so a run cut short still leaves its rows."""
+    machine = dict(machine)
     machine["load average at end"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     machine["suite wall time"] = f"{time.perf_counter() - t_start:,.0f} s"
-    return {
+    raw = {
         "suite": args.suite,
+        "complete": done,
         "machine": machine,
         "settings": {
             "batch_size": args.batch_size,
@@ -192,6 +225,10 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
         "preparations": preps,
         "rows": rows,
     }
+    if not done:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"{args.name}.partial.json").write_text(json.dumps(raw, indent=1) + "\n")
+    return raw
 
 
 def main(argv: list[str]) -> int:
@@ -202,7 +239,7 @@ def main(argv: list[str]) -> int:
         args.suite = "quick"
     if args.kinds is None:  # the quick suite is a smoke run of one kind
         args.kinds = tuple(KINDS) if args.suite == "full" else ("arrays12k",)
-    name = args.name or f"suite-{args.suite}"
+    name = args.name = args.name or f"suite-{args.suite}"
     if args.render is not None:
         raw = json.loads(args.render.read_text())
         write_report(raw, args.render.parent, args.render.stem)
@@ -211,4 +248,5 @@ def main(argv: list[str]) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{name}.json").write_text(json.dumps(raw, indent=1) + "\n")
     write_report(raw, args.out, name)
+    (args.out / f"{name}.partial.json").unlink(missing_ok=True)
     return 0

@@ -46,7 +46,7 @@ def open_peer(spec: RowSpec, prep: Path) -> Loader:
         if spec.loader == "mosaic":
             from .prepare import import_streaming
 
-            ds = import_streaming().StreamingDataset(
+            ds = import_streaming()[0].StreamingDataset(
                 local=str(prep / "data"),
                 shuffle=True,
                 shuffle_seed=spec.seed,

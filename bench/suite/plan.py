@@ -114,10 +114,10 @@ class RowSpec:
 
 #: (files, per_file) per kind for each suite; "cold" datasets are at least 2x the cache budget
 _SIZES: dict[str, dict[str, dict[str, tuple[int, int]]]] = {
-    "full": {
-        "arrays12k": {"cached": (8, 5_000), "cold": (16, 10_000)},  # 492 MB, 1.97 GB
-        "arrays400k": {"cached": (8, 150), "cold": (16, 300)},  # 480 MB, 1.92 GB
-        "objects": {"cached": (8, 25_000), "cold": (16, 50_000)},
+    "full": {  # sized so the whole suite (168 rows) runs within one 90-minute window on 2 cores
+        "arrays12k": {"cached": (8, 2_500), "cold": (16, 4_000)},  # 246 MB, 787 MB
+        "arrays400k": {"cached": (8, 75), "cold": (16, 120)},  # 240 MB, 768 MB
+        "objects": {"cached": (8, 12_500), "cold": (16, 20_000)},
     },
     "quick": {
         "arrays12k": {"cold": (4, 500)},

@@ -102,20 +102,57 @@ def _litdata(spec: DatasetSpec, out: Path) -> str:
     return f"litdata.optimize (litdata {litdata.__version__}, 2 workers, 64 MB chunks)"
 
 
-def import_streaming() -> Any:
-    """``streaming`` (mosaicml-streaming), which imports torchvision: a torchvision built for
-    another torch fails with a RuntimeError, reported as the peer being unavailable."""
+def import_streaming() -> tuple[Any, str]:
+    """``streaming`` (mosaicml-streaming), and a note when torchvision had to be stood in for.
+
+    ``streaming`` imports torchvision at import time, for its vision dataset classes only
+    (``streaming.vision``); ``MDSWriter`` and ``StreamingDataset`` never use it. Where the
+    installed torchvision cannot load against this torch (PyPI's torchvision wheel is a CUDA
+    build, this machine's torch a CPU one: ``operator torchvision::nms does not exist``), a
+    placeholder module that raises on use takes its place, and the row's tool says so.
+    """
+    import importlib.machinery
+    import sys
+    import types
+
+    note = ""
+    try:
+        import torchvision  # type: ignore[import-not-found]  # noqa: F401
+    except Exception as exc:
+        why = f"{type(exc).__name__}: {exc}"
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[name]
+
+        def unusable(*_: Any, **__: Any) -> Any:
+            raise RuntimeError(f"torchvision is not usable here ({why})")
+
+        tv = types.ModuleType("torchvision")
+        parts = {
+            "torchvision": tv,
+            "torchvision.datasets": types.ModuleType("torchvision.datasets"),
+            "torchvision.transforms": types.ModuleType("torchvision.transforms"),
+            "torchvision.transforms.functional": types.ModuleType(
+                "torchvision.transforms.functional"
+            ),
+        }
+        parts["torchvision.datasets"].VisionDataset = type("VisionDataset", (), {})  # type: ignore[attr-defined]
+        parts["torchvision.datasets"].CIFAR10 = unusable  # type: ignore[attr-defined]
+        parts["torchvision.transforms.functional"].to_tensor = unusable  # type: ignore[attr-defined]
+        for name, module in parts.items():
+            module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        sys.modules.update(parts)
+        note = f"; torchvision stood in for (it does not load: {why})"
     try:
         import streaming
     except Exception as exc:
         raise ImportError(f"{type(exc).__name__}: {exc}", name="streaming") from exc
-    return streaming
+    return streaming, note
 
 
 def _mosaic(spec: DatasetSpec, out: Path) -> str:
     import numpy as np
 
-    streaming = import_streaming()
+    streaming, note = import_streaming()
 
     x0, _ = next(_samples(spec))
     if isinstance(x0, np.ndarray):
@@ -126,7 +163,23 @@ def _mosaic(spec: DatasetSpec, out: Path) -> str:
     with streaming.MDSWriter(out=str(out / "data"), columns=columns, size_limit="64mb") as w:
         for x, y in _samples(spec):
             w.write({"x": x, "y": y})
-    return f"streaming.MDSWriter (mosaicml-streaming {streaming.__version__}, 64 MB shards)"
+    return f"streaming.MDSWriter (mosaicml-streaming {streaming.__version__}, 64 MB shards){note}"
+
+
+def _hf_features(spec: DatasetSpec) -> Any:
+    """Fixed-shape arrays declared as HF ``ArrayND`` features (as HF's docs advise: inferred,
+    they become nested lists that ``with_format("numpy")`` rebuilds element by element);
+    objects inferred."""
+    import datasets
+    import numpy as np
+
+    x0, _ = next(_samples(spec))
+    if not isinstance(x0, np.ndarray) or not 2 <= x0.ndim <= 5:
+        return None
+    array = getattr(datasets, f"Array{x0.ndim}D")
+    return datasets.Features(
+        {"x": array(shape=x0.shape, dtype=x0.dtype.name), "y": datasets.Value("int64")}
+    )
 
 
 def _hf(spec: DatasetSpec, out: Path) -> str:
@@ -136,10 +189,14 @@ def _hf(spec: DatasetSpec, out: Path) -> str:
         for x, y in _samples(spec):
             yield {"x": x, "y": y}
 
-    ds = datasets.Dataset.from_generator(rows, cache_dir=str(out / "cache"))
+    features = _hf_features(spec)
+    ds = datasets.Dataset.from_generator(rows, features=features, cache_dir=str(out / "cache"))
     ds.save_to_disk(str(out / "data"))
     shutil.rmtree(out / "cache", ignore_errors=True)
-    return f"datasets.Dataset.from_generator + save_to_disk (datasets {datasets.__version__})"
+    how = "ArrayND features" if features is not None else "inferred features"
+    return (
+        f"datasets.Dataset.from_generator ({how}) + save_to_disk (datasets {datasets.__version__})"
+    )
 
 
 def prepare(spec: DatasetSpec, key: str) -> dict[str, Any]:
