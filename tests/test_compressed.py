@@ -298,3 +298,21 @@ def test_a_forked_child_that_exits_normally_does_not_abort(tmp_path: Path, how: 
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[-1] == "0", out.stderr  # the child's exit code (SIGABRT: -6)
+
+
+def test_a_directory_passes_over_compressed_tar_archives(tmp_path: Path) -> None:
+    import tarfile
+
+    from pickleshard.filenames import is_pickle_name
+    from pickleshard.sources import resolve_source
+
+    raw, expected = seed_bytes(6)
+    folder = tmp_path / "data"
+    folder.mkdir()
+    compress_to(folder / "part.pkl.gz", raw, "gzip")
+    with tarfile.open(folder / "backup.tar.gz", "w:gz") as tar:  # not a pickle: never read
+        tar.add(folder / "part.pkl.gz", arcname="part.pkl.gz")
+    assert resolve_source(folder).files == ("part.pkl.gz",)
+    assert len(PickleDataset(folder)) == len(expected)
+    assert not is_pickle_name("x.TAR.XZ") and not is_pickle_name("x.tar.zst")
+    assert is_pickle_name("x.xz") and is_pickle_name("x.pkl")

@@ -2,7 +2,7 @@
 their index lives (locally, keyed by the URL: a bucket is rarely writable, and never cheaply).
 
 ``s3://bucket/prefix/`` lists every object under the prefix whose name matches the pickle
-patterns; a URL with glob characters is expanded by the filesystem's ``glob``; a URL naming one
+patterns (:func:`pickleshard.filenames.is_pickle_name`); a URL with glob characters is expanded by the filesystem's ``glob``; a URL naming one
 object is that file. The root every file is stored relative to is a :class:`URLPath`.
 """
 
@@ -11,11 +11,11 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Mapping, Sequence
-from fnmatch import fnmatch
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import DatasetNotFoundError, NoPickleFilesError, RemoteStorageError
+from .filenames import PICKLE_PATTERNS, is_pickle_name
 from .io.remote import filesystem, is_url, set_storage_options
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ def _listing_error(url: str, exc: Exception) -> Exception:
     return RemoteStorageError(url, f"cannot list it: {type(exc).__name__}: {str(exc)[:200]}")
 
 
-def resolve_url(url: str, patterns: Sequence[str], index_dirname: str) -> ResolvedSource:
+def resolve_url(url: str, index_dirname: str) -> ResolvedSource:
     """The pickle objects ``url`` names (see the module docstring), as a resolved source."""
     from .sources import ResolvedSource
 
@@ -74,11 +74,10 @@ def resolve_url(url: str, patterns: Sequence[str], index_dirname: str) -> Resolv
             names = sorted(
                 p
                 for p in fs.find(path)
-                if f"/{index_dirname}/" not in p
-                and any(fnmatch(p.rsplit("/", 1)[-1], pat) for pat in patterns)
+                if f"/{index_dirname}/" not in p and is_pickle_name(p.rsplit("/", 1)[-1])
             )
             if not names:
-                raise NoPickleFilesError(url, patterns)
+                raise NoPickleFilesError(url, PICKLE_PATTERNS)
             root = URLPath(url.rstrip("/"))
             base = path.rstrip("/") + "/"
             rel = tuple(p[len(base) :] if p.startswith(base) else p for p in names)

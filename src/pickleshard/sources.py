@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import DatasetNotFoundError, NoPickleFilesError, NotRegularFileError
+from .filenames import PICKLE_PATTERNS, is_pickle_name
 from .producers.found import describe_directory
 from .remotesources import is_url, resolve_url, resolve_urls
 
 __all__ = ["PICKLE_PATTERNS", "ResolvedSource", "Source", "check_regular_file", "resolve_source"]
 
-PICKLE_PATTERNS = ("*.pkl", "*.pickle", "*.pk", "*.p", "*.gz", "*.bz2", "*.xz", "*.zst")
 INDEX_DIRNAME = ".pickleshard"
 
 Source = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
@@ -83,7 +83,7 @@ def _scan_directory(root: Path) -> list[Path]:
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d != INDEX_DIRNAME)
         for name in filenames:
-            if any(Path(name).match(p) for p in PICKLE_PATTERNS):
+            if is_pickle_name(name):
                 found.append(Path(dirpath) / name)
                 _check_found(found[-1])
     return found
@@ -96,15 +96,16 @@ def resolve_source(source: Source) -> ResolvedSource:
     :mod:`pickleshard.remotesources`); its root is a URL.
 
     A directory is searched recursively for ``*.pkl``, ``*.pickle``, ``*.pk``, ``*.p`` and the
-    compressed ``*.gz``, ``*.bz2``, ``*.xz``, ``*.zst`` (read decompressed, see pickleshard.io)
-    (skipping ``.pickleshard/``); a string with glob characters is expanded (``**`` recurses);
+    compressed ``*.gz``, ``*.bz2``, ``*.xz``, ``*.zst`` (read decompressed, see pickleshard.io;
+    compressed tar archives such as ``*.tar.gz`` are not pickles and are passed over),
+    skipping ``.pickleshard/``; a string with glob characters is expanded (``**`` recurses);
     a list names files directly. The root is the directory itself, or the deepest directory
     common to all files.
     """
     if isinstance(source, (str, os.PathLike)):
         text = os.fspath(source)
         if is_url(text):  # s3://, gs://, http(s)://...: listed through fsspec
-            return resolve_url(text, PICKLE_PATTERNS, INDEX_DIRNAME)
+            return resolve_url(text, INDEX_DIRNAME)
         path = Path(text)
         if path.is_dir():
             files = _scan_directory(path)
