@@ -132,3 +132,23 @@ def test_a_missing_shard_is_a_clear_error(tmp_path: Path) -> None:
     ds = open_dataset(out)
     with pytest.raises(ConvertedDatasetError, match=r"shard-000001\.tar"):
         list(ds)
+
+
+def test_a_reader_alive_at_interpreter_exit_goes_quietly(tmp_path: Path) -> None:
+    """A reader still referenced by a module global when the interpreter exits (its open shards
+    are closed by ``__del__`` after ``os`` may be gone) prints no 'Exception ignored'."""
+    import subprocess
+    import sys
+
+    out, _ = _convert(tmp_path, _labelled(2, 5))
+    script = (
+        "from pickleshard.formats import open_dataset\n"
+        f"ds = open_dataset({str(out)!r})\n"
+        "it = iter(ds)\n"
+        "first = next(it)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stderr == ""

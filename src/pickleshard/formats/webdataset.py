@@ -32,7 +32,7 @@ import os
 import shutil
 import sys
 import tarfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any, Generic, TypeVar
 
@@ -362,10 +362,16 @@ class WebDatasetReader(ConvertedDataset, _IterableBase[Sample]):
         # Reopened by path in spawned workers: index.npy is mapped again, never copied.
         return (_reopen, (self.root, self.descriptor, self.options, self.epoch))
 
-    def __del__(self) -> None:
-        if getattr(self, "_pid", None) == os.getpid():
+    def __del__(
+        self, _getpid: Callable[[], int] = os.getpid, _close: Callable[[int], None] = os.close
+    ) -> None:
+        # os's functions bound at definition: at interpreter exit module globals may be None
+        if getattr(self, "_pid", None) == _getpid():
             for fd in getattr(self, "_fds", {}).values():
-                os.close(fd)
+                try:  # noqa: SIM105 - contextlib too may be None by then
+                    _close(fd)
+                except OSError:
+                    pass
 
 
 def _reopen(

@@ -9,9 +9,9 @@ readahead for dense reads.
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import os
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import UnreadableFileError
@@ -88,10 +88,14 @@ class LocalFile(ByteSource):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["name"], state["pattern"])  # type: ignore[misc]
 
-    def __del__(self) -> None:
-        if self._fd >= 0 and self._pid == os.getpid():
-            with contextlib.suppress(Exception):  # interpreter shutdown: nothing to report to
+    def __del__(self, _getpid: Callable[[], int] = os.getpid) -> None:
+        # os.getpid bound at definition: at interpreter exit module globals (os, contextlib) may
+        # be None; nothing to report to then
+        if self._fd >= 0 and self._pid == _getpid():
+            try:  # noqa: SIM105
                 self.close()
+            except Exception:
+                pass
 
     # -- reads ------------------------------------------------------------------------------
     def readinto_at(self, offset: int, view: memoryview) -> int:
