@@ -4,6 +4,7 @@ by the server itself."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import uuid
@@ -285,6 +286,25 @@ def test_a_dataset_over_http_urls(
     assert _same(ds[len(ds) - 1], oracle[-1])
     assert _same(ds[5], oracle[5])
     assert http_server.traffic.faults == []
+
+
+def test_a_url_with_a_password_is_not_written_to_the_index(
+    http_server: RangeHTTPServer, local_files: list[Path], tmp_path: Path
+) -> None:
+    from pickleshard.remotesources import without_credentials
+
+    host = http_server.url.partition("://")[2]
+    urls = []
+    for p in local_files:
+        http_server.files[f"/auth/{p.name}"] = p.read_bytes()
+        urls.append(f"http://reader:hunter2@{host}/auth/{p.name}")
+    ds = PickleDataset(urls, index=tmp_path / "index")
+    assert len(ds) > 0
+    header = json.loads((tmp_path / "index" / "index.json").read_text())
+    assert "hunter2" not in json.dumps(header)
+    assert header["root"] == f"http://{host}/auth"
+    assert without_credentials("s3://k:s@b/p/x.pkl") == "s3://b/p/x.pkl"
+    assert without_credentials("/data/a@b/x.pkl") == "/data/a@b/x.pkl"
 
 
 def test_storage_options_by_prefix() -> None:

@@ -28,6 +28,7 @@ __all__ = [
     "resolve_url",
     "resolve_urls",
     "use_storage_options",
+    "without_credentials",
 ]
 
 INDEX_HOME_ENV = "PICKLESHARD_INDEX_HOME"
@@ -121,6 +122,16 @@ def _from_objects(protocol: str, paths: Sequence[str]) -> ResolvedSource:
     common = "/".join(parts[0][:shared])  # whole components: never cut inside a name
     rel = tuple(u[len(common) + 1 :] for u in urls)
     return ResolvedSource(URLPath(common), rel, False)  # type: ignore[arg-type]
+
+
+def without_credentials(location: str) -> str:
+    """``location`` with any ``user:password@`` of a URL taken out (what an index records and
+    shows); a local path is returned as it is."""
+    if not is_url(location):
+        return location
+    scheme, _, rest = location.partition("://")
+    host, slash, path = rest.partition("/")
+    return f"{scheme}://{host.rpartition('@')[2]}{slash}{path}"
 
 
 def remote_index_path(source: ResolvedSource) -> Path:

@@ -25,6 +25,7 @@ import numpy as np
 
 from .._version import __version__
 from ..errors import IndexFormatError
+from ..remotesources import without_credentials
 from ..sources import ResolvedSource
 from .describe import Described, staged_name
 from .files import FileEntry, SkippedFile
@@ -166,7 +167,7 @@ def write_index(
         "format": FORMAT_NAME,
         "version": FORMAT_VERSION,
         "tool_version": __version__,
-        "root": os.fspath(source.root),
+        "root": without_credentials(os.fspath(source.root)),  # a record, never read back
         "layout": sorted({e.layout for e in final}),
         "layout_choice": layout,
         "fields": list(fields),
