@@ -1,8 +1,13 @@
-"""The suite's report: a Markdown table per dataset, the preparations, and three PNG plots.
+"""The suite's report: pickleshard against every other loader, a Markdown table per dataset, the
+preparations, and four PNG plots.
 
-Plots (when matplotlib is installed): samples/s per loader for each dataset and worker count;
-PSS over the epoch per loader (one panel per dataset, the largest worker count); and each
-loader's preparation time (index or conversion) per dataset.
+The summary divides pickleshard's shuffled rate on the pickles themselves (the better of span
+reads and whole-file, as :data:`OURS` says) by each other loader's rate on the same dataset and
+worker count: above 1x pickleshard leads, below it trails. Plots (when matplotlib is
+installed): the summary (samples/s and peak PSS of the loaders a user chooses between, one
+group per dataset); samples/s per loader for each dataset and worker count; PSS over the epoch
+per loader (one panel per dataset, the largest worker count); and each loader's preparation
+time (index or conversion) per dataset.
 """
 
 from __future__ import annotations
@@ -13,9 +18,25 @@ from typing import Any
 
 from .plan import LOADERS, loader_label
 
-__all__ = ["markdown", "write_report"]
+__all__ = ["OURS", "SUMMARY_LOADERS", "leads_and_trails", "markdown", "write_report"]
 
 MiB = 1 << 20
+
+#: pickleshard reading the pickles in place, shuffled
+OURS = ("span", "whole")
+#: the loaders the summary plot shows, in its order
+SUMMARY_LOADERS = (
+    "naive",
+    "folk-shuffled",
+    "span",
+    "whole",
+    "memmap-plain",
+    "lmdb-plain",
+    "webdataset-plain",
+    "litdata",
+    "mosaic",
+    "hf",
+)
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -54,6 +75,68 @@ def _table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _ran(rows: list[dict[str, Any]]) -> dict[tuple[str, str, int], dict[str, Any]]:
+    return {(r["dataset"], r["loader"], r["workers"]): r for r in rows if "samples" in r}
+
+
+def leads_and_trails(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """For each dataset, worker count and other loader that ran: pickleshard's rate (the better
+    of :data:`OURS`) divided by that loader's; ``ratio`` > 1 where pickleshard leads."""
+    ran = _ran(raw["rows"])
+    out = []
+    for (dataset, loader, workers), row in ran.items():
+        if loader in OURS:
+            continue
+        ours = [ran[(dataset, o, workers)] for o in OURS if (dataset, o, workers) in ran]
+        if not ours:
+            continue
+        best = max(ours, key=lambda r: r["samples_per_s"])
+        out.append(
+            {
+                "dataset": dataset,
+                "size": row["size"],
+                "workers": workers,
+                "loader": loader,
+                "ours": best["loader"],
+                "ratio": best["samples_per_s"] / row["samples_per_s"],
+                "pss_ratio": best["peak_pss"] / row["peak_pss"],
+            }
+        )
+    return out
+
+
+def _summary(raw: dict[str, Any]) -> list[str]:
+    pairs = leads_and_trails(raw)
+    if not pairs:
+        return []
+    order = list(_by_dataset(raw["rows"]))  # datasets in the run's order, then workers
+    columns = sorted(
+        {(p["dataset"], p["workers"]) for p in pairs}, key=lambda c: (c[1], order.index(c[0]))
+    )
+    cell = {(p["loader"], p["dataset"], p["workers"]): p for p in pairs}
+    lines = [
+        "",
+        "## pickleshard against each loader",
+        "",
+        "pickleshard's shuffled samples/s on the pickles themselves (the better of span reads and "
+        "whole-file) divided by the loader's, same dataset and workers: **above 1x pickleshard "
+        "leads**, below it trails. In brackets: the peak PSS ratio (below 1x pickleshard uses "
+        "less memory).",
+        "",
+        "| loader | " + " | ".join(f"{d} w={w}" for d, w in columns) + " |",
+        "|---|" + "---:|" * len(columns),
+    ]
+    for loader in LOADERS:
+        if loader in OURS or not any((loader, d, w) in cell for d, w in columns):
+            continue
+        cells = []
+        for d, w in columns:
+            p = cell.get((loader, d, w))
+            cells.append("—" if p is None else f"{p['ratio']:,.2f}x ({p['pss_ratio']:.2f}x)")
+        lines.append(f"| {loader} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(raw: dict[str, Any], plots: list[str]) -> str:
     out = [f"# Loader suite ({raw['suite']})", "", "## Machine", ""]
     out += [f"- {k}: {v}" for k, v in raw["machine"].items()]
@@ -81,6 +164,7 @@ def markdown(raw: dict[str, Any], plots: list[str]) -> str:
         "",
     ]
     out += [f"- `{name}`: {desc}" for name, desc in s["datasets"].items()]
+    out += _summary(raw)
     for name, rows in _by_dataset(raw["rows"]).items():
         size = rows[0]["dataset_bytes"] / 1e6
         out += ["", f"## {name} ({rows[0]['size']}, {size:,.0f} MB of pickles)", ""]
@@ -116,7 +200,7 @@ def _plots(raw: dict[str, Any], out: Path, name: str) -> list[str]:
     loaders = list(LOADERS)
     colors = {lo: plt.get_cmap("tab20")(i) for i, lo in enumerate(loaders)}
     groups = _by_dataset(raw["rows"])
-    written = []
+    written = [_summary_plot(raw, out, name, plt)]
 
     fig, axes = plt.subplots(len(groups), 1, figsize=(11, 3.2 * len(groups)), squeeze=False)
     for ax, (dname, rows) in zip(axes[:, 0], groups.items(), strict=True):
@@ -169,6 +253,41 @@ def _plots(raw: dict[str, Any], out: Path, name: str) -> list[str]:
         plt.close(fig)
         written.append(f"{name}-prep.png")
     return written
+
+
+def _summary_plot(raw: dict[str, Any], out: Path, name: str, plt: Any) -> str:
+    """Samples/s and peak PSS of :data:`SUMMARY_LOADERS`, one group per dataset, at the largest
+    worker count that ran."""
+    ran = _ran(raw["rows"])
+    datasets = list(_by_dataset(raw["rows"]))
+    workers = max(r["workers"] for r in raw["rows"])
+    loaders = [lo for lo in SUMMARY_LOADERS if any((d, lo, workers) in ran for d in datasets)]
+    colors = {lo: plt.get_cmap("tab10")(i) for i, lo in enumerate(SUMMARY_LOADERS)}
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.8))
+    width = 0.8 / max(len(loaders), 1)
+    for ax, key, scale, title in (
+        (axes[0], "samples_per_s", 1.0, f"shuffled samples/s, {workers} workers (log)"),
+        (axes[1], "peak_pss", 1 / MiB, f"peak PSS MiB, main + {workers} workers"),
+    ):
+        for k, loader in enumerate(loaders):
+            xs, ys = [], []
+            for i, d in enumerate(datasets):
+                row = ran.get((d, loader, workers))
+                if row is not None:
+                    xs.append(i + (k - len(loaders) / 2 + 0.5) * width)
+                    ys.append(max(row[key] * scale, 1e-3))
+            ax.bar(xs, ys, width, label=loader_label(loader), color=colors[loader])
+        sizes = {d: rows[0]["size"] for d, rows in _by_dataset(raw["rows"]).items()}
+        ax.set_xticks(range(len(datasets)), [f"{d}\n({sizes[d]})" for d in datasets], fontsize=7)
+        ax.set_title(title, fontsize=9)
+        if key == "samples_per_s":
+            ax.set_yscale("log")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7)
+    fig.tight_layout(rect=(0, 0.17, 1, 1))
+    fig.savefig(out / f"{name}-summary.png", dpi=90)
+    plt.close(fig)
+    return f"{name}-summary.png"
 
 
 def write_report(raw: dict[str, Any], out: Path, name: str) -> None:
