@@ -33,7 +33,16 @@ def test_quick_suite_runs_rows_and_reports(tmp_path: Path) -> None:
         "pss_series": [[0.0, 1 << 20]], "bytes_fetched": 0, "samples_per_s": 128.0,
         "mb_per_s": 0.0,
     }  # fmt: skip
-    partial = {"rows": [kept]}
+    failed = {**kept, "loader": "naive", "error": "timed out after 120 s"}
+    for key in ("samples", "seconds", "samples_per_s"):
+        del failed[key]
+    settings = {
+        "batch_size": 64, "cache_bytes": 8 << 20, "folk_cap": 128, "workers": [0],
+        "datasets": {
+            "arrays12k-4x500": "float32 (3, 32, 32) arrays (12 KB) + int labels, 2,000 samples, cold"
+        },
+    }  # fmt: skip
+    partial = {"settings": settings, "rows": [kept, failed]}  # the failed row runs again
     (tmp_path / "suite-quick.partial.json").write_text(json.dumps(partial))
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

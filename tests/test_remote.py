@@ -288,7 +288,7 @@ def test_a_dataset_over_http_urls(
     assert http_server.traffic.faults == []
 
 
-def test_a_url_with_a_password_is_not_written_to_the_index(
+def test_a_url_with_a_password_is_not_written_to_the_index_or_a_conversion(
     http_server: RangeHTTPServer, local_files: list[Path], tmp_path: Path
 ) -> None:
     from pickleshard.remotesources import without_credentials
@@ -303,6 +303,13 @@ def test_a_url_with_a_password_is_not_written_to_the_index(
     header = json.loads((tmp_path / "index" / "index.json").read_text())
     assert "hunter2" not in json.dumps(header)
     assert header["root"] == f"http://{host}/auth"
+    from pickleshard import convert
+
+    convert(ds, tmp_path / "converted", to="memmap")
+    written = [p.read_bytes() for p in (tmp_path / "converted").rglob("*") if p.is_file()]
+    assert written
+    assert not any(b"hunter2" in data for data in written)
+    assert without_credentials("https://h/a?sig=zz#f") == "https://h/a"
     assert without_credentials("s3://k:s@b/p/x.pkl") == "s3://b/p/x.pkl"
     assert without_credentials("/data/a@b/x.pkl") == "/data/a@b/x.pkl"
 

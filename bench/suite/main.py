@@ -122,11 +122,19 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
     partial = args.out / f"{args.name}.partial.json"
     kept = {}
     if args.resume and partial.exists():
+        earlier = json.loads(partial.read_text())
+        now = _settings(args, conf, workers, datasets)
+        if earlier.get("settings") != now:
+            raise SystemExit(
+                f"--resume: {partial} was run with other settings ({earlier.get('settings')}); "
+                f"this run's are {now}"
+            )
+        # rows that ran are kept; a row that failed or timed out is run again
         kept = {
-            (r["dataset"], r["loader"], r["workers"]): r
-            for r in json.loads(partial.read_text())["rows"]
+            (r["dataset"], r["loader"], r["workers"]): r for r in earlier["rows"] if "samples" in r
         }
         print(f"-- resuming: {len(kept)} rows kept from {partial}", flush=True)
+        machine["resumed"] = f"{len(kept)} rows kept from an earlier run (not in the wall time)"
     for data in datasets:
         ensure_pickles(data)
         size = tree_bytes(data.directory)
@@ -192,6 +200,23 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
     return _raw(args, machine, datasets, workers, conf, preps, rows, t_start, done=True)
 
 
+def _settings(
+    args: argparse.Namespace,
+    conf: dict[str, Any],
+    workers: tuple[int, ...],
+    datasets: list[DatasetSpec],
+) -> dict[str, Any]:
+    return {
+        "batch_size": args.batch_size,
+        "cache_bytes": conf["cache_bytes"],
+        "folk_cap": conf["folk_cap"],
+        "workers": list(workers),
+        "datasets": {
+            d.name: KINDS[d.kind][2] + f", {d.num_samples:,} samples, {d.size}" for d in datasets
+        },
+    }
+
+
 def _raw(
     args: argparse.Namespace,
     machine: dict[str, str],
@@ -212,16 +237,7 @@ def _raw(
         "suite": args.suite,
         "complete": done,
         "machine": machine,
-        "settings": {
-            "batch_size": args.batch_size,
-            "cache_bytes": conf["cache_bytes"],
-            "folk_cap": conf["folk_cap"],
-            "workers": list(workers),
-            "datasets": {
-                d.name: KINDS[d.kind][2] + f", {d.num_samples:,} samples, {d.size}"
-                for d in datasets
-            },
-        },
+        "settings": _settings(args, conf, workers, datasets),
         "preparations": preps,
         "rows": rows,
     }

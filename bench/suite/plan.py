@@ -112,7 +112,8 @@ class RowSpec:
         return cls(**{**obj, "data": DatasetSpec.from_json(obj["data"])})
 
 
-#: (files, per_file) per kind for each suite; "cold" datasets are at least 2x the cache budget
+#: (files, per_file) per kind for each suite; "cold" array datasets are 3x the full suite's cache
+#: budget (objects: 39 MB of pickles, ~330 MB decoded; see docs/benchmarks.md)
 _SIZES: dict[str, dict[str, dict[str, tuple[int, int]]]] = {
     "full": {  # sized so the whole suite (168 rows) runs within one 90-minute window on 2 cores
         "arrays12k": {"cached": (8, 2_500), "cold": (16, 4_000)},  # 246 MB, 787 MB

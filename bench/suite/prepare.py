@@ -140,6 +140,11 @@ def import_streaming() -> tuple[Any, str]:
         parts["torchvision.transforms.functional"].to_tensor = unusable  # type: ignore[attr-defined]
         for name, module in parts.items():
             module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+            parent, _, child = name.rpartition(".")
+            if parent:
+                setattr(parts[parent], child, module)
+        # in this process's sys.modules only: a DataLoader worker started by fork inherits it
+        # (the suite's default), one started by spawn would import the real torchvision again
         sys.modules.update(parts)
         note = f"; torchvision stood in for (it does not load: {why})"
     try:

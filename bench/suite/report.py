@@ -88,7 +88,7 @@ def leads_and_trails(raw: dict[str, Any]) -> list[dict[str, Any]]:
         if loader in OURS:
             continue
         ours = [ran[(dataset, o, workers)] for o in OURS if (dataset, o, workers) in ran]
-        if not ours:
+        if not ours or row["samples_per_s"] <= 0 or row["peak_pss"] <= 0:
             continue
         best = max(ours, key=lambda r: r["samples_per_s"])
         out.append(

@@ -59,6 +59,7 @@ from .formats.files import NO_SPACE, NpyWriter, atomic_write_json
 from .formats.staging import Staging
 from .index.executor import ExecutorLike, executor_session
 from .producers.plain import TRANSFORM_HINT, ConvertTransform
+from .remotesources import without_credentials
 from .scan.layouts import LayoutChoice
 from .sources import Source
 
@@ -159,7 +160,7 @@ def source_dataset(
 def _identity(ds: PickleDataset, fmt: Format, shard_bytes: int) -> dict[str, Any]:
     return {
         "source": {
-            "root": os.fspath(ds.source.root),
+            "root": without_credentials(os.fspath(ds.source.root)),  # written to the output
             "fields": list(ds.fields),
             "num_samples": len(ds),
             "files": [

@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
 
 from .errors import DatasetNotFoundError, NoPickleFilesError, RemoteStorageError
 from .filenames import PICKLE_PATTERNS, is_pickle_name
@@ -125,13 +126,14 @@ def _from_objects(protocol: str, paths: Sequence[str]) -> ResolvedSource:
 
 
 def without_credentials(location: str) -> str:
-    """``location`` with any ``user:password@`` of a URL taken out (what an index records and
-    shows); a local path is returned as it is."""
+    """``location`` with a URL's ``user:password@`` and its query and fragment (where signed
+    URLs carry their tokens) taken out: what an index or a converted dataset records. A local
+    path is returned as it is."""
     if not is_url(location):
         return location
-    scheme, _, rest = location.partition("://")
-    host, slash, path = rest.partition("/")
-    return f"{scheme}://{host.rpartition('@')[2]}{slash}{path}"
+    parts = urlsplit(location)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 def remote_index_path(source: ResolvedSource) -> Path:
