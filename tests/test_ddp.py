@@ -1,4 +1,5 @@
-"""DDP: ``torchrun --standalone --nproc_per_node=2`` (gloo, CPU) over a PickleDataset.
+"""DDP: ``torchrun --standalone --nproc_per_node=2`` (gloo, CPU) over a PickleDataset, of
+local files and of the same files in S3 (moto's server on 127.0.0.1).
 
 Each rank trains a tiny DistributedDataParallel model for one epoch with each sampler and logs
 the sample ids it saw (the data's ``y`` is the global index); together the ranks must cover the
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,24 +31,50 @@ def _torchrun() -> list[str]:
 
 
 @pytest.mark.slow
-def test_two_ranks_cover_the_epoch_exactly_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_two_ranks_cover_the_epoch_exactly_once(
+    tmp_path: Path, where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     data, out = tmp_path / "data", tmp_path / "out"
     n = write_id_files(data, SIZES)
-    ds = PickleDataset(data)  # index once here, not racily on both ranks
-    out.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with open(tmp_path / "log.txt", "w") as log:
-        proc = subprocess.run(
-            [
-                *_torchrun(),
-                *("--standalone", "--nproc_per_node=2", str(SCRIPT)),
-                *("--data", str(data), "--out", str(out), "--workers", "1"),
-            ],
-            stdout=log,
-            stderr=log,
-            env=env,
-            timeout=120,
-        )
+    server = None
+    source = str(data)
+    if where == "s3":
+        from pickleshard.testing.servers import S3Server
+
+        server = S3Server().start()
+        server.upload("ddp", {f"ids/{p.name}": p.read_bytes() for p in sorted(data.iterdir())})
+        source = "s3://ddp/ids/"
+        shutil.rmtree(data)  # the ranks can read the bucket only
+        remote_env = {
+            "AWS_ENDPOINT_URL": server.endpoint,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "eu-west-1",
+            "PICKLESHARD_INDEX_HOME": str(tmp_path / "index-home"),
+        }
+        env.update(remote_env)
+        for key, value in remote_env.items():
+            monkeypatch.setenv(key, value)
+    try:
+        ds = PickleDataset(source)  # index once here, not racily on both ranks
+        out.mkdir()
+        with open(tmp_path / "log.txt", "w") as log:
+            proc = subprocess.run(
+                [
+                    *_torchrun(),
+                    *("--standalone", "--nproc_per_node=2", str(SCRIPT)),
+                    *("--data", source, "--out", str(out), "--workers", "1"),
+                ],
+                stdout=log,
+                stderr=log,
+                env=env,
+                timeout=180,
+            )
+    finally:
+        if server is not None:
+            server.stop()
     assert proc.returncode == 0, (tmp_path / "log.txt").read_text()[-4000:]
 
     for kind in ("shuffle", "block"):

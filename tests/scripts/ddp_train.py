@@ -1,7 +1,8 @@
 """One epoch of DistributedDataParallel training per sampler; each rank logs the ids it saw.
 
 Launched by ``tests/test_ddp.py`` as ``torchrun --standalone --nproc_per_node=2 ddp_train.py``
-(gloo backend, CPU). The data's ``y`` is each sample's global index. Rank ``r`` writes
+(gloo backend, CPU), over local files or an ``s3://`` prefix (reached through the standard AWS
+environment variables, as a user's job would). The data's ``y`` is each sample's global index. Rank ``r`` writes
 ``OUT/{sampler}-rank{r}.json``: ``{"ids": [...], "weights": [...]}``, the ids in the order it
 trained on them and the model's weights after the epoch (equal on all ranks if DDP synced).
 """
@@ -31,7 +32,7 @@ def sampler_for(kind: str, ds: PickleDataset, batch_size: int, workers: int) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--data", required=True, help="a directory or an s3:// prefix")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--workers", type=int, default=1)
