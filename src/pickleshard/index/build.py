@@ -136,7 +136,8 @@ def build_index(
 
     ``index`` is the index directory (default: see :func:`default_index_path`). At most ``jobs``
     files are indexed at once, each in its own process (default: the number of CPUs, at most 8).
-    Each file is scanned for its sample spans without unpickling it (``spans=False``: every file
+    Each file is scanned for its sample spans without unpickling it, and up to 32 of its samples
+    are read by span to size its object fields (``spans=False``: every file
     is unpickled whole to count its samples, the pre-span behaviour); a file the scanner refuses
     is unpickled whole and recorded as such, with the reason. ``policy`` says which globals may
     load while files are unpickled (default: the allowlist) and the text encoding.

@@ -69,12 +69,13 @@ class FileEntry:
     :meth:`ScanResult.meta`, and its rows of the span arrays start at ``span_row``,
     ``ext_row`` and ``record_row``) or ``"whole"`` when the file is unpickled whole (``reason``
     says why). ``decoded_nbytes`` is the file's decoded size: measured for whole files,
-    estimated from the span sizes for span files. ``ctime_ns`` and ``ino`` are the file's
-    ``st_ctime_ns`` and ``st_ino`` when indexed; None in rows written before they were stored
-    (the staleness check then rests on size, mtime and fingerprint alone). ``metadata`` is the
-    file's metadata (:func:`pickleshard.scan.filemeta.metadata_to_json`) and ``ambiguity`` the
-    other plausible reading of an inferred layout
-    (:meth:`pickleshard.scan.ambiguity.Ambiguity.to_json`); None when there is none.
+    estimated for span files (array rows exactly, object fields from a few samples read by
+    span). ``ctime_ns`` and ``ino`` are the file's ``st_ctime_ns`` and ``st_ino`` when
+    indexed; None in rows written before they were stored (the staleness check then rests on
+    size, mtime and fingerprint alone). ``metadata`` is the file's metadata
+    (:func:`pickleshard.scan.filemeta.metadata_to_json`) and ``ambiguity`` the other plausible
+    reading of an inferred layout (:meth:`pickleshard.scan.ambiguity.Ambiguity.to_json`); None
+    when there is none.
     """
 
     path: str
