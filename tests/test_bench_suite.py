@@ -63,6 +63,10 @@ def test_quick_suite_runs_rows_and_reports(tmp_path: Path) -> None:
     assert rows["memmap-plain"]["bytes_fetched"] >= 0.5 * rows["span"]["dataset_bytes"]
     report = (tmp_path / "suite-quick.md").read_text()
     assert "PickleDataset span reads + ShuffleSampler" in report
+    # each dataset's decoded size as the index sizes it, against the cache budget
+    decoded = rows["span"]["decoded_bytes"]
+    assert decoded >= 0.9 * rows["span"]["dataset_bytes"]  # float32 arrays: about their bytes
+    assert f"{decoded / (1 << 20):,.0f} MiB decoded, {decoded / (8 << 20):.1f}x the cache" in report
     # the summary divides span's rate by each other loader's
     naive = rows["naive"]["samples_per_s"]
     ratio = max(rows["span"]["samples_per_s"], 0) / naive

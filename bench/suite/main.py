@@ -158,6 +158,7 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
                     "kind": data.kind,
                     "size": data.size,
                     "dataset_bytes": size,
+                    "decoded_bytes": prep_of.get("index", {}).get("decoded_bytes"),
                     "samples_total": data.num_samples,
                     "loader": loader,
                     "workers": w,

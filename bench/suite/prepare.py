@@ -74,6 +74,14 @@ def _index(spec: DatasetSpec, out: Path) -> str:
     return "pickleshard build_index (opcode scan)"
 
 
+def _decoded_bytes(spec: DatasetSpec, out: Path) -> int:
+    """The dataset's decoded size as the index records it (what the whole-file cache counts)."""
+    from pickleshard import open_index
+
+    index, _ = open_index(spec.directory, index=out / "index", rebuild="never")
+    return sum(f.decoded_nbytes for f in index.files)
+
+
 def _convert(spec: DatasetSpec, out: Path, to: str) -> str:
     from pickleshard import convert
 
@@ -229,6 +237,8 @@ def prepare(spec: DatasetSpec, key: str) -> dict[str, Any]:
         raise ValueError(f"no preparation called {key!r}")
     seconds = time.perf_counter() - t0
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    record = {"key": key, "seconds": seconds, "bytes": size, "tool": tool}
+    record: dict[str, Any] = {"key": key, "seconds": seconds, "bytes": size, "tool": tool}
+    if key == "index":
+        record["decoded_bytes"] = _decoded_bytes(spec, out)
     (out / MARKER).write_text(json.dumps(record))
     return record

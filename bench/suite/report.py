@@ -167,7 +167,14 @@ def markdown(raw: dict[str, Any], plots: list[str]) -> str:
     out += _summary(raw)
     for name, rows in _by_dataset(raw["rows"]).items():
         size = rows[0]["dataset_bytes"] / 1e6
-        out += ["", f"## {name} ({rows[0]['size']}, {size:,.0f} MB of pickles)", ""]
+        decoded = rows[0].get("decoded_bytes")
+        held = (
+            f"; {decoded / MiB:,.0f} MiB decoded, {decoded / s['cache_bytes']:.1f}x the cache "
+            "budget"
+            if decoded
+            else ""
+        )
+        out += ["", f"## {name} ({rows[0]['size']}, {size:,.0f} MB of pickles{held})", ""]
         out += _table(rows)
     out += [
         "",
