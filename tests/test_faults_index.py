@@ -29,7 +29,7 @@ from conftest import assert_deep_equal, oracle_samples
 from pickleshard import errors
 from pickleshard.cli import main
 from pickleshard.dataset import PickleDataset
-from pickleshard.index import DatasetIndex, build_index, contents, open_index
+from pickleshard.index import FORMAT_VERSION, DatasetIndex, build_index, contents, open_index
 from pickleshard.synth import write_synthetic
 
 Edit = Callable[[Path], Any]
@@ -574,7 +574,7 @@ def test_an_older_index_is_rebuilt_by_default(tmp_path: Path) -> None:
     with pytest.raises(errors.IndexFormatError, match="older pickleshard"):
         open_index(folder, rebuild="never")
     opened, _ = open_index(folder)
-    assert opened.header["version"] == 3
+    assert opened.header["version"] == FORMAT_VERSION
     _assert_reads_like_pickle(PickleDataset(folder), folder)
 
 

@@ -22,7 +22,13 @@ from picklegen import LAYOUTS, assert_same, build, datasets, oracle, write
 from pickleshard import ShuffleSampler, errors
 from pickleshard.dataset import PickleDataset
 from pickleshard.errors import UnsupportedLayoutError
-from pickleshard.index import DatasetIndex, SkippedFilesWarning, build_index, open_index
+from pickleshard.index import (
+    FORMAT_VERSION,
+    DatasetIndex,
+    SkippedFilesWarning,
+    build_index,
+    open_index,
+)
 from pickleshard.synth import write_synthetic
 from rewrites import write_keeping_times
 
@@ -385,7 +391,7 @@ def test_an_index_of_an_older_format_is_rebuilt_or_refused(tmp_path: Path) -> No
     with pytest.raises(errors.IndexFormatError, match="older pickleshard"):
         open_index(tmp_path / "data", rebuild="never")
     opened, _ = open_index(tmp_path / "data")  # "missing": an old format counts as missing
-    assert opened.header["version"] == 3
+    assert opened.header["version"] == FORMAT_VERSION
     assert opened.modes == ("span", "span")
 
 

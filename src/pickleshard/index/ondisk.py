@@ -38,8 +38,11 @@ __all__ = [
 ]
 
 FORMAT_NAME = "pickleshard-index"
-# 3: a checksum per array (and the whole index validated on open); older ones are rebuilt
-FORMAT_VERSION = 3
+# 3: a checksum per array (and the whole index validated on open)
+# 4: a span file's decoded size counts its object fields as decoded (sampled), not as pickled
+#    bytes (which undercount small Python objects 4-5x and let the whole-file cache overrun);
+#    older ones are rebuilt
+FORMAT_VERSION = 4
 
 # The span arrays of the index, each concatenated over the span-indexed files in file order.
 SPAN_ARRAYS = ("starts", "ends", "memo_base", "ext_offsets", "ext_keys", "records")

@@ -74,7 +74,7 @@ def _file_entry(obj: Any, k: int, fields: list[str]) -> tuple[FileEntry, tuple[F
     for key in ("size", "num_samples", "decoded_nbytes"):
         want_int(row.get(key), f"{at}.{key}", hi=(1 << 32) - 1 if key == "num_samples" else MAX_ID)
     want_int(row.get("mtime_ns"), f"{at}.mtime_ns", lo=-MAX_ID)
-    # required (version 3 always writes them): without them the staleness check rests on
+    # required (every version since 3 writes them): without them the staleness check rests on
     # size, mtime and fingerprint alone, which an archive carries to any machine, so an edited
     # index would pass for fresh next to a downloaded dataset
     remote = row.get("etag") is not None  # a remote object: its ETag stands for ctime, inode
