@@ -26,29 +26,39 @@ _SAMPLE = 64
 _ARRAY_HEADER = 112
 
 
-def estimate_nbytes(obj: object, _depth: int = 0) -> int:
+def estimate_nbytes(obj: object) -> int:
     """Estimate the memory an unpickled object holds, in bytes.
 
     Arrays count their ``nbytes`` plus the object header; containers count themselves and their
-    items, extrapolating from the first 64 items when there are more. An estimate, not a
-    measurement: it bounds the cache's accounting, not the allocator's.
+    items, extrapolating from the first 64 items when there are more, six levels deep. An
+    object reached twice (a pickle's memo makes shared references) counts once, so the walk
+    visits each object at most once: a few hundred bytes of pickle that nest one list 64 times
+    per level cannot make it walk 64**6 paths. An estimate, not a measurement: it bounds the
+    cache's accounting, not the allocator's.
     """
+    return _estimate(obj, 0, set())
+
+
+def _estimate(obj: object, depth: int, seen: set[int]) -> int:
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
     if isinstance(obj, np.ndarray):
         # getsizeof leaves out data the array does not own (protocol 5 arrays view a buffer).
         return obj.nbytes + _ARRAY_HEADER
-    if _depth > 6:
+    if depth > 6:
         return sys.getsizeof(obj)
     if isinstance(obj, (list, tuple)):
         n = len(obj)
         head = obj[:_SAMPLE]
-        items = sum(estimate_nbytes(v, _depth + 1) for v in head)
+        items = sum(_estimate(v, depth + 1, seen) for v in head)
         if n > len(head):
             items = items * n // len(head)
         return sys.getsizeof(obj) + items
     if isinstance(obj, dict):
         keys = list(obj)[:_SAMPLE]
         items = sum(
-            estimate_nbytes(k, _depth + 1) + estimate_nbytes(obj[k], _depth + 1) for k in keys
+            _estimate(k, depth + 1, seen) + _estimate(obj[k], depth + 1, seen) for k in keys
         )
         if len(obj) > len(keys):
             items = items * len(obj) // len(keys)

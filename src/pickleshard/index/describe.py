@@ -38,7 +38,6 @@ from .files import FileEntry, fingerprint
 __all__ = ["Described", "describe_file", "staged_name"]
 
 _OBJECT_OVERHEAD = 64  # bytes per element beyond its pickled size, when none could be read
-_SLOT = 8  # a column list's pointer to each element
 _SIZED = 32  # samples read per file to size its object fields
 _ARRAY_OVERHEAD = 112  # an ndarray's header
 
@@ -88,7 +87,7 @@ def _estimate(scan: ScanResult, source: ByteSource, policy: UnpicklePolicy) -> i
         if decoded is None or sampled <= 0:
             total += pickled + n * _OBJECT_OVERHEAD
         else:
-            total += int(decoded[f] / sampled * pickled) + n * _SLOT
+            total += int(decoded[f] / sampled * pickled)  # the column's list slots included
     return total
 
 
@@ -99,10 +98,11 @@ def _decoded_sizes(
     picked: np.ndarray,
     fields: list[int],
 ) -> dict[int, int] | None:
-    """The :func:`~pickleshard.wholecache.estimate_nbytes` of samples ``picked`` in each of
-    ``fields``, summed per field: only those fields' spans read, through ``source`` (left open;
-    a remote object's ranges requested together), or None when one cannot be read under
-    ``policy``."""
+    """Per field of ``fields``: :func:`~pickleshard.wholecache.estimate_nbytes` of the column of
+    its values in samples ``picked`` (a list, as a whole-file load holds them, so values the
+    samples share count once, as they do there); only those fields' spans read, through
+    ``source`` (left open; a remote object's ranges requested together). None when one cannot
+    be read under ``policy``."""
     from ..read import SpanReader  # the read package imports the index package
 
     reader = SpanReader(
@@ -110,16 +110,16 @@ def _decoded_sizes(
     )
     starts = np.asarray(scan.starts, np.int64)[picked][:, fields]
     ends = np.asarray(scan.ends, np.int64)[picked][:, fields]
-    sizes = dict.fromkeys(fields, 0)
+    columns: dict[int, list[Any]] = {f: [] for f in fields}
     try:
         lengths = (ends - starts).ravel().tolist()
         source.prefetch(list(zip(starts.ravel().tolist(), lengths, strict=True)))
         for i, row in zip(picked.tolist(), starts.tolist(), strict=True):
             for f, start in zip(fields, row, strict=True):
-                sizes[f] += estimate_nbytes(reader.spans.one(i, f, start, i, None))
+                columns[f].append(reader.spans.one(i, f, start, i, None))
     except PickleshardError:
         return None
-    return sizes
+    return {f: estimate_nbytes(column) for f, column in columns.items()}
 
 
 def _check_span_memo(scan: ScanResult) -> None:
