@@ -58,9 +58,9 @@ def staged_name(staging: Path, pos: int, array: str) -> Path:
 
 def _estimate(scan: ScanResult, source: ByteSource, policy: UnpicklePolicy) -> int:
     """Decoded bytes of a scanned file: array rows exactly, array items by their spans; any
-    other field by its span bytes
-    times the decoded-per-pickled-byte ratio of up to :data:`_SIZED` samples spread over the
-    file, read by span under ``policy``, as :func:`~pickleshard.wholecache.estimate_nbytes`
+    other field by its span bytes times the decoded-per-pickled-byte ratio of up to
+    :data:`_SIZED` samples spread over the file, read by span under ``policy``, as
+    :func:`~pickleshard.wholecache.estimate_nbytes`
     measures a whole file. Pickled size alone undercounts small Python objects 4-5x (a 3-byte
     BININT2 is a 28-byte int and a list slot), and the whole-file cache and
     :class:`~pickleshard.samplers.BlockShuffleSampler` budget by this number. When a sample
