@@ -39,8 +39,8 @@ import numpy as np
 
 from pickleshard import PickleDataset
 from pickleshard.io import open_source
-from pickleshard.io.compressed_formats import multiblock_xz, seekable_zstd
-from pickleshard.io.compressed_units import unit_cache
+from pickleshard.io.compressed.kinds import multiblock_xz, seekable_zstd
+from pickleshard.io.compressed.units import unit_cache
 
 from .report import describe_machine, report_head, save_results
 

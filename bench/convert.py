@@ -5,7 +5,7 @@ Two tables, measured in one process on one synthetic dataset (``bench.data``: fl
 
 Parquet and Arrow rows come from :mod:`bench.convert_arrow`.
 
-1. **Conversion**: seconds and seconds per GB of source pickles, for ``pickleshard.conversion`` to
+1. **Conversion**: seconds and seconds per GB of source pickles, for ``pickleshard.pipelines.convert.run`` to
    each format against the naive loop a user would write (load each pickle whole, then write
    with the plain library: ``np.lib.format.open_memmap``, ``lmdb`` with pickled values,
    ``webdataset.ShardWriter``). The source's index is built first and timed on its own row.
@@ -47,9 +47,9 @@ import webdataset as wds  # type: ignore[import-untyped]
 from torch.utils.data import DataLoader, Dataset
 
 from pickleshard import build_index
-from pickleshard.conversion import convert
 from pickleshard.formats import open_dataset
-from pickleshard.verification import verify
+from pickleshard.pipelines.convert.run import convert
+from pickleshard.pipelines.verify.run import verify
 
 from .baselines import RawMemmap
 from .convert_arrow import NAMES as ARROW_NAMES
@@ -258,7 +258,7 @@ def _reads(spec: DataSpec, work: Path) -> list[Row]:
 
 
 _SPLIT_CHILD = {
-    "pickleshard split": "from pickleshard.splitting import split\n"
+    "pickleshard split": "from pickleshard.pipelines.split.run import split\n"
     "split(SRC, OUT, max_bytes=CHUNK)",
     "naive split: pickle.load whole + dump slices": "import os, pickle\n"
     "xs, ys = pickle.load(open(SRC, 'rb'))\n"
@@ -274,7 +274,7 @@ SPLIT_CHUNK = 64 << 20
 def _splits(spec: DataSpec, work: Path) -> list[Row]:
     """One pickle of the whole dataset, split into 64 MiB chunks by pickleshard and by the naive
     load-and-dump loop, each in a fresh process whose peak PSS is sampled from outside."""
-    from pickleshard.memory import tree_pss
+    from pickleshard.pipelines.memory import tree_pss
 
     big = work / "big.pickle"
     xs: list[Any] = []

@@ -1,6 +1,6 @@
 """The Parquet and Arrow rows of ``python -m bench.convert`` (issue 17).
 
-Conversion: ``pickleshard.conversion`` to ``parquet`` and ``arrow`` against the naive loop (load
+Conversion: ``pickleshard.pipelines.convert.run`` to ``parquet`` and ``arrow`` against the naive loop (load
 each pickle whole, build a ``pyarrow`` table of fixed-size lists, ``pq.ParquetWriter`` /
 ``pa.ipc.new_stream``). Shuffled epoch: pickleshard's reader (``open_dataset``) of each output
 and HF ``datasets`` on the same files (``Dataset.from_parquet`` / ``Dataset.from_file``,
@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from pickleshard.conversion import convert
 from pickleshard.formats import open_dataset
+from pickleshard.pipelines.convert.run import convert
 
 __all__ = ["NAMES", "arrow_conversions", "arrow_reads"]
 

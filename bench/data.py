@@ -6,7 +6,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from pickleshard.synth import write_synthetic
+from pickleshard.pipelines.synth import write_synthetic
 
 __all__ = ["DataSpec", "ensure_data"]
 

@@ -26,10 +26,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pickleshard.conversion import convert
-from pickleshard.index import build_index
-from pickleshard.index.dask_executor import DaskExecutor
-from pickleshard.verification import verify
+from pickleshard.executors.dask import DaskExecutor
+from pickleshard.indexing.build import build_index
+from pickleshard.pipelines.convert.run import convert
+from pickleshard.pipelines.verify.run import verify
 
 from .data import DataSpec, ensure_data
 from .report import describe_machine, report_head, save_results
@@ -116,8 +116,6 @@ def _measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 
 def _import_everything() -> int:
-    import pickleshard.conversion
-    import pickleshard.dataset  # noqa: F401  (torch)
 
     return os.getpid()
 

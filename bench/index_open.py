@@ -27,12 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from pickleshard.index import DatasetIndex, FileEntry, build_index
+from pickleshard.index import DatasetIndex, FileEntry
 from pickleshard.index.arrays import expected_shapes, load_array
 from pickleshard.index.contents import check_arrays
 from pickleshard.index.ondisk import SAMPLES_DTYPE, SPAN_ARRAYS
 from pickleshard.index.validate import check_header
-from pickleshard.synth import write_synthetic
+from pickleshard.indexing.build import build_index
+from pickleshard.pipelines.synth import write_synthetic
 
 from .report import describe_machine, report_head, save_results
 from .scan import best_of

@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 
 from pickleshard import PickleDataset, build_index
-from pickleshard.io import set_block_cache, set_storage_options
-from pickleshard.synth import write_synthetic
+from pickleshard.io.remote.source import set_block_cache, set_storage_options
+from pickleshard.pipelines.synth import write_synthetic
 from pickleshard.testing.servers import S3Server
 
 from .report import describe_machine, report_head, save_results

@@ -12,7 +12,7 @@ samples; (c) small Python-object samples (``--kind objects``: dicts of a token l
 a float). Then the scanner's peak memory on one file of ``--big-gb`` GB of 600 KB arrays and
 one of ``--big-small-gb`` GB of 12 KB arrays (the file ``python -m bench span`` reads: the most
 samples per GB, so the most per-sample scan tables), measured in a fresh process as PSS
-(:mod:`pickleshard.memory`) and as peak RSS (VmHWM).
+(:mod:`pickleshard.pipelines.memory`) and as peak RSS (VmHWM).
 
 Writes ``bench/results/issue3-scan[-quick].md`` and ``.json``. ``--cold`` runs
 :mod:`bench.coldscan` instead (files evicted from the page cache, bytes fetched beside time). ``--quick`` is a smoke run. The
@@ -37,8 +37,8 @@ import numpy as np
 
 from pickleshard.io import LocalFile
 from pickleshard.picklekit.walk import walk_opcodes
+from pickleshard.pipelines.synth import Kind, write_synthetic
 from pickleshard.scan import ENGINE, scan_file
-from pickleshard.synth import Kind, write_synthetic
 
 from .report import describe_machine, report_head, save_results
 
@@ -169,7 +169,7 @@ def _measure(ds: DataSet, root: Path, repeat: int) -> Row:
 
 _PEAK_CHILD = """
 import json, sys
-from pickleshard.memory import PeakPSS
+from pickleshard.pipelines.memory import PeakPSS
 from pickleshard.scan import scan_file
 def hwm():  # peak RSS of this process so far (VmHWM), in bytes
     for line in open("/proc/self/status"):
@@ -291,7 +291,7 @@ _SETUP = """
   scanner that reads each sample's opcodes must take, with no work at all on the bytes.
   `load / page touch` is therefore the most any such scanner can be faster than `pickle.load`
 - peak memory: `scan_file` of one file in a fresh process (after importing numpy and pickleshard),
-  the file in the page cache; PSS sampled every 5 ms (`pickleshard.memory.PeakPSS`) counts the
+  the file in the page cache; PSS sampled every 5 ms (`pickleshard.pipelines.memory.PeakPSS`) counts the
   file's pages mapped through the scan's mmap (the walk unmaps them every 4 MiB) plus private
   memory; peak RSS is the process's VmHWM, its growth the part the scan added
 """

@@ -9,7 +9,7 @@ import lzma
 from collections.abc import Callable
 from pathlib import Path
 
-from pickleshard.io.compressed_formats import multiblock_xz, seekable_zstd
+from pickleshard.io.compressed.kinds import multiblock_xz, seekable_zstd
 
 __all__ = ["COMPRESSORS", "SUFFIX", "compress_to"]
 

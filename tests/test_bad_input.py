@@ -18,11 +18,11 @@ import pytest
 from pickleshard import build_index, open_index
 from pickleshard.errors import CorruptPickleError, PickleshardError, StaleIndexError
 from pickleshard.read import SpanReader
+from pickleshard.read.whole.load import load_records
 from pickleshard.scan import scan_bytes, scan_file
 from pickleshard.testing.corpus import Case, generate, opcode_offsets, valid_files
 from pickleshard.testing.corpus_run import run_corpus
 from pickleshard.testing.corpus_worker import deep_diff
-from pickleshard.wholefile import load_records
 from rewrites import big_file, rewrite_keeping_size_and_mtime, sampled_blocks
 
 
@@ -215,7 +215,7 @@ def test_a_one_bit_flip_can_make_whole_file_loading_allocate_a_huge_memo(tmp_pat
         "import resource, sys\n"
         "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
         "from pickleshard.errors import CorruptPickleError\n"
-        "from pickleshard.wholefile import load_file\n"
+        "from pickleshard.read.whole.load import load_file\n"
         "try:\n"
         "    load_file(sys.argv[1])\n"
         "except CorruptPickleError as exc:\n"

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pickleshard import bounds
 from pickleshard.errors import SampleTooDeepError, SampleTooLargeError
+from pickleshard.safety import bounds
 
 cscan = pytest.importorskip("pickleshard._cscan")
 

@@ -15,7 +15,7 @@ from pickleshard import open_dataset
 from pickleshard.cli import main
 from pickleshard.commands._common import parse_size
 from pickleshard.formats import FORMAT_NAMES
-from pickleshard.synth import write_synthetic
+from pickleshard.pipelines.synth import write_synthetic
 
 
 @pytest.mark.parametrize(

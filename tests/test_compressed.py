@@ -15,12 +15,13 @@ import pytest
 
 from compressors import COMPRESSORS, KIND, SUFFIX, compress_to
 from pickleshard import PickleDataset
-from pickleshard.conversion import convert
 from pickleshard.errors import CorruptPickleError, DecompressedTooLargeError
-from pickleshard.io import CompressedSource, open_source
-from pickleshard.io.compressed_copy import CachedCopy
+from pickleshard.io import open_source
+from pickleshard.io.compressed.copy import CachedCopy
+from pickleshard.io.compressed.source import CompressedSource
+from pickleshard.pipelines.convert.run import convert
+from pickleshard.pipelines.verify.run import verify
 from pickleshard.testing.oracle import assert_same
-from pickleshard.verification import verify
 
 FORMS = sorted(COMPRESSORS)
 
@@ -182,7 +183,7 @@ def test_the_compressed_kinds_are_the_ones_sniffed() -> None:
 
 
 def test_inspect_reports_the_compression_then_the_decompressed_opcodes(tmp_path: Path) -> None:
-    from pickleshard.inspection import inspect_file
+    from pickleshard.inspect.file import inspect_file
 
     raw, want = seed_bytes(30, protocol=4)
     plain = tmp_path / "seed.pkl"
@@ -207,7 +208,7 @@ def test_inspect_reports_the_compression_then_the_decompressed_opcodes(tmp_path:
 
 @pytest.mark.parametrize("how", ["gzip", "zstd-seekable"])
 def test_split_a_compressed_file(tmp_path: Path, how: str) -> None:
-    from pickleshard.splitting import split
+    from pickleshard.pipelines.split.run import split
 
     raw, want = seed_bytes(30)
     path = compress_to(tmp_path / f"big.pkl{SUFFIX[how]}", raw, how)
@@ -303,8 +304,8 @@ def test_a_forked_child_that_exits_normally_does_not_abort(tmp_path: Path, how: 
 def test_a_directory_passes_over_compressed_tar_archives(tmp_path: Path) -> None:
     import tarfile
 
-    from pickleshard.filenames import is_pickle_name
-    from pickleshard.sources import resolve_source
+    from pickleshard.io.filenames import is_pickle_name
+    from pickleshard.io.listing import resolve_source
 
     raw, expected = seed_bytes(6)
     folder = tmp_path / "data"

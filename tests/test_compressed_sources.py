@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from compressors import KIND, SUFFIX, compress_to
-from pickleshard.io import ByteSource, CompressedSource, open_source
+from pickleshard.io import ByteSource, open_source
+from pickleshard.io.compressed.source import CompressedSource
 from pickleshard.testing.sources import ByteSourceTests
 
 

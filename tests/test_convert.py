@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pickleshard.formats.arrow.format.write import TablePartWriter
 
-from pickleshard.conversion import convert, plan_parts
 from pickleshard.dataset import PickleDataset
 from pickleshard.errors import (
     ConversionStateError,
@@ -23,13 +23,13 @@ from pickleshard.errors import (
     UnsafePickleError,
 )
 from pickleshard.formats import FORMAT_NAMES, get_format
-from pickleshard.formats.arrow_write import TablePartWriter
 from pickleshard.formats.base import PartWriter
 from pickleshard.formats.files import NpyWriter
 from pickleshard.formats.lmdb import LmdbPartWriter
 from pickleshard.formats.memmap import MemmapPartWriter
 from pickleshard.formats.staging import Staging
 from pickleshard.formats.webdataset import WebDatasetPartWriter
+from pickleshard.pipelines.convert.run import convert, plan_parts
 from pickleshard.testing import SLOW_GLOBAL, SlowInt, assert_same, oracle_samples, write_files
 from pickleshard.testing.formats import tree_bytes
 

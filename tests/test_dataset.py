@@ -20,8 +20,8 @@ from torch.utils.data import DataLoader
 from conftest import BAD_FILES, LAYOUT_CASES, WritePickle, assert_deep_equal, oracle_samples
 from pickleshard import errors
 from pickleshard.dataset import PickleDataset
+from pickleshard.pipelines.synth import write_synthetic
 from pickleshard.samplers import BlockShuffleSampler
-from pickleshard.synth import write_synthetic
 
 FILES, PER_FILE = 5, 6
 

@@ -25,7 +25,6 @@ import psutil
 import pytest
 
 from pickleshard.cli import main
-from pickleshard.conversion import convert
 from pickleshard.dataset import PickleDataset
 from pickleshard.errors import (
     ClusterUnreachableError,
@@ -33,11 +32,12 @@ from pickleshard.errors import (
     UnencodableValueError,
     VerifyMismatchError,
 )
-from pickleshard.index import build_index
-from pickleshard.index.dask_executor import DaskExecutor
-from pickleshard.synth import write_synthetic
+from pickleshard.executors.dask import DaskExecutor
+from pickleshard.indexing.build import build_index
+from pickleshard.pipelines.convert.run import convert
+from pickleshard.pipelines.synth import write_synthetic
+from pickleshard.pipelines.verify.run import verify
 from pickleshard.testing import write_files
-from pickleshard.verification import verify
 
 distributed = pytest.importorskip("distributed")
 

@@ -18,14 +18,18 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
-from pickleshard.conversion import convert
 from pickleshard.errors import MissingDependencyError, VerifyMismatchError
-from pickleshard.index import InlineExecutor, ProcessPoolIndexExecutor
-from pickleshard.index.dask_executor import DaskExecutor
-from pickleshard.index.executor import dask_address, resolve_executor
-from pickleshard.synth import write_synthetic
+from pickleshard.executors.dask import DaskExecutor
+from pickleshard.executors.local import (
+    InlineExecutor,
+    ProcessPoolIndexExecutor,
+    dask_address,
+    resolve_executor,
+)
+from pickleshard.pipelines.convert.run import convert
+from pickleshard.pipelines.synth import write_synthetic
+from pickleshard.pipelines.verify.run import verify
 from pickleshard.testing import write_files
-from pickleshard.verification import verify
 
 R = TypeVar("R")
 
@@ -183,7 +187,7 @@ def test_relative_paths_reach_workers_whose_cwd_differs(
     monkeypatch.chdir(tmp_path)
     write_synthetic(Path("data"), files=3, per_file=4, shape=(2,))
     away = ElsewhereExecutor(elsewhere)
-    from pickleshard.index import build_index
+    from pickleshard.indexing.build import build_index
 
     index = build_index("data", index="idx", executor=away)
     assert index.num_samples == 12

@@ -31,7 +31,6 @@ import pytest
 
 from pickleshard import PickleDataset
 from pickleshard.cli import main
-from pickleshard.conversion import convert
 from pickleshard.errors import (
     NotAPickleError,
     NotRegularFileError,
@@ -41,8 +40,9 @@ from pickleshard.errors import (
 )
 from pickleshard.formats import get_format, open_dataset
 from pickleshard.formats.staging import Staging
-from pickleshard.splitting import split
-from pickleshard.synth import write_synthetic
+from pickleshard.pipelines.convert.run import convert
+from pickleshard.pipelines.split.run import split
+from pickleshard.pipelines.synth import write_synthetic
 from pickleshard.testing.formats import tree_bytes
 
 FORMATS = ("memmap", "lmdb", "webdataset")
@@ -180,7 +180,7 @@ def test_special_files_are_refused_by_the_api(
     code = (
         "import sys\n"
         "from pickleshard import PickleDataset\n"
-        "from pickleshard.splitting import split\n"
+        "from pickleshard.pipelines.split.run import split\n"
         "for call in (lambda: PickleDataset(sys.argv[1]), lambda: PickleDataset([sys.argv[2]]),\n"
         "             lambda: split(sys.argv[2], sys.argv[3], max_samples=1)):\n"
         "    try:\n        call()\n    except Exception as e:\n"
@@ -410,7 +410,7 @@ def test_enospc_through_the_cli_is_one_line(
 def test_split_enospc_keeps_finished_chunks_and_resumes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import pickleshard.splitting as splitting
+    import pickleshard.pipelines.split.run as splitting
 
     src = tmp_path / "one.pkl"
     with open(src, "wb") as fh:

@@ -29,8 +29,10 @@ from conftest import assert_deep_equal, oracle_samples
 from pickleshard import errors
 from pickleshard.cli import main
 from pickleshard.dataset import PickleDataset
-from pickleshard.index import FORMAT_VERSION, DatasetIndex, build_index, contents, open_index
-from pickleshard.synth import write_synthetic
+from pickleshard.index import FORMAT_VERSION, DatasetIndex, contents
+from pickleshard.indexing.build import build_index
+from pickleshard.indexing.opening import open_index
+from pickleshard.pipelines.synth import write_synthetic
 
 Edit = Callable[[Path], Any]
 MODES = ("auto", "span", "whole")

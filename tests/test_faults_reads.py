@@ -24,7 +24,7 @@ from pickleshard.errors import (
     StaleIndexError,
     UnreadableFileError,
 )
-from pickleshard.fileidentity import FileIdentity
+from pickleshard.io.identity import FileIdentity
 from pickleshard.read import SpanReader
 from pickleshard.scan import ArrayItem, scan_file
 from rewrites import write_keeping_times
@@ -499,7 +499,7 @@ def test_whole_mode_refuses_a_file_written_while_it_is_loaded(
 ) -> None:
     """A write that lands while the whole file is being unpickled (here: half of it, between
     the open and the load) gives FileChangedError after the load, never a mixed file."""
-    import pickleshard.wholefile as wholefile
+    import pickleshard.read.whole.load as wholefile
 
     path, old, new = _dataset_file(tmp_path)
     ds = PickleDataset(path.parent, mode="whole")

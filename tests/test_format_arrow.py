@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from pickleshard.cli import main
-from pickleshard.conversion import convert
 from pickleshard.errors import ConvertedDatasetError
 from pickleshard.formats import open_dataset
-from pickleshard.formats.arrow_read import TableDataset
+from pickleshard.formats.arrow.read import TableDataset
 from pickleshard.formats.pss import encode_pss
+from pickleshard.pipelines.convert.run import convert
 from pickleshard.testing import FormatTests, assert_same, oracle_samples, write_files
 
 pa = pytest.importorskip("pyarrow")

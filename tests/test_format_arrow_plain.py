@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pickleshard.conversion import convert
+from pickleshard.pipelines.convert.run import convert
 from pickleshard.testing import oracle_samples, write_files
 
 pytest.importorskip("pyarrow")

@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from picklegen import ndarrays, values
-from pickleshard.conversion import convert
 from pickleshard.formats import open_dataset
-from pickleshard.formats.arrow_types import infer_type, merge_types
-from pickleshard.formats.arrow_values import from_arrow, is_stacked, stack_values, to_arrow
+from pickleshard.formats.arrow.columntypes import infer_type, merge_types
+from pickleshard.formats.arrow.values import from_arrow, is_stacked, stack_values, to_arrow
+from pickleshard.pipelines.convert.run import convert
 from pickleshard.testing import assert_same, oracle_samples, write_files
 
 pa = pytest.importorskip("pyarrow")

@@ -12,12 +12,12 @@ import lmdb
 import numpy as np
 import pytest
 
-from pickleshard.conversion import convert
 from pickleshard.errors import ConvertedDatasetError, MissingDependencyError
 from pickleshard.formats import get_format, open_dataset
 from pickleshard.formats.lmdb import LmdbFormat
+from pickleshard.pipelines.convert.run import convert
+from pickleshard.pipelines.verify.run import verify
 from pickleshard.testing import FormatTests, assert_same, oracle_samples, write_files
-from pickleshard.verification import verify
 
 
 class TestLmdbFormat(FormatTests):

@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pickleshard.conversion import convert
 from pickleshard.errors import ConvertedDatasetError
 from pickleshard.formats import open_dataset
 from pickleshard.formats.columns import MAX_SEGMENTS
+from pickleshard.pipelines.convert.run import convert
 from pickleshard.testing import FormatTests, assert_same, oracle_samples, write_files
 
 

@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pickleshard.conversion import convert
 from pickleshard.errors import ConvertedDatasetError
 from pickleshard.formats import (
     FORMAT_NAMES,
@@ -35,6 +34,7 @@ from pickleshard.formats.base import Sample, field_stems
 from pickleshard.formats.encoding import MemberKind, decode_member, encode_member
 from pickleshard.formats.files import NpyWriter
 from pickleshard.formats.memmap import MemmapFormat
+from pickleshard.pipelines.convert.run import convert
 from pickleshard.testing import FormatTests, assert_same, oracle_samples, write_files
 
 # ---- a third-party format: one file per sample and field -----------------------------------

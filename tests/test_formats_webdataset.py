@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import webdataset as wds
 
-from pickleshard.conversion import convert
 from pickleshard.errors import ConvertedDatasetError
 from pickleshard.formats import open_dataset
 from pickleshard.formats.webdataset import WebDatasetReader
+from pickleshard.pipelines.convert.run import convert
 from pickleshard.testing import FormatTests, assert_same, oracle_samples, write_files
 
 

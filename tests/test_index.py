@@ -27,10 +27,12 @@ from conftest import (
 )
 from pickleshard import __version__, errors
 from pickleshard.dataset import PickleDataset
-from pickleshard.fileidentity import FileIdentity
-from pickleshard.index import DatasetIndex, build_index, fingerprint, open_index
+from pickleshard.index import DatasetIndex, fingerprint
+from pickleshard.indexing.build import build_index
+from pickleshard.indexing.opening import open_index
 from pickleshard.io import ByteSource, LocalFile
-from pickleshard.synth import write_synthetic
+from pickleshard.io.identity import FileIdentity
+from pickleshard.pipelines.synth import write_synthetic
 from rewrites import rewrite_keeping_size_and_mtime
 
 

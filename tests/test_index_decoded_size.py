@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from pickleshard import BlockShuffleSampler, PickleDataset, build_index
-from pickleshard.synth import write_synthetic
-from pickleshard.wholecache import estimate_nbytes
+from pickleshard.pipelines.synth import write_synthetic
+from pickleshard.read.whole.cache import estimate_nbytes
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon"]
 

@@ -19,15 +19,11 @@ import pytest
 from conftest import assert_deep_equal, oracle_samples
 from pickleshard import errors
 from pickleshard.dataset import PickleDataset
-from pickleshard.index import (
-    DatasetIndex,
-    InlineExecutor,
-    ProcessPoolIndexExecutor,
-    build_index,
-    open_index,
-)
-from pickleshard.index.executor import local_executor
-from pickleshard.synth import write_synthetic
+from pickleshard.executors.local import InlineExecutor, ProcessPoolIndexExecutor, local_executor
+from pickleshard.index import DatasetIndex
+from pickleshard.indexing.build import build_index
+from pickleshard.indexing.opening import open_index
+from pickleshard.pipelines.synth import write_synthetic
 
 R = TypeVar("R")
 

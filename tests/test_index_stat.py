@@ -20,9 +20,11 @@ import pytest
 from conftest import outcome_without_privileges
 from pickleshard import errors
 from pickleshard.dataset import PickleDataset
-from pickleshard.index import build_index, fingerprint, open_index
-from pickleshard.sources import resolve_source
-from pickleshard.synth import write_synthetic
+from pickleshard.index import fingerprint
+from pickleshard.indexing.build import build_index
+from pickleshard.indexing.opening import open_index
+from pickleshard.io.listing import resolve_source
+from pickleshard.pipelines.synth import write_synthetic
 from rewrites import big_file, rewrite_keeping_size_and_mtime, unsampled_payload_offset
 
 

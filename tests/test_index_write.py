@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from pickleshard import build_index
-from pickleshard.index import write as write_module
 from pickleshard.index.arrays import file_checksum
 from pickleshard.index.ondisk import SAMPLES_DTYPE
+from pickleshard.indexing import write as write_module
 
 
 def _data(folder: Path, files: int = 3, n: int = 5) -> Path:

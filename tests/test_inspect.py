@@ -22,10 +22,12 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
+from pickleshard.safety.policy.audit.files import audit_buffer
+from pickleshard.safety.policy.inert import InspectUnpickler
+from pickleshard.safety.policy.standins import Opaque
 
 from conftest import BAD_FILES
 from picklegen import LAYOUTS, build, datasets, dumps, oracle, write
-from pickleshard.allowlist import ALLOWED_GLOBALS, classify_global
 from pickleshard.cli import main
 from pickleshard.errors import (
     CorruptPickleError,
@@ -34,11 +36,9 @@ from pickleshard.errors import (
     PickleshardError,
     TruncatedPickleError,
 )
-from pickleshard.inspection import FileReport, inspect_file
-from pickleshard.picklekit.audit import audit_buffer
-from pickleshard.picklekit.inert import InspectUnpickler
+from pickleshard.inspect.file import FileReport, inspect_file
 from pickleshard.picklekit.spanfile import SpanFile
-from pickleshard.picklekit.standins import Opaque
+from pickleshard.safety.allowlist import ALLOWED_GLOBALS, classify_global
 from pickleshard.scan import scan_file
 
 P4 = b"\x80\x04"
@@ -195,7 +195,7 @@ def test_preview_resolves_externals_across_appended_pickles(tmp_path: Path, prot
     """Samples that ``GET`` memo entries an earlier sample defined (a repeated key string, a
     dtype), in the second of two appended pickles (memo ids shifted): the preview resolves them
     through the one external-memo resolver, as ``pickle.load`` sees them."""
-    from pickleshard.inspection_report import describe
+    from pickleshard.inspect.report import describe
 
     parts = [
         ([{"key": k * 10 + i, "arr": np.full(2, i, "<f4")} for i in range(3)], list(range(3)))
@@ -213,7 +213,7 @@ def test_preview_resolves_externals_across_appended_pickles(tmp_path: Path, prot
 def test_the_whole_file_reading_has_an_opcode_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("pickleshard.inspection.WHOLE_FILE_OPCODES", 10)
+    monkeypatch.setattr("pickleshard.inspect.file.WHOLE_FILE_OPCODES", 10)
     r = inspect_file(_file(tmp_path, pickle.dumps(([1, 2, 3], [4, 5, 6]), 0)))
     assert r.layout.startswith("unknown without loading")
     assert r.fields is None
@@ -363,10 +363,10 @@ def test_scanner_and_preview_get_the_same_stand_in_and_run_nothing(
 ) -> None:
     """The scanner's inspector and inspect's preview (span and whole-file) evaluate with one
     inert unpickler: a global outside its allowlist is an :class:`Opaque` for each, never run."""
-    import pickleshard.inspection
+    import pickleshard.inspect.file
     import pickleshard.scan.inspector
 
-    assert pickleshard.scan.inspector.InspectUnpickler is pickleshard.inspection.InspectUnpickler
+    assert pickleshard.scan.inspector.InspectUnpickler is pickleshard.inspect.file.InspectUnpickler
     canary = tmp_path / "canary"
     system = f"{os.system.__module__}.system"
     handed = _record_stand_ins(monkeypatch)
@@ -405,7 +405,7 @@ def test_the_inert_allowlist_never_hands_out_an_allocating_class() -> None:
 def test_the_inert_allowlist_is_part_of_the_loaders() -> None:
     """What the inert evaluation treats as real or evaluates, the loader allows: every other
     global is a stand-in for it, so an inert reading never trusts more than a load would."""
-    from pickleshard.picklekit.inert import INERT_GLOBALS
+    from pickleshard.safety.policy.inert import INERT_GLOBALS
 
     assert INERT_GLOBALS <= ALLOWED_GLOBALS
     u = InspectUnpickler(SpanFile(lambda o, n: b"", 0, 0, 4), first_id=0, resolve=print)
@@ -417,7 +417,7 @@ def test_build_on_an_inert_evaluator_changes_nothing(tmp_path: Path) -> None:
     """``BUILD`` with ``__defaults__`` state on each global the inert allowlist evaluates: the
     loader refuses BUILD on a global; the inert evaluation must not let a data file change a
     function of the inspecting process either (it once set ``_frombuffer.__defaults__``)."""
-    from pickleshard.picklekit import inert
+    from pickleshard.safety.policy import inert
 
     before = {f: f.__defaults__ for f in (inert._frombuffer, inert._reconstruct, inert._encode)}
     state = b"N}\x8c\x0c__defaults__K\x01K\x00\x86\x85s\x86b"
@@ -473,7 +473,7 @@ def test_a_module_named_by_the_file_is_never_imported(
 def test_inspecting_a_torch_pickle_does_not_import_torch(tmp_path: Path) -> None:
     path = _file(tmp_path, pickle.dumps([(torch.zeros(3), 1)], 4))
     code = (
-        "import sys\nfrom pickleshard.inspection import inspect_file\n"
+        "import sys\nfrom pickleshard.inspect.file import inspect_file\n"
         f"r = inspect_file({str(path)!r})\nprint(r.preview['x'][0], 'torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -660,7 +660,7 @@ def test_check_all_evaluates_a_whole_file_past_the_opcode_budget(
 ) -> None:
     """A sample nested past max_depth in a file too long to preview: only ``check_all``
     (``--strict``) evaluates it, and then notes the refusal the loader would raise."""
-    import pickleshard.inspection as inspection
+    import pickleshard.inspect.file as inspection
 
     path = tmp_path / "deep.pkl"
     path.write_bytes(_deep_memo(300))

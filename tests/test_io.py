@@ -14,11 +14,11 @@ import pytest
 
 from pickleshard.cli import main
 from pickleshard.errors import UnreadableFileError
-from pickleshard.fileidentity import FileIdentity
 from pickleshard.io import ByteSource, LocalFile, storage_read_bytes
 from pickleshard.io.base import _check_range
+from pickleshard.io.identity import FileIdentity
 from pickleshard.scan import ScanResult, scan_file
-from pickleshard.scanio import PROBE_BYTES, choose_pattern
+from pickleshard.scan.access import PROBE_BYTES, choose_pattern
 from pickleshard.testing.sources import ByteSourceTests
 
 

@@ -16,7 +16,7 @@ import pytest
 from pickleshard import AmbiguousLayoutWarning, PickleDataset, build_index
 from pickleshard.cli import main
 from pickleshard.errors import IndexFormatError, UnsupportedLayoutError
-from pickleshard.inspection import inspect_file
+from pickleshard.inspect.file import inspect_file
 from pickleshard.scan import scan_bytes
 from pickleshard.scan.records import decode_records
 

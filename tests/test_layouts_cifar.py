@@ -18,7 +18,7 @@ from layouts_cifar import cifar_batch, py2_dumps
 from pickleshard import PickleDataset
 from pickleshard.cli import main
 from pickleshard.errors import UnsupportedLayoutError
-from pickleshard.inspection import inspect_file
+from pickleshard.inspect.file import inspect_file
 from pickleshard.scan import scan_bytes
 from pickleshard.scan.records import decode_records
 

@@ -26,9 +26,9 @@ import pytest
 
 from conftest import BAD_FILES
 from pickleshard import errors
-from pickleshard.index import build_index
+from pickleshard.indexing.build import build_index
 from pickleshard.picklekit.memoids import check_memo_ids
-from pickleshard.wholefile import load_file, load_layout, load_records
+from pickleshard.read.whole.load import load_file, load_layout, load_records
 
 MID = 1_000_000  # far above every file below, harmless if ever allocated
 
@@ -167,7 +167,7 @@ def test_a_memo_id_near_2_32_is_refused_before_any_allocation(tmp_path: Path) ->
         "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
         "from pickleshard.errors import CorruptPickleError\n"
         "from pickleshard.index import build_index\n"
-        "from pickleshard.wholefile import load_records\n"
+        "from pickleshard.read.whole.load import load_records\n"
         "for run in (lambda: load_records(sys.argv[1], check_memo=True),\n"
         "            lambda: build_index(sys.argv[2], jobs=1)):\n"
         "    try:\n"

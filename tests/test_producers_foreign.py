@@ -10,11 +10,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from pickleshard.safety.policy.policy import DEFAULT_POLICY
 
 from pickleshard import PickleDataset
 from pickleshard.errors import MissingDependencyError, UnsafePickleError
-from pickleshard.producers import joblibfile, openaudit
-from pickleshard.safety import DEFAULT_POLICY
+from pickleshard.indexing import openaudit
+from pickleshard.producers import joblibfile
 
 pd = pytest.importorskip("pandas")
 joblib = pytest.importorskip("joblib")
@@ -148,7 +149,7 @@ def test_joblib_arrays_are_read_by_rows_in_place(tmp_path: Path, obj: Any) -> No
 @pytest.mark.parametrize(
     ("compress", "mode"),
     # zlib (joblib's default compressor) is loaded whole through joblib; gzip, bz2 and xz are
-    # decompressed by the byte-source layer (pickleshard.io.compressed), under which the
+    # decompressed by the byte-source layer (pickleshard.io.compressed.source), under which the
     # uncompressed joblib stream is read in place
     [(3, "whole"), (("gzip", 3), "span"), (("bz2", 1), "span"), (("xz", 1), "span")],
 )
@@ -288,7 +289,7 @@ def test_audit_walks_a_joblib_files_pickle_part(tmp_path: Path) -> None:
 @pytest.mark.parametrize("compress", [0, 3])
 def test_inspect_says_a_joblib_file_is_one(tmp_path: Path, compress: int) -> None:
     from pickleshard.errors import CorruptPickleError
-    from pickleshard.inspection import inspect_file
+    from pickleshard.inspect.file import inspect_file
 
     joblib.dump(_xy(), tmp_path / "xy.pkl", compress=compress)
     with pytest.raises(CorruptPickleError, match=r"a joblib.dump file \(joblib"):

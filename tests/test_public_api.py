@@ -19,7 +19,7 @@ def test_every_exported_name_resolves(name: str) -> None:
 
 
 def test_split_is_the_split_operation() -> None:
-    from pickleshard.splitting import SplitReport, split
+    from pickleshard.pipelines.split.run import SplitReport, split
 
     assert pickleshard.split is split
     assert pickleshard.SplitReport is SplitReport
@@ -27,7 +27,7 @@ def test_split_is_the_split_operation() -> None:
 
 
 def test_write_synthetic_moved_out_of_the_top_level_and_still_works_with_a_warning() -> None:
-    from pickleshard.synth import write_synthetic
+    from pickleshard.pipelines.synth import write_synthetic
 
     assert "write_synthetic" not in pickleshard.__all__
     with pytest.warns(DeprecationWarning, match=r"pickleshard\.synth"):
@@ -43,6 +43,6 @@ def test_unknown_names_still_raise_attribute_error() -> None:
 
 
 def test_importing_the_package_does_not_import_the_synthetic_writer() -> None:
-    code = "import sys, pickleshard; print('pickleshard.synth' in sys.modules)"
+    code = "import sys, pickleshard; print('pickleshard.pipelines.synth' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

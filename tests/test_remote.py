@@ -20,8 +20,8 @@ pytest.importorskip("moto.server")
 
 from pickleshard import PickleDataset
 from pickleshard.errors import RemoteStorageError, StaleIndexError
-from pickleshard.io import FsspecSource, set_block_cache, set_storage_options
-from pickleshard.synth import write_synthetic
+from pickleshard.io.remote.source import FsspecSource, set_block_cache, set_storage_options
+from pickleshard.pipelines.synth import write_synthetic
 from pickleshard.testing.servers import RangeHTTPServer, S3Server
 from pickleshard.testing.sources import ByteSourceTests
 
@@ -291,7 +291,7 @@ def test_a_dataset_over_http_urls(
 def test_a_url_with_a_password_is_not_written_to_the_index_or_a_conversion(
     http_server: RangeHTTPServer, local_files: list[Path], tmp_path: Path
 ) -> None:
-    from pickleshard.remotesources import without_credentials
+    from pickleshard.io.remote.listing import without_credentials
 
     host = http_server.url.partition("://")[2]
     urls = []
@@ -318,7 +318,7 @@ def test_storage_options_by_prefix() -> None:
     set_storage_options("memory://a/", {"x": 1})
     set_storage_options("memory://a/b/", {"x": 2})
     try:
-        from pickleshard.io.remote import storage_options_for
+        from pickleshard.io.remote.source import storage_options_for
 
         assert storage_options_for("memory://a/b/c.pkl") == {"x": 2}
         assert storage_options_for("memory://a/c.pkl") == {"x": 1}
@@ -354,7 +354,7 @@ def test_the_cli_takes_a_url_and_storage_options(
 def test_a_failed_remote_read_names_the_url_the_range_and_the_sample(
     http_server: RangeHTTPServer, local_files: list[Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import pickleshard.io.remote as remote
+    import pickleshard.io.remote.source as remote
 
     monkeypatch.setattr(remote, "BACKOFF", 0.001)
     urls = []

@@ -11,9 +11,9 @@ import pytest
 
 fsspec = pytest.importorskip("fsspec")
 
-from pickleshard.io import FsspecSource  # noqa: E402
+from pickleshard.io.remote.source import FsspecSource  # noqa: E402
+from pickleshard.pipelines.synth import write_synthetic  # noqa: E402
 from pickleshard.scan import scan_file  # noqa: E402
-from pickleshard.synth import write_synthetic  # noqa: E402
 
 
 def _remote(path: Path, data: bytes) -> FsspecSource:

@@ -17,16 +17,18 @@ from typing import Any
 import pytest
 
 import pickleshard
-from pickleshard import allowlist, build_index, safety
-from pickleshard.conversion import convert
+from pickleshard import build_index
 from pickleshard.dataset import PickleDataset
 from pickleshard.errors import UnsafePickleError
+from pickleshard.pipelines.convert.run import convert
+from pickleshard.pipelines.split.run import split
 from pickleshard.read import SpanReader
-from pickleshard.safety import DEFAULT_POLICY, UnpicklePolicy
+from pickleshard.read.whole.load import load_file, load_records
+from pickleshard.safety import allowlist
+from pickleshard.safety import policy as safety
+from pickleshard.safety.policy import DEFAULT_POLICY, UnpicklePolicy
 from pickleshard.scan import scan_file
-from pickleshard.splitting import split
 from pickleshard.testing import SLOW_GLOBAL, SlowInt
-from pickleshard.wholefile import load_file, load_records
 
 SRC = Path(pickleshard.__file__).parent
 
@@ -282,7 +284,7 @@ def test_environment_variables_do_not_disable_it(tmp_path: Path) -> None:
     }
     code = (
         "import sys\n"
-        "from pickleshard.wholefile import load_file\n"
+        "from pickleshard.read.whole.load import load_file\n"
         "from pickleshard.errors import UnsafePickleError\n"
         "try:\n"
         "    load_file(sys.argv[1])\n"

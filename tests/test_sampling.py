@@ -1,7 +1,7 @@
 """BlockShuffleSampler: coverage across ranks, determinism, and at most one load per file per worker.
 
 A fake index (file sample counts and decoded sizes) keeps the property tests fast; the worker
-replay runs the real :class:`~pickleshard.wholecache.WholeFileCache` the dataset uses.
+replay runs the real :class:`~pickleshard.read.whole.cache.WholeFileCache` the dataset uses.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pickleshard.read.whole.cache import CacheBudget, WholeFileCache
 from pickleshard.samplers import BlockShuffleSampler, distributed_rank_and_world
 from pickleshard.scan.layouts import DecodedLayout
-from pickleshard.wholecache import CacheBudget, WholeFileCache
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pickleshard.conversion import convert
 from pickleshard.formats import open_dataset
+from pickleshard.pipelines.convert.run import convert
 from pickleshard.scan.dtypes import MAX_DEPTH, dtype_from_json, dtype_to_json
 from pickleshard.testing import assert_same, oracle_samples, write_files
 

@@ -1,6 +1,6 @@
 """Span reads hold every sample to the policy's bounds (``max_sample_bytes``, ``max_depth``) in
 the read itself: the compiled loader tests them in the call that reads the sample (one sample or
-a batch), the Python paths with :func:`~pickleshard.bounds.check_sample`; the dataset no longer
+a batch), the Python paths with :func:`~pickleshard.safety.bounds.check_sample`; the dataset no longer
 checks span samples again. Each path is forced and checked to be the one that ran."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from pickleshard import PickleDataset
-from pickleshard.bounds import check_sample
 from pickleshard.errors import SampleTooDeepError, SampleTooLargeError
 from pickleshard.read import BATCH_READ_MIN, SpanReader
 from pickleshard.read import reader as reader_module
+from pickleshard.safety.bounds import check_sample
 from pickleshard.scan import scan_file
 
 pytest.importorskip("pickleshard._cscan", reason="the compiled core is not built")

@@ -22,14 +22,10 @@ from picklegen import LAYOUTS, assert_same, build, datasets, oracle, write
 from pickleshard import ShuffleSampler, errors
 from pickleshard.dataset import PickleDataset
 from pickleshard.errors import UnsupportedLayoutError
-from pickleshard.index import (
-    FORMAT_VERSION,
-    DatasetIndex,
-    SkippedFilesWarning,
-    build_index,
-    open_index,
-)
-from pickleshard.synth import write_synthetic
+from pickleshard.index import FORMAT_VERSION, DatasetIndex, SkippedFilesWarning
+from pickleshard.indexing.build import build_index
+from pickleshard.indexing.opening import open_index
+from pickleshard.pipelines.synth import write_synthetic
 from rewrites import write_keeping_times
 
 # pickles written with numpy 1.x module paths load through numpy's deprecated numpy.core shims

@@ -17,7 +17,7 @@ import pytest
 
 from pickleshard import _cscan
 from pickleshard.errors import CorruptPickleError, FileChangedError, MemoIdError
-from pickleshard.fileidentity import FileIdentity
+from pickleshard.io.identity import FileIdentity
 from pickleshard.picklekit.rewrite import rewrite_span
 from pickleshard.picklekit.unpicklers import MemoIdPastSpan
 from pickleshard.read import SpanReader

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pickleshard.safety.policy.policy import UnpicklePolicy
 
 from picklegen import assert_same, build, datasets, oracle, write
 from pickleshard.errors import (
@@ -21,13 +22,12 @@ from pickleshard.errors import (
     UnsafePickleError,
     UnsupportedLayoutError,
 )
-from pickleshard.fileidentity import FileIdentity
+from pickleshard.io.identity import FileIdentity
+from pickleshard.pipelines.split.run import MANIFEST, split
+from pickleshard.pipelines.split.source import SpanSource
 from pickleshard.read import SpanReader
-from pickleshard.safety import UnpicklePolicy
 from pickleshard.scan import scan_file
 from pickleshard.scan.layouts import decode_layout
-from pickleshard.splitsource import SpanSource
-from pickleshard.splitting import MANIFEST, split
 
 pytestmark = pytest.mark.filterwarnings("ignore:numpy.core:DeprecationWarning")
 
@@ -245,7 +245,7 @@ _CHILD = r"""
 import json, os, resource, sys
 import numpy as np
 from pickleshard.scan import scan_file
-from pickleshard.splitting import split
+from pickleshard.pipelines.split.run import split
 
 src, out, headroom = sys.argv[1], sys.argv[2], int(sys.argv[3])
 size = os.path.getsize(src)
@@ -429,7 +429,7 @@ def test_split_refuses_a_file_changed_while_it_splits(
 ) -> None:
     """A write that lands after the scan (same size, mtime put back): the rows it would copy are
     neither the scanned data nor checked; split names the file instead."""
-    import pickleshard.splitsource as splitsource
+    import pickleshard.pipelines.split.source as splitsource
 
     path = tmp_path / "rows.pkl"
     path.write_bytes(_rows_file(tmp_path, 0.0))

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pickleshard.conversion import convert
 from pickleshard.errors import ConvertedDatasetError, VerifyMismatchError
+from pickleshard.pipelines.convert.run import convert
+from pickleshard.pipelines.verify.run import verify
 from pickleshard.testing import write_files
-from pickleshard.verification import verify
 
 
 def _converted(tmp_path: Path, to: str = "memmap") -> tuple[Path, Path]:

@@ -1,5 +1,5 @@
 """Whole files shared with DataLoader workers: decoded once into a mapped cache entry
-(:mod:`pickleshard.wholemap`). The oracle is ``pickle.load``."""
+(:mod:`pickleshard.read.whole.mapped`). The oracle is ``pickle.load``."""
 
 from __future__ import annotations
 
@@ -12,11 +12,18 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pickleshard import PickleDataset, errors, wholemap
-from pickleshard.fileidentity import FileIdentity
-from pickleshard.safety import DEFAULT_POLICY
+from pickleshard import PickleDataset, errors
+from pickleshard.io.identity import FileIdentity
+from pickleshard.read.whole import mapped as wholemap
+from pickleshard.read.whole.mapped import (
+    MappedInts,
+    MappedPickled,
+    MappedRows,
+    open_entry,
+    write_entry,
+)
+from pickleshard.safety.policy import DEFAULT_POLICY
 from pickleshard.scan.layouts import DecodedLayout
-from pickleshard.wholemap import MappedInts, MappedPickled, MappedRows, open_entry, write_entry
 
 
 def _cifar_like(path: Path, rows: int, seed: int = 0) -> dict[bytes, Any]:

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from pickleshard import errors
+from pickleshard.read.whole.cache import CacheBudget, WholeFileCache, estimate_nbytes
+from pickleshard.read.whole.load import load_layout
 from pickleshard.scan.layouts import DecodedLayout
-from pickleshard.wholecache import CacheBudget, WholeFileCache, estimate_nbytes
-from pickleshard.wholefile import load_layout
 
 
 def test_estimate_nbytes_counts_array_data_and_extrapolates_long_lists() -> None:

@@ -20,7 +20,7 @@ from conftest import (
     outcome_without_privileges,
 )
 from pickleshard import errors
-from pickleshard.wholefile import load_file, load_layout
+from pickleshard.read.whole.load import load_file, load_layout
 
 
 @pytest.mark.parametrize(
@@ -145,7 +145,7 @@ class _Probe(Exception):
 @pytest.fixture
 def gc_seen_in_find_class(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Every restricted ``find_class`` call records whether the collector was enabled."""
-    from pickleshard import safety
+    from pickleshard.safety import policy as safety
 
     seen: list[bool] = []
     original = safety.RestrictedUnpickler.find_class
@@ -159,7 +159,7 @@ def gc_seen_in_find_class(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
 
 def _raising_find_class(monkeypatch: pytest.MonkeyPatch, exc: BaseException) -> None:
-    from pickleshard import safety
+    from pickleshard.safety import policy as safety
 
     def find_class(self: Any, module: str, name: str) -> Any:
         assert not gc.isenabled()

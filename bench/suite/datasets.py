@@ -1,7 +1,7 @@
 """The suite's pickles, and moving files in and out of the page cache.
 
 The pickles are the seed layout (``pickle.dump((x_list, y_list))``), written by
-``pickleshard.synth.write_synthetic`` once and reused; the converted copies live beside them.
+``pickleshard.pipelines.synth.write_synthetic`` once and reused; the converted copies live beside them.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ __all__ = ["data_files", "ensure_pickles", "evict", "tree_bytes", "warm"]
 
 def ensure_pickles(spec: DatasetSpec) -> bool:
     """Write ``spec``'s pickles unless they are all there; True if written."""
-    from pickleshard.synth import write_synthetic
+    from pickleshard.pipelines.synth import write_synthetic
 
     expected = {spec.directory / f"part-{f:05d}.pkl" for f in range(spec.files)}
     present = set(spec.directory.glob("*.pkl")) if spec.directory.is_dir() else set()

@@ -4,17 +4,18 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .errors import PickleshardError, StaleIndexError
-from .index import DatasetIndex, build_index, open_index
+from .index import DatasetIndex
+from .indexing import build_index, open_index
 from .scan.ambiguity import AmbiguousLayoutWarning
 
 if TYPE_CHECKING:
-    from .conversion import ConvertReport, convert
     from .dataset import DEFAULT_CACHE_BYTES, PickleDataset
     from .formats import open_dataset
-    from .inspection import FileReport, inspect_file
+    from .inspect import FileReport, inspect_file
+    from .pipelines.convert import ConvertReport, convert
+    from .pipelines.split import SplitReport, split
+    from .pipelines.verify import VerifyReport, verify
     from .samplers import BlockShuffleSampler, ShuffleSampler, sampler_state_from_loader
-    from .splitting import SplitReport, split
-    from .verification import VerifyReport, verify
 
 # These import torch (when installed): load them on first use so `pickleshard index` and
 # `pickleshard inspect` start fast.
@@ -24,18 +25,18 @@ _LAZY = {
     "BlockShuffleSampler": "samplers",
     "ShuffleSampler": "samplers",
     "sampler_state_from_loader": "samplers",
-    "ConvertReport": "conversion",
-    "convert": "conversion",
+    "ConvertReport": "pipelines.convert",
+    "convert": "pipelines.convert",
     "open_dataset": "formats",
-    "FileReport": "inspection",
-    "inspect_file": "inspection",
-    "VerifyReport": "verification",
-    "verify": "verification",
-    "SplitReport": "splitting",
-    "split": "splitting",
+    "FileReport": "inspect",
+    "inspect_file": "inspect",
+    "VerifyReport": "pipelines.verify",
+    "verify": "pipelines.verify",
+    "SplitReport": "pipelines.split",
+    "split": "pipelines.split",
 }
 # Old top-level names: still importable for one release, with a DeprecationWarning.
-_MOVED = {"write_synthetic": "synth"}
+_MOVED = {"write_synthetic": "pipelines.synth"}
 
 
 def __getattr__(name: str) -> Any:

@@ -20,21 +20,22 @@ try:  # a real torch Dataset when torch is there (isinstance checks, typing); pl
 except ImportError:  # pragma: no cover - exercised only without torch
     _DatasetBase = object  # type: ignore[assignment,misc]
 
-from .allowlist import preset_names
-from .bounds import DEFAULT_MAX_DEPTH, DEFAULT_MAX_SAMPLE_BYTES, check_sample
 from .errors import NotSpanIndexableError, UnsafePickleError
-from .index import Rebuild, SkippedFilesWarning, open_index
-from .producers.openaudit import audit_dataset_source, audit_opened
+from .index import SkippedFilesWarning
+from .indexing.openaudit import audit_dataset_source, audit_opened
+from .indexing.opening import Rebuild, open_index
+from .io.listing import Source
+from .io.remote.listing import use_storage_options
 from .read import SpanFiles
-from .remotesources import use_storage_options
-from .safety import UnpicklePolicy
+from .read.whole.cache import CacheBudget, CacheStats, WholeFileCache
+from .read.whole.load import load_layout
+from .read.whole.mapped import whole_loader
+from .safety.allowlist import preset_names
+from .safety.bounds import DEFAULT_MAX_DEPTH, DEFAULT_MAX_SAMPLE_BYTES, check_sample
+from .safety.policy import UnpicklePolicy
 from .scan.ambiguity import warn_ambiguous
 from .scan.filemeta import metadata_from_json
 from .scan.layouts import DecodedLayout, LayoutChoice
-from .sources import Source
-from .wholecache import CacheBudget, CacheStats, WholeFileCache
-from .wholefile import load_layout
-from .wholemap import whole_loader
 
 __all__ = ["DEFAULT_CACHE_BYTES", "Mode", "PickleDataset"]
 
@@ -67,31 +68,31 @@ class PickleDataset(_DatasetBase[Any]):
     served by :class:`pickleshard.BlockShuffleSampler`.
 
     Unpickling is restricted to an allowlist of globals (builtin containers, numpy arrays,
-    torch tensors; see :mod:`pickleshard.safety`): anything else raises
+    torch tensors; see :mod:`pickleshard.safety.policy`): anything else raises
     :class:`~pickleshard.errors.UnsafePickleError` naming the global and the file (and, in span
     reads, the sample's index in the dataset). ``trusted=True`` lifts the restriction,
     ``allow_globals=["module.name"]`` extends it, ``allow="pandas"`` (or ``"dill"``,
     ``"pil"``, ``"scipy.sparse"``, or a list of them) adds a vetted preset
-    (:data:`pickleshard.allowlist.PRESETS`). Opening audits every indexed file's globals
+    (:data:`pickleshard.safety.allowlist.PRESETS`). Opening audits every indexed file's globals
     (opcodes only; after the index is opened or built, before any sample is read) and raises one :class:`~pickleshard.errors.UnsafePickleError` listing every
-    refused global with its file count and what to pass (:mod:`pickleshard.producers.openaudit`;
+    refused global with its file count and what to pass (:mod:`pickleshard.indexing.openaudit`;
     ``audit=False`` skips it: refusals then come at the read that meets them).
     ``encoding`` is as in :func:`pickle.load`: Python 2 pickles need ``"latin1"`` (numpy
     arrays) or ``"bytes"`` (a :class:`~pickleshard.errors.TextEncodingError` says so).
     A sample that decodes to more than ``max_sample_bytes`` or nests deeper than ``max_depth``
     raises :class:`~pickleshard.errors.SampleLimitError` naming the file and the sample before
-    it is handed out (None lifts a bound; see :mod:`pickleshard.bounds`).
+    it is handed out (None lifts a bound; see :mod:`pickleshard.safety.bounds`).
 
     ``source`` may be a URL (``s3://bucket/prefix/``, ``gs://``, ``https://``: anything fsspec
     opens); ``storage_options`` go to its filesystem (credentials, endpoint), never into the
-    index, which is kept locally by default (see :mod:`pickleshard.remotesources`).
+    index, which is kept locally by default (see :mod:`pickleshard.io.remote.listing`).
 
     ``__getitems__`` fetches a batch in (file, offset) order, touching each file once, and
     returns it in request order.
 
     Whole-file mode keeps decoded files in an LRU cache bounded by ``cache_bytes`` of estimated
     decoded size, *in total across DataLoader workers*: :attr:`budget`, a
-    :class:`~pickleshard.wholecache.CacheBudget`, gives each of ``n`` workers
+    :class:`~pickleshard.read.whole.cache.CacheBudget`, gives each of ``n`` workers
     ``cache_bytes // n``. Each process has its own cache (a forked worker starts empty), and so
     its own span readers.
 

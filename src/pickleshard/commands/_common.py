@@ -8,8 +8,8 @@ import re
 import sys
 from typing import Any
 
-from ..allowlist import preset_names
-from ..safety import UnpicklePolicy
+from ..safety.allowlist import preset_names
+from ..safety.policy import UnpicklePolicy
 
 __all__ = [
     "add_executor_flag",
@@ -59,7 +59,7 @@ def parse_size(text: str) -> int:
 
 def parse_executor(text: str) -> str:
     """``local``, ``dask``, ``dask=ADDRESS`` or ``dask://HOST:PORT``, checked at parse time."""
-    from ..index.executor import dask_address
+    from ..executors.local import dask_address
 
     if text != "local":
         try:
@@ -135,7 +135,7 @@ def apply_storage_options(args: argparse.Namespace) -> None:
     pairs = getattr(args, "storage_option", None)
     if not pairs:
         return
-    from ..io import set_storage_options
+    from ..io.remote.source import set_storage_options
 
     options: dict[str, Any] = {}
     for keys, value in pairs:

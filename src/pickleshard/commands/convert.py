@@ -20,7 +20,7 @@ FORMATS = ("memmap", "lmdb", "webdataset", "parquet", "arrow")
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..conversion import convert
+    from ..pipelines.convert.run import convert
 
     sizes = {
         k: v

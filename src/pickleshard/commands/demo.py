@@ -8,7 +8,7 @@ from typing import Any
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..demo import DemoConfig, run_demo
+    from ..pipelines.demo import DemoConfig, run_demo
 
     cfg = DemoConfig(
         data_dir=Path(args.dir), files=args.files, per_file=args.per_file, num_workers=args.workers

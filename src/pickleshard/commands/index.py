@@ -23,7 +23,7 @@ from ._common import (
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..index import build_index
+    from ..indexing.build import build_index
 
     t0 = time.perf_counter()
     idx = build_index(

@@ -1,12 +1,12 @@
 """``pickleshard inspect``: what is in pickle files, and which globals they would load.
 
-Nothing is loaded: see :mod:`pickleshard.inspection`. Several files, directories (searched for
+Nothing is loaded: see :mod:`pickleshard.inspect.file`. Several files, directories (searched for
 ``*.pkl``, ``*.pickle``, ``*.pk``, ``*.p``) and globs may be given; each file is reported.
 
 Each report says the bytes the passes examined (``read``, ``bytes_read``) and the bytes storage
 delivered meanwhile (``fetched``, ``bytes_fetched``: ``read_bytes`` of ``/proc/self/io``, null
 where unavailable; page-cache hits count nothing, readahead counts). ``--json`` prints
-:meth:`~pickleshard.inspection_report.FileReport.to_json` of the file (plus ``bytes_fetched``) when one
+:meth:`~pickleshard.inspect.report.FileReport.to_json` of the file (plus ``bytes_fetched``) when one
 file is named, else a list with one entry per file (``{"path": ..., "error": ...}`` for a file that
 could not be read).
 
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ._common import add_layout_flag, add_storage_flags
 
 if TYPE_CHECKING:
-    from ..inspection_report import FileReport
+    from ..inspect.report import FileReport
 
 EXIT_ERROR = 1
 EXIT_STRICT = 3
@@ -34,7 +34,7 @@ EXIT_STRICT = 3
 
 def _files(paths: list[str]) -> tuple[list[str], bool]:
     """The files to inspect, and whether more than one was (or could have been) named."""
-    from ..sources import resolve_source
+    from ..io.listing import resolve_source
 
     out: list[str] = []
     for p in paths:
@@ -106,11 +106,11 @@ def render(r: FileReport, fetched: int | None = None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..allowlist import parse_allow_globals
     from ..errors import PickleshardError
-    from ..inspection import inspect_file
+    from ..inspect.file import inspect_file
     from ..io import storage_read_bytes
-    from ..scanio import fetched_since
+    from ..safety.allowlist import parse_allow_globals
+    from ..scan.access import fetched_since
 
     try:
         parse_allow_globals(args.allow_global)

@@ -10,7 +10,7 @@ from ._common import add_safety_flags, parse_size, safety_kwargs
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..splitting import split
+    from ..pipelines.split.run import split
 
     if args.max_bytes is None and args.max_samples is None:
         args.parser.error("give --max-bytes SIZE or --max-samples N (or both)")

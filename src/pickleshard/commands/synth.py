@@ -20,7 +20,7 @@ def _shape(text: str) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..synth import write_synthetic
+    from ..pipelines.synth import write_synthetic
 
     t0 = time.perf_counter()
     paths = write_synthetic(

@@ -16,7 +16,7 @@ from ._common import (
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..verification import verify
+    from ..pipelines.verify.run import verify
 
     if len(args.paths) > 2:
         args.parser.error(f"verify takes [SRC] OUT, got {len(args.paths)} paths")

@@ -6,7 +6,7 @@ on-disk layout is in its module's docstring (:mod:`~pickleshard.formats.memmap`,
 :mod:`~pickleshard.formats.lmdb`, :mod:`~pickleshard.formats.webdataset`). Formats are found by
 name in a registry (:mod:`~pickleshard.formats.registry`): a third-party format is a
 :class:`Format` subclass and one :func:`register_format` call. Backends are imported only when
-used: LMDB needs ``pip install 'pickleshard[lmdb]'``, Parquet and Arrow (:mod:`~pickleshard.formats.arrow`)
+used: LMDB needs ``pip install 'pickleshard[lmdb]'``, Parquet and Arrow (:mod:`~pickleshard.formats.arrow.format`)
 ``pip install 'pickleshard[parquet]'``.
 """
 
@@ -59,7 +59,7 @@ def open_dataset(
     world_size: int | None = None,
     drop_last: bool = False,
 ) -> ConvertedDataset:
-    """Open the output of :func:`pickleshard.conversion` for reading.
+    """Open the output of :func:`pickleshard.pipelines.convert.run` for reading.
 
     memmap, LMDB, Parquet and Arrow give a map-style dataset (``len``, ``ds[i]`` -> tuple, ``__getitems__``);
     shuffle those with the DataLoader's sampler. WebDataset gives an ``IterableDataset`` that

@@ -1,6 +1,6 @@
 """The one interface every output format implements: a part writer, a finalizer, a reader.
 
-Conversion (:mod:`pickleshard.conversion`) cuts the source into *parts*, contiguous ranges of global
+Conversion (:mod:`pickleshard.pipelines.convert.run`) cuts the source into *parts*, contiguous ranges of global
 sample indices made of whole source files. For each part it asks the format for a
 :class:`PartWriter`, which writes the part's samples, in order, into a private directory and
 returns a JSON summary. When every part is done, :meth:`Format.finalize` turns the parts into

@@ -30,8 +30,8 @@ BUILTIN_FORMATS: dict[str, str] = {
     "memmap": "pickleshard.formats.memmap:MemmapFormat",
     "lmdb": "pickleshard.formats.lmdb:LmdbFormat",
     "webdataset": "pickleshard.formats.webdataset:WebDatasetFormat",
-    "parquet": "pickleshard.formats.arrow:ParquetFormat",
-    "arrow": "pickleshard.formats.arrow:ArrowFormat",
+    "parquet": "pickleshard.formats.arrow.format:ParquetFormat",
+    "arrow": "pickleshard.formats.arrow.format:ArrowFormat",
 }
 _NAME = re.compile(r"[a-z][a-z0-9_-]{0,47}")
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..errors import FileProblem
-from ..fileidentity import FileIdentity
 from ..io import ByteSource, open_source
+from ..io.identity import FileIdentity
 
 __all__ = [
     "FileEntry",

@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import IndexFormatError, NotSpanIndexableError
+from ..io.listing import ResolvedSource
 from ..scan import ScanResult
-from ..sources import ResolvedSource
 from .arrays import expected_shapes, load_array
 from .checking import IndexProblem, show
 from .contents import check_arrays

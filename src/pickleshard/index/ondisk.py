@@ -21,8 +21,8 @@ from typing import IO, Any
 import numpy as np
 
 from ..errors import IndexFormatError
-from ..remotesources import is_url, remote_index_path
-from ..sources import INDEX_DIRNAME, ResolvedSource
+from ..io.listing import INDEX_DIRNAME, ResolvedSource
+from ..io.remote.listing import is_url, remote_index_path
 from .checking import IndexProblem
 
 __all__ = [

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import StaleIndexError, UnreadableFileError
-from ..fileidentity import FileIdentity
 from ..io import open_source
-from ..remotesources import is_url
-from ..sources import ResolvedSource
+from ..io.identity import FileIdentity
+from ..io.listing import ResolvedSource
+from ..io.remote.listing import is_url
 from .files import FileEntry, SkippedFile, fingerprint, skipped_identity
 
 __all__ = ["Staleness", "check_fresh", "find_stale"]

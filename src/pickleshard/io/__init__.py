@@ -8,11 +8,11 @@ from .base import (
     register_source,
     registered_sources,
 )
-from .compressed import CompressedSource, decompressing
+from .compressed.source import CompressedSource, decompressing
 from .counters import storage_read_bytes
 from .local import LocalFile
 from .reader import SourceReader, open_reader
-from .remote import FsspecSource, set_block_cache, set_storage_options
+from .remote.source import FsspecSource, set_block_cache, set_storage_options
 from .windowed import WindowedBuffer
 
 __all__ = [

@@ -34,7 +34,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
-from ..fileidentity import FileIdentity
+from .identity import FileIdentity
 
 __all__ = [
     "COALESCE_GAP",
@@ -173,13 +173,13 @@ def registered_sources() -> tuple[str, ...]:
 
 def open_source(where: str | os.PathLike[str]) -> ByteSource:
     """The byte source for ``where``: a local path, or a URL whose scheme a source registered;
-    a compressed file (by its magic bytes) comes decompressed (:mod:`pickleshard.io.compressed`)."""
+    a compressed file (by its magic bytes) comes decompressed (:mod:`pickleshard.io.compressed.source`)."""
     text = os.fspath(where)
     scheme, sep, _ = text.partition("://")
     opener = _REGISTRY.get(scheme if sep else "file")
     if opener is None:
         known = ", ".join(f"{p}://" for p in registered_sources())
         raise ValueError(f"{text}: no byte source for {scheme}:// (known: {known})")
-    from .compressed import decompressing  # it builds on this module
+    from .compressed.source import decompressing  # it builds on this module
 
     return decompressing(opener(text))

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import UnreadableFileError
-from ..fileidentity import FileIdentity
 from .base import AccessPattern, ByteSource, _check_range, register_source
+from .identity import FileIdentity
 
 __all__ = ["LocalFile"]
 

@@ -9,7 +9,7 @@ a frame), and asks a ``resolve`` callable for every external id (an
 :class:`~pickleshard.picklekit.externals.ExternalMemos`, typically). It is ``pickle._Unpickler``
 (pure Python) underneath, so it is slow and obviously right: the oracle for the fast path in
 :mod:`pickleshard.spanread`. The inert variant that runs no code is
-:class:`pickleshard.picklekit.inert.InspectUnpickler`.
+:class:`pickleshard.safety.inert.InspectUnpickler`.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from ..errors import (
     NotSpanIndexableError,
     TruncatedPickleError,
 )
-from ..gcpause import paused_gc
+from .gcpause import paused_gc
 from .nodes import Value
 from .opcodes import HIGHEST_PROTOCOL, PROTO_OP
 from .walker import Refused, Release, Unsupported, Walked, walk_record

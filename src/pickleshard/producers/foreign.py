@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import FileChangedError
-from ..fileidentity import FileIdentity
 from ..io import ByteSource, open_source
-from ..safety import UnpicklePolicy
+from ..io.identity import FileIdentity
+from ..safety.policy import UnpicklePolicy
 from ..scan.model import ScanResult
 from .joblibfile import joblib_kind, load_joblib, scan_joblib
 from .pandasfile import unwrap_tables

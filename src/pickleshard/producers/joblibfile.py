@@ -43,7 +43,7 @@ from ..errors import (
 )
 from ..io import ByteSource, open_reader, open_source
 from ..picklekit.memotables import SharedTable
-from ..safety import UnpicklePolicy
+from ..safety.policy import UnpicklePolicy
 from ..scan.layouts import default_field_names
 from ..scan.model import ArrayRow, ScanResult
 

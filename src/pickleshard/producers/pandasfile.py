@@ -5,7 +5,7 @@ A DataFrame becomes the ``dict_columns`` layout: one field per column, named by 
 Series (``"x"`` when it has no name). Sample ``i`` is then
 ``tuple(df.iloc[:, j].to_numpy()[i] for j in ...)``. The index is not a field (``reset_index()``
 before pickling keeps it). Unpickling the frame needs the ``allow="pandas"`` preset
-(:data:`pickleshard.allowlist.PRESETS`); pandas is recognised by the object the bytes rebuilt,
+(:data:`pickleshard.safety.allowlist.PRESETS`); pandas is recognised by the object the bytes rebuilt,
 never by the file name.
 """
 

@@ -20,7 +20,7 @@ from ..errors import (
 )
 from ..picklekit.unpicklers import MemoIdPastSpan
 from ..producers.python2 import is_python2_str, python2_error
-from ..safety import guard_misuse
+from ..safety.policy import guard_misuse
 
 __all__ = ["changed", "damaged", "named", "past_span"]
 

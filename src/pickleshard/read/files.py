@@ -22,7 +22,7 @@ from typing import Any
 from ..errors import CorruptPickleError, TruncatedPickleError
 from ..index import DatasetIndex
 from ..io import ByteSource, open_source
-from ..safety import UnpicklePolicy
+from ..safety.policy import UnpicklePolicy
 from .plan import FORKS
 from .reader import SpanReader
 

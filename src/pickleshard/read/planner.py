@@ -11,11 +11,11 @@ from typing import Any
 
 import numpy as np
 
-from ..bounds import _NO_BOUND as NO_BOUND
-from ..bounds import _RECURSE_MAX as RECURSE_MAX
 from ..errors import FileChangedError, PickleshardError
-from ..fileidentity import FileIdentity
 from ..io import ByteSource
+from ..io.identity import FileIdentity
+from ..safety.bounds import _NO_BOUND as NO_BOUND
+from ..safety.bounds import _RECURSE_MAX as RECURSE_MAX
 from ..scan import ArrayItem, IntItem, ScanResult
 from .ints import IntColumn
 from .items import ArrayItems, ArrayRows, flat, same_array

@@ -36,17 +36,14 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..bounds import check_sample
-from ..errors import (
-    PickleshardError,
-    TruncatedPickleError,
-)
-from ..fileidentity import FileIdentity
+from ..errors import PickleshardError, TruncatedPickleError
 from ..io import ByteSource, open_source
+from ..io.identity import FileIdentity
 from ..picklekit.rewrite import BIG, FindClass
 from ..picklekit.unpicklers import MemoIdPastSpan
 from ..picklekit.walk import resolve_engine
-from ..safety import AllowlistFindClass
+from ..safety.bounds import check_sample
+from ..safety.policy import AllowlistFindClass
 from ..scan import ScanResult
 from .failures import changed, damaged, named, past_span
 from .items import ArrayItems
@@ -64,7 +61,7 @@ class SpanReader:
 
     ``encoding`` / ``errors`` are those of :func:`pickle.load`. ``find_class(module, name)``
     replaces the global lookup of every unpickler this reader builds; by default
-    (``"allowlist"``) it is the allowlist of :mod:`pickleshard.safety`, and ``None`` (a trusted
+    (``"allowlist"``) it is the allowlist of :mod:`pickleshard.safety.policy`, and ``None`` (a trusted
     file) is the plain lookup. ``general=True`` reads every pickle span with the pure-Python
     general path; ``engine`` picks the fast path's span rewrite, compiled or Python. Immutable
     shared values are cached up to ``shared_bytes``. ``identity`` (default: the scanned size) is
@@ -73,7 +70,7 @@ class SpanReader:
     :class:`~pickleshard.io.LocalFile` of ``scan.path`` advised ``"random"``); it opens in each
     process on first use, and a pickled reader travels without it. ``bounds``, a policy's
     ``(max_sample_bytes, max_depth)``: every sample returned is held to them
-    (:func:`~pickleshard.bounds.check_sample`, in the compiled read's own call when it reads
+    (:func:`~pickleshard.safety.bounds.check_sample`, in the compiled read's own call when it reads
     the sample); None: not checked here (the caller does).
     """
 

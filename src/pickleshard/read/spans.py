@@ -45,7 +45,7 @@ from ..picklekit.rewrite import (
 )
 from ..picklekit.spanfile import SpanFile
 from ..picklekit.unpicklers import SpanUnpickler
-from ..safety import GUARD_TYPES
+from ..safety.policy import GUARD_TYPES
 from ..scan import ScanResult
 from .plan import ReaderStats
 

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..wholecache import CacheBudget
+from ..read.whole.cache import CacheBudget
 from .base import ResumableSampler
 
 __all__ = ["BlockShuffleSampler"]
@@ -75,7 +75,7 @@ class BlockShuffleSampler(ResumableSampler):
     ``batch_size`` and ``num_workers`` given here: they only decide which worker reads what, so a
     mismatch costs speed, never correctness. ``cache_bytes`` defaults to the dataset's, and is
     the total across workers, as in :class:`pickleshard.PickleDataset`: a window holds files of
-    at most :meth:`CacheBudget.share(num_workers) <pickleshard.wholecache.CacheBudget.share>`
+    at most :meth:`CacheBudget.share(num_workers) <pickleshard.read.whole.cache.CacheBudget.share>`
     decoded bytes, the share each worker's cache is given.
 
     ``rank``/``world_size`` default to ``torch.distributed``'s when initialised. With

@@ -58,7 +58,7 @@ from ..io import ByteSource, open_source, storage_read_bytes
 from ..picklekit.nodes import DICT, ITEMS, KIND, LIST, TUPLE, start_of
 from ..picklekit.walk import resolve_engine, walk_opcodes
 from ..picklekit.walker import Walked
-from ..scanio import fetched_since, scan_buffer
+from .access import fetched_since, scan_buffer
 from .ambiguity import Ambiguity, judge
 from .externals import assemble, element_table
 from .inspector import Inspector
@@ -209,7 +209,7 @@ def scan_file(
 
     ``path`` is a path or URL (opened with :func:`pickleshard.io.open_source`, closed after) or
     an open :class:`~pickleshard.io.ByteSource` (left open). The source is advised as
-    :func:`pickleshard.scanio.choose_pattern` decides, so a sparse scan fetches only the pages
+    :func:`pickleshard.scan.access.choose_pattern` decides, so a sparse scan fetches only the pages
     it examines. ``encoding`` decodes Python 2 ``str`` dict keys, as in :func:`pickle.load`.
     ``engine`` picks the opcode walker: ``"auto"`` (the compiled one when built, see
     :data:`ENGINE`), ``"compiled"`` or ``"python"`` (the reference); results and errors are the

@@ -15,9 +15,9 @@ import numpy as np
 from ..picklekit import opcodes as oc
 from ..picklekit.extent import extent
 from ..picklekit.spanfile import WINDOW
-from ..picklekit.standins import ArraySpec
 from ..picklekit.walk import releaser
 from ..picklekit.walker import RELEASE_SHIFT
+from ..safety.standins import ArraySpec
 from .model import MAX_TEMPLATE, ArrayItem, IntItem
 
 if TYPE_CHECKING:

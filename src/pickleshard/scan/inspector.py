@@ -1,7 +1,7 @@
 """Evaluating spans without running code: the :class:`Inspector` the scanner asks for dict keys,
 top-level fields that are not containers, and array templates.
 
-It unpickles a span with :class:`~pickleshard.picklekit.inert.InspectUnpickler` (payloads skipped, no
+It unpickles a span with :class:`~pickleshard.safety.inert.InspectUnpickler` (payloads skipped, no
 global imported), resolving memo ids defined outside the span by replaying, once each, the
 element that defines them. Anything it cannot evaluate is :data:`UNKNOWN`.
 """
@@ -15,11 +15,11 @@ import numpy as np
 from ..errors import CorruptPickleError
 from ..picklekit import opcodes as oc
 from ..picklekit.externals import ExternalMemos, MemoShifts
-from ..picklekit.inert import InspectUnpickler
 from ..picklekit.memotables import ElementTable
 from ..picklekit.spanfile import WINDOW, SpanFile
 from ..picklekit.walk import releaser
 from ..picklekit.walker import Walked
+from ..safety.inert import InspectUnpickler
 from .fastpath import gathered
 
 __all__ = ["UNKNOWN", "Inspector"]

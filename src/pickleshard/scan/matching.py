@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import FieldLengthMismatchError, NotSpanIndexableError
 from ..picklekit.nodes import BOUNDS, DICT, ITEMS, KIND, LIST, START, TUPLE, Node, Value, start_of
-from ..picklekit.standins import ArraySpec, EncodedBytes, Opaque, Payload
+from ..safety.standins import ArraySpec, EncodedBytes, Opaque, Payload
 from .filemeta import field_name, is_metadata
 from .inspector import UNKNOWN, Inspector
 from .layouts import (

@@ -3,7 +3,7 @@ the scan examines are fetched, by ranges, several windows per request batch.
 
 A scan examines opcodes and the payloads shorter than :data:`SKIP` (the walker steps over a
 payload from its length prefix; the inspector turns payloads of :data:`SKIP` bytes or more
-into placeholders without reading them: :data:`pickleshard.picklekit.inert._TEXT_PLACEHOLDER_MIN`).
+into placeholders without reading them: :data:`pickleshard.safety.inert._TEXT_PLACEHOLDER_MIN`).
 :func:`sparse_buffer` walks the opcodes with :func:`~pickleshard.picklekit.extent.extent` over
 fetched windows, jumps over every payload of :data:`SKIP` bytes or more, and writes what it
 fetched into an anonymous mapping the size of the object (pages never written cost no memory).

@@ -6,7 +6,7 @@ limits itself (``RLIMIT_AS`` to ``MEMORY`` bytes, ``RLIMIT_CPU`` to ``CPU`` more
 :data:`CASE_SECONDS` of CPU per path with ``ITIMER_PROF``) and, per case, tries:
 
 ``load``
-    :func:`pickleshard.wholefile.load_records` (every appended pickle).
+    :func:`pickleshard.read.whole.load.load_records` (every appended pickle).
 ``scan:<engine>``
     :func:`pickleshard.scan.scan_file` with each available engine, then
     :meth:`~pickleshard.read.SpanReader.read_sample` of every sample (span rewrite of the
@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from ..gcpause import paused_gc
+from ..picklekit.gcpause import paused_gc
 from .oracle import reference_samples
 
 __all__ = ["CASE_SECONDS", "ORIGINAL", "deep_diff"]
@@ -142,7 +142,7 @@ def _decompressed(path: str) -> Any:
 
 def _reference(path: str) -> tuple[list[Any] | None, str]:
     """Every pickle of ``path`` loaded one after another under the default allowlist."""
-    from ..safety import DEFAULT_POLICY
+    from ..safety.policy import DEFAULT_POLICY
 
     objs = []
     try:
@@ -225,7 +225,7 @@ class _Worker:
         out.flush()
 
     def _load(self, path: str, ref: list[Any] | None) -> str | None:
-        from ..wholefile import load_records
+        from ..read.whole.load import load_records
 
         got = load_records(path)
         if ref is None:
@@ -277,7 +277,7 @@ class _Worker:
         return None
 
     def _index(self, folder: str, ref: list[Any] | None) -> str | None:
-        from ..index import build_index
+        from ..indexing.build import build_index
 
         self.built = False
         build_index(folder, index=self.index_dir, jobs=1)
@@ -321,10 +321,10 @@ def _worker_main(manifest: str, out_path: str, memory: int, cpu: int) -> None:
         from .fault_worker import FaultWorker
 
         worker = FaultWorker(spec["work_dir"], spec["canary"], spec["run_seconds"])
-        from .. import cli, conversion, splitting, verification  # noqa: F401 - before the limits
+        from ..pipelines.verify import run as verification  # noqa: F401 - before the limits
     else:
         worker = _Worker(spec["index_dir"], spec["canary"])
-    from .. import dataset, index, read, scan, wholefile  # noqa: F401 - imported before the limits
+    from ..read.whole import load as wholefile  # noqa: F401 - imported before the limits
 
     _limit(memory, cpu)
     signal.signal(signal.SIGPROF, _on_alarm)

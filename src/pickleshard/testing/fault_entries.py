@@ -182,7 +182,7 @@ def _read_converted(out: Path) -> Samples:
 
 
 def _read_split(run: FaultRun) -> Samples:
-    from ..safety import DEFAULT_POLICY
+    from ..safety.policy import DEFAULT_POLICY
 
     manifest = json.loads((run.out / "pickleshard-split.json").read_text())
     chunks = [c if isinstance(c, str) else c["name"] for c in manifest["chunks"]]

@@ -44,7 +44,7 @@ def materialise(case_dir: Path, meta: dict[str, Any], run_dir: Path) -> Path:
         if name != REWRITE_NEW:  # the rewrite's second version stays with the case
             shutil.copyfile(case_dir / name, data / name)
     if setup.startswith("tamper:") or setup == "rewrite":
-        from ..index import build_index
+        from ..indexing.build import build_index
 
         build_index(data, jobs=1)
     if setup.startswith("tamper:"):

@@ -1,7 +1,7 @@
 """``FormatTests``: the tests every output format passes; a format's test file subclasses it.
 
 Each test writes a small source dataset with ``pickle.dump``, converts it with
-:func:`pickleshard.conversion`, and compares what :func:`pickleshard.formats.open_dataset` returns
+:func:`pickleshard.pipelines.convert.run`, and compares what :func:`pickleshard.formats.open_dataset` returns
 with ``pickle.load`` of the source files (:func:`~pickleshard.testing.oracle.oracle_samples`),
 exactly: types, dtypes, shapes and bits. Class attributes adapt the kit to a format.
 """
@@ -23,10 +23,10 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-from ..conversion import ConvertReport, convert
 from ..errors import OutputExistsError, OutputPathError, UnencodableValueError, VerifyMismatchError
 from ..formats import ConvertedDataset, Format, get_format, open_dataset
-from ..verification import verify
+from ..pipelines.convert.run import ConvertReport, convert
+from ..pipelines.verify.run import verify
 from .oracle import SLOW_GLOBAL, SlowInt, assert_same, oracle_samples, write_files
 
 __all__ = ["DTYPES", "FormatTests"]
@@ -44,7 +44,7 @@ _KILL_SCRIPT = """
 import pickle, sys
 path, kwargs = pickle.loads(bytes.fromhex(sys.argv[3]))
 sys.path[:0] = path
-from pickleshard.conversion import convert
+from pickleshard.pipelines.convert.run import convert
 convert(sys.argv[1], sys.argv[2], **pickle.loads(kwargs))
 """
 
@@ -85,7 +85,7 @@ class FormatTests:
     format: ClassVar[str] = ""
     #: dtype names (``np.dtype(...).str``) the format cannot store; the kit skips them
     unsupported_dtypes: ClassVar[frozenset[str]] = frozenset()
-    #: extra keyword arguments for every :func:`pickleshard.conversion` call
+    #: extra keyword arguments for every :func:`pickleshard.pipelines.convert.run` call
     convert_kwargs: ClassVar[dict[str, Any]] = {}
 
     def make_format(self) -> str | Format:

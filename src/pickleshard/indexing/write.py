@@ -1,0 +1,199 @@
+"""Writing an index: the per-sample arrays copied from the workers' staging folder, then the
+header, last, by atomic rename.
+
+The header names the arrays it belongs to (each file name carries a fresh token) with each
+one's CRC-32, so a reader sees either the old index or the new one, never a mix; the new arrays
+are on disk (``fsync``) before the header that names them replaces the old one, and the old
+arrays are deleted only once it has. The parent never holds more than one file's span arrays at
+once: each final array is written part by part, with plain writes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import secrets
+import zlib
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._version import __version__
+from ..errors import IndexFormatError
+from ..index.files import FileEntry, SkippedFile
+from ..index.ondisk import (
+    ARRAY_NAME,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    SAMPLES_DTYPE,
+    SPAN_ARRAYS,
+    read_header,
+)
+from ..io.listing import ResolvedSource
+from ..io.remote.listing import without_credentials
+from .describe import Described, staged_name
+
+__all__ = ["write_index"]
+
+
+def _save_concatenated(
+    path: Path, parts: Iterable[np.ndarray], total: int, dtype: Any, tail: tuple[int, ...] = ()
+) -> tuple[str, int]:
+    """Write ``parts`` (``total`` rows of ``tail`` in all) one after another as one new
+    ``.npy`` at ``path``, a part at a time (they are never all in memory at once), by plain
+    writes (a memory map's flush cost more than the scan of a small dataset); returns the
+    file's checksum (:func:`~pickleshard.index.arrays.array_checksum` of what was written) and
+    its open descriptor, for :func:`_make_durable` (the caller closes it)."""
+    dtype = np.dtype(dtype)
+    head = io.BytesIO()
+    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False}
+    np.lib.format.write_array_header_1_0(head, {**header, "shape": (total, *tail)})
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        crc = _write(fd, head.getvalue(), 0)
+        rows = 0
+        for p in parts:
+            part = np.ascontiguousarray(p, dtype=dtype)
+            if part.shape[1:] != tail or rows + len(part) > total:
+                raise ValueError(f"{path.name}: a part of shape {part.shape} after {rows} rows")
+            crc = _write(fd, part.tobytes(), crc)
+            rows += len(part)
+        if rows != total:
+            raise ValueError(f"{path.name}: {rows} rows written, {total} expected")
+    except BaseException:
+        os.close(fd)
+        raise
+    return f"crc32:{crc:08x}", fd
+
+
+def _write(fd: int, data: bytes, crc: int) -> int:
+    """Write all of ``data`` at ``fd``; the CRC-32 ``crc`` continued over it."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    return zlib.crc32(data, crc)
+
+
+def _make_durable(fds: list[int]) -> None:
+    """``fsync`` the new arrays, all at once, before the header that names them replaces the
+    old one (a crash then leaves the old index or a whole new one). Concurrent: the file
+    system commits them together, where one after another each waited for the disk."""
+    with ThreadPoolExecutor(max_workers=max(1, len(fds))) as pool:
+        list(pool.map(os.fsync, fds))
+
+
+def _place(kept: list[Described], nf: int) -> list[FileEntry]:
+    """The files table: each span file gets its first row in each span array."""
+    final: list[FileEntry] = []
+    row = ext = rec = 0
+    for d in kept:
+        e = d.entry
+        if e.mode == "span":
+            e = replace(e, span_row=row, ext_row=ext, record_row=rec)
+            row, ext, rec = row + e.num_samples, ext + e.num_samples * nf + 1, rec + d.records
+        final.append(e)
+    return final
+
+
+def write_index(
+    index_dir: Path,
+    source: ResolvedSource,
+    kept: list[Described],
+    staging: Path | None,
+    skipped: list[SkippedFile],
+    layout: str = "auto",
+) -> None:
+    """Write the index of ``kept`` (the described files that stay, in files-table order, whose
+    span arrays lie in ``staging``) and ``skipped`` into ``index_dir``, replacing the index
+    there (the old arrays are deleted once the new header names the new ones). ``layout`` is
+    the ``layout=`` the files were read as."""
+    fields = kept[0].entry.fields if kept else ()
+    nf = len(fields)
+    final = _place(kept, nf)
+    token = secrets.token_hex(4)
+    names = {"samples": f"samples-{token}.npy", **{a: f"{a}-{token}.npy" for a in SPAN_ARRAYS}}
+    total = sum(e.num_samples for e in final)
+
+    def sample_rows() -> Iterator[np.ndarray]:
+        for k, e in enumerate(final):
+            part = np.empty(e.num_samples, SAMPLES_DTYPE)
+            part["file"], part["item"] = k, np.arange(e.num_samples, dtype=np.uint32)
+            yield part
+
+    spans = [d for d in kept if d.entry.mode == "span"]
+    pos_of = {rel: p for p, rel in enumerate(source.files)}
+
+    def staged(array: str) -> Iterator[np.ndarray]:
+        key_base = 0
+        for d in spans:  # (none when the index has no span files: no staging either)
+            assert staging is not None
+            part = np.load(staged_name(staging, pos_of[d.entry.path], array))
+            # ext_offsets point into the concatenated ext_keys: shift by the keys before them
+            yield part + key_base if array == "ext_offsets" else part
+            key_base += d.ext_keys
+
+    rows = sum(d.entry.num_samples for d in spans)
+    sizes = {
+        "starts": (rows, (nf,)),
+        "ends": (rows, (nf,)),
+        "memo_base": (rows, (nf,)),
+        "ext_offsets": (rows * nf + len(spans), ()),
+        "ext_keys": (sum(d.ext_keys for d in spans), ()),
+        "records": (sum(d.records for d in spans), (3,)),
+    }
+    written: dict[str, tuple[str, int]] = {}  # array: (checksum, descriptor)
+    try:
+        path = index_dir / names["samples"]
+        written["samples"] = _save_concatenated(path, sample_rows(), total, SAMPLES_DTYPE)
+        for array, (n, tail) in sizes.items():
+            path = index_dir / names[array]
+            written[array] = _save_concatenated(path, staged(array), n, np.int64, tail)
+        _make_durable([fd for _, fd in written.values()])
+    except BaseException:  # the old index stays as it was: no new array left behind
+        for name in names.values():
+            (index_dir / name).unlink(missing_ok=True)
+        raise
+    finally:
+        for _, fd in written.values():
+            os.close(fd)
+
+    old = _arrays_of(index_dir)
+    header = {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "tool_version": __version__,
+        "root": without_credentials(os.fspath(source.root)),  # a record, never read back
+        "layout": sorted({e.layout for e in final}),
+        "layout_choice": layout,
+        "fields": list(fields),
+        "num_files": len(final),
+        "num_samples": total,
+        "modes": {m: sum(e.mode == m for e in final) for m in ("span", "whole")},
+        "arrays": names,
+        "checksums": {k: written[k][0] for k in names},
+        "files": [asdict(e) for e in final],
+        "skipped": sorted(skipped, key=lambda s: str(s["path"])),
+    }
+    tmp = index_dir / f"index.json.tmp-{token}"
+    tmp.write_text(json.dumps(header, indent=1))
+    os.replace(tmp, index_dir / "index.json")
+    for name in old:
+        if name not in names.values():
+            (index_dir / name).unlink(missing_ok=True)
+
+
+def _arrays_of(index_dir: Path) -> Iterable[str]:
+    """The array files the current header names, to delete once replaced: only plain names
+    of the index directory (an edited header must not make a rebuild delete anything else)."""
+    try:
+        arrays = read_header(index_dir).get("arrays")
+    except IndexFormatError:
+        return []
+    if not isinstance(arrays, dict):
+        return []
+    return [v for v in arrays.values() if isinstance(v, str) and ARRAY_NAME.fullmatch(v)]

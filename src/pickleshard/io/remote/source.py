@@ -1,0 +1,405 @@
+"""Remote objects read by byte range through fsspec: ``s3://``, ``gs://``, ``http(s)://``...
+
+:class:`FsspecSource` is a :class:`~pickleshard.io.ByteSource` over one object of any fsspec
+filesystem. Every read is a ranged request (``fs.cat_file(path, start, end)``); the blocks of
+:meth:`~pickleshard.io.ByteSource.read_ranges` go out together through ``fs.cat_ranges``
+(concurrent on the async filesystems: s3fs, gcsfs, HTTP). It cannot be mapped and has no
+descriptor, so scans and reads take their range-read paths.
+
+Storage options (credentials, endpoint, ...) are the keyword pandas, Dask and HF datasets use:
+:func:`set_storage_options` registers them for a URL prefix in this process (what
+``PickleDataset(url, storage_options=...)`` and the CLI's ``--storage-option`` do), a source
+takes the options of the longest prefix of its URL, and without any fsspec's own configuration
+applies (``~/.aws``, environment variables). Options travel with a pickled source (to a
+DataLoader worker, in memory) and are never written to an index, a log, an error or a repr.
+
+Each process opens its own filesystem (cached by process id, protocol and options): nothing
+holding a socket crosses a fork. A dropped connection, a timeout or a 5xx is retried
+``retries`` times with exponential backoff; then :class:`~pickleshard.errors.RemoteStorageError`
+names the URL and the byte range. A refusal (403, bad credentials) is raised at once, as one
+:class:`~pickleshard.errors.RemoteStorageError` saying so.
+
+``identity()`` is the object's size, ETag and last-modified time (fsspec's ``info``, refreshed
+at most every ``identity_ttl`` seconds: a read path checks identity after every batch, and one
+metadata request per batch would double the round trips).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+from ...errors import MissingDependencyError, RemoteStorageError, UnreadableFileError
+from ..base import COALESCE_GAP, ByteSource, _check_range, coalesce, register_source
+from ..identity import FileIdentity
+from .blocks import BlockCache
+
+__all__ = [
+    "PROTOCOLS",
+    "FsspecSource",
+    "RemoteCounters",
+    "filesystem",
+    "is_url",
+    "set_block_cache",
+    "set_storage_options",
+    "storage_options_for",
+]
+
+# the protocols registered with open_source (any other fsspec one: register_source(p, FsspecSource))
+PROTOCOLS = ("s3", "s3a", "gs", "gcs", "http", "https", "memory", "az", "abfs", "abfss", "hf")
+
+T = TypeVar("T")
+
+_OPTIONS: dict[str, dict[str, Any]] = {}  # URL prefix ("" = every URL) -> storage options
+_FILESYSTEMS: dict[tuple[int, str, str], Any] = {}  # (pid, protocol, token of options) -> fs
+_FS_LOCK = threading.Lock()
+_CACHE: list[BlockCache | None] = [None]  # the process's block cache (None: no caching)
+RETRIES = 5  # tries after the first, by default
+BACKOFF = 0.1  # seconds before the first retry, doubled each time
+STAGE_BYTES = 256 << 20  # a prefetch larger than this is not staged (read as asked instead)
+
+
+def is_url(where: str | os.PathLike[str]) -> bool:
+    """Whether ``where`` is a URL (``scheme://...``) rather than a local path."""
+    text = os.fspath(where)
+    scheme, sep, _ = text.partition("://")
+    return bool(sep) and scheme.isidentifier() and scheme != "file"
+
+
+def set_storage_options(prefix: str, options: Mapping[str, Any] | None) -> None:
+    """Use ``options`` for every URL that starts with ``prefix`` (``""``: every URL) opened
+    in this process and the processes forked from it; None forgets the prefix."""
+    if options is None:
+        _OPTIONS.pop(prefix, None)
+    else:
+        _OPTIONS[prefix] = dict(options)
+
+
+def storage_options_table() -> dict[str, dict[str, Any]]:
+    """A copy of every prefix's options registered in this process: what a task sent to
+    another machine (a Dask worker) needs to open the same URLs (see :func:`install_storage_options`)."""
+    return {prefix: dict(options) for prefix, options in _OPTIONS.items()}
+
+
+def install_storage_options(table: Mapping[str, Mapping[str, Any]]) -> None:
+    """Register every prefix's options of ``table`` (from :func:`storage_options_table`) here."""
+    for prefix, options in table.items():
+        set_storage_options(prefix, options)
+
+
+def storage_options_for(url: str) -> dict[str, Any]:
+    """The options registered for the longest prefix of ``url`` (``{}`` when none is)."""
+    best = max((p for p in _OPTIONS if url.startswith(p)), key=len, default=None)
+    return dict(_OPTIONS[best]) if best is not None else {}
+
+
+def set_block_cache(budget: int | None, block_size: int | None = None) -> BlockCache | None:
+    """Cache remote reads of this process in blocks, ``budget`` bytes in all (None: no cache);
+    return the cache (its ``counters`` count hits, misses and bytes fetched)."""
+    if budget is None:
+        _CACHE[0] = None
+    else:
+        _CACHE[0] = BlockCache(budget, *(() if block_size is None else (block_size,)))
+    return _CACHE[0]
+
+
+def _fsspec() -> Any:
+    try:
+        import fsspec
+    except ImportError:
+        raise MissingDependencyError("fsspec", "remote", "reading a URL") from None
+    return fsspec
+
+
+def filesystem(url: str, options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
+    """This process's fsspec filesystem for ``url`` (with ``options``, default those
+    registered for it) and the object's path in it."""
+    fsspec = _fsspec()
+    protocol = url.partition("://")[0]
+    opts = storage_options_for(url) if options is None else dict(options)
+    key = (os.getpid(), protocol, fsspec.utils.tokenize(protocol, opts))
+    with _FS_LOCK:
+        fs = _FILESYSTEMS.get(key)
+        if fs is None:
+            if len(_FILESYSTEMS) > 64:  # stale entries of forked parents and old options
+                _FILESYSTEMS.clear()
+            try:
+                cls = fsspec.get_filesystem_class(protocol)
+            except ImportError as exc:
+                raise MissingDependencyError(
+                    str(exc.name or protocol), protocol, f"reading {protocol}:// URLs"
+                ) from None
+            fs = cls(**opts, skip_instance_cache=True)
+            _FILESYSTEMS[key] = fs
+    return fs, fs._strip_protocol(url)
+
+
+def _refused(exc: BaseException) -> bool:
+    """A refusal no retry changes: permission, credentials, a missing object, a 4xx."""
+    if isinstance(exc, (PermissionError, FileNotFoundError, ValueError, TypeError)):
+        return True
+    status = getattr(exc, "status", None) or getattr(exc, "code", None)
+    return isinstance(status, int) and 400 <= status < 500
+
+
+class RemoteCounters:
+    """Requests this source made in this process and the bytes they returned."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.bytes = 0
+
+
+class FsspecSource(ByteSource):
+    """One object of an fsspec filesystem, read by range (see the module docstring).
+
+    ``storage_options`` (default: those registered for the URL) go to the filesystem;
+    ``retries`` and ``backoff`` (seconds, doubled each try; default :data:`RETRIES` and
+    :data:`BACKOFF`) govern retries of transient failures; ``identity_ttl`` how long an identity is reused (0: a metadata request each time).
+    """
+
+    protocol = "fsspec"
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        retries: int | None = None,
+        backoff: float | None = None,
+        identity_ttl: float = 1.0,
+    ) -> None:
+        retries = RETRIES if retries is None else retries
+        backoff = BACKOFF if backoff is None else backoff
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0, got {retries}")
+        self.name = self.url = url
+        self.storage_options = (
+            storage_options_for(url) if storage_options is None else dict(storage_options)
+        )
+        self.retries, self.backoff, self.identity_ttl = retries, backoff, identity_ttl
+        self.counters = RemoteCounters()
+        self._pid = -1
+        self._fs: Any = None
+        self._path = ""
+        self._opened: FileIdentity | None = None
+        self._seen: tuple[float, FileIdentity] | None = None
+        self._staged: list[tuple[int, bytes]] = []  # the last prefetch's blocks, by offset
+
+    # -- the filesystem and the object's metadata --------------------------------------------
+    def _open(self) -> None:
+        if self._pid != os.getpid():  # a new process (or closed): its own filesystem
+            self._fs, self._path = filesystem(self.url, self.storage_options)
+            self._pid, self._seen, self._staged = os.getpid(), None, []
+            self.counters = RemoteCounters()
+            self._opened = self._stat()
+
+    def _stat(self) -> FileIdentity:
+        def info() -> dict[str, Any]:
+            self._fs.invalidate_cache(self._path)  # a listing's entry may be older
+            got: dict[str, Any] = self._fs.info(self._path)
+            return got
+
+        meta = self._retried(info, "cannot get the object's metadata", None)
+        if meta.get("type", "file") != "file":
+            raise UnreadableFileError(self.url, f"is a {meta.get('type')}, not an object")
+        identity = _identity(meta)
+        self._seen = (time.monotonic(), identity)
+        return identity
+
+    @property
+    def size(self) -> int:
+        self._open()
+        assert self._opened is not None
+        return self._opened.size
+
+    def identity(self) -> FileIdentity:
+        self._open()
+        seen = self._seen
+        if seen is not None and time.monotonic() - seen[0] <= self.identity_ttl:
+            return seen[1]
+        return self._stat()
+
+    def close(self) -> None:
+        self._pid, self._fs, self._opened, self._seen = -1, None, None, None
+        self._staged = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "storage_options": self.storage_options,
+            "retries": self.retries,
+            "backoff": self.backoff,
+            "identity_ttl": self.identity_ttl,
+        }  # no connection, no staged or cached bytes
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(  # type: ignore[misc]
+            state["url"],
+            state["storage_options"],
+            retries=state["retries"],
+            backoff=state["backoff"],
+            identity_ttl=state["identity_ttl"],
+        )
+
+    # -- reads -----------------------------------------------------------------------------
+    def _retried(self, call: Callable[[], T], what: str, span: tuple[int, int] | None) -> T:
+        """``call()``, retried on transient failures; the error names the URL and ``span``."""
+        where = "" if span is None else f" (bytes {span[0]}-{span[1]})"
+        for attempt in range(self.retries + 1):
+            try:
+                return call()
+            except Exception as exc:
+                if isinstance(exc, (PermissionError,)) or getattr(exc, "status", 0) in (401, 403):
+                    raise RemoteStorageError(
+                        self.url,
+                        f"access denied{where}: {_short(exc)}; check the credentials "
+                        "(storage_options or the fsspec/boto configuration)",
+                        offset=None if span is None else span[0],
+                    ) from None
+                if isinstance(exc, FileNotFoundError):
+                    raise UnreadableFileError(self.url, f"no such object: {_short(exc)}") from None
+                if _refused(exc):
+                    raise RemoteStorageError(
+                        self.url,
+                        f"{what}{where}: {_short(exc)}",
+                        offset=None if span is None else span[0],
+                    ) from None
+                if attempt == self.retries:
+                    raise RemoteStorageError(
+                        self.url,
+                        f"{what}{where} after {self.retries + 1} tries: {_short(exc)}",
+                        offset=None if span is None else span[0],
+                    ) from None
+                time.sleep(self.backoff * (2**attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _fetch(self, spans: Sequence[tuple[int, int]]) -> list[bytes]:
+        """The bytes of each ``(lo, hi)`` (within the object), all requested at once."""
+        self._open()
+        if len(spans) == 1:
+            lo, hi = spans[0]
+            data = self._retried(
+                lambda: self._fs.cat_file(self._path, start=lo, end=hi), "cannot read", (lo, hi)
+            )
+            out = [data]
+        else:
+            out = self._retried(lambda: self._cat_ranges(spans), "cannot read", _cover(spans))
+        self.counters.requests += len(spans)
+        self.counters.bytes += sum(len(d) for d in out)
+        for (lo, hi), d in zip(spans, out, strict=True):
+            if len(d) != hi - lo:
+                raise RemoteStorageError(
+                    self.url,
+                    f"bytes {lo}-{hi}: the store sent {len(d)} bytes for {hi - lo} asked "
+                    "(the object changed since it was opened?)",
+                    offset=lo,
+                )
+        return out
+
+    def _cat_ranges(self, spans: Sequence[tuple[int, int]]) -> list[bytes]:
+        got = self._fs.cat_ranges(
+            [self._path] * len(spans),
+            [lo for lo, _ in spans],
+            [hi for _, hi in spans],
+            on_error="return",
+        )
+        for item in got:
+            if isinstance(item, BaseException):
+                raise item
+        return list(got)
+
+    def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
+        """Fetch ``ranges`` now, together (neighbours coalesced, the blocks requested at once),
+        and stage each range: the first read that falls inside it takes its bytes from there
+        and unstages it (a staged range serves one read; the next prefetch drops the rest).
+        More than :data:`STAGE_BYTES` in all is not staged."""
+        self._staged = []
+        if not ranges or sum(n for _, n in ranges) > STAGE_BYTES:
+            return
+        blocks = coalesce(ranges, COALESCE_GAP)
+        fetched = self._read([(lo, hi) for lo, hi, _ in blocks])
+        for (lo, _, members), block in zip(blocks, fetched, strict=True):
+            for m in members:
+                offset, n = ranges[m]
+                self._staged.append((offset, block[offset - lo : offset - lo + n]))
+
+    def _from_staged(self, lo: int, hi: int) -> bytes | None:
+        for k, (start, data) in enumerate(self._staged):
+            if start <= lo and hi <= start + len(data):
+                del self._staged[k]
+                return data[lo - start : hi - start]
+        return None
+
+    def _read(self, spans: Sequence[tuple[int, int]]) -> list[bytes]:
+        """Bytes of ``spans`` (clipped to the object), through the block cache if one is set."""
+        size = self.size
+        spans = [(min(lo, size), min(hi, size)) for lo, hi in spans]
+        if self._staged and self._pid == os.getpid() and len(spans) == 1:
+            staged = self._from_staged(*spans[0])
+            if staged is not None:
+                return [staged]
+        cache = _CACHE[0]
+        if cache is None:
+            wanted = [s for s in spans if s[1] > s[0]]
+            fetched = iter(self._fetch(wanted) if wanted else [])
+            return [next(fetched) if hi > lo else b"" for lo, hi in spans]
+        assert self._opened is not None
+        key = f"{self.url}#{self._opened.etag}"
+        return [cache.read(key, size, lo, hi - lo, self._fetch) for lo, hi in spans]
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        _check_range(offset, n)
+        return self._read([(offset, offset + n)])[0]
+
+    def readinto_at(self, offset: int, view: memoryview) -> int:
+        data = self.read_at(offset, len(view))
+        view[: len(data)] = data
+        return len(data)
+
+    def read_blocks(self, blocks: Sequence[tuple[int, int, list[int]]]) -> list[bytes]:
+        return self._read([(lo, hi) for lo, hi, _ in blocks])
+
+    def __repr__(self) -> str:  # the URL only: options may hold credentials
+        return f"FsspecSource({self.url!r})"
+
+
+def _cover(spans: Sequence[tuple[int, int]]) -> tuple[int, int]:
+    return min(lo for lo, _ in spans), max(hi for _, hi in spans)
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
+
+
+def _identity(meta: Mapping[str, Any]) -> FileIdentity:
+    """Size, ETag and last-modified time of fsspec ``info`` of an object (each store spells
+    them its own way); an object whose store gives no ETag has ``etag=""``."""
+    etag = next(
+        (str(meta[k]) for k in ("ETag", "etag", "md5Hash", "Content-MD5") if meta.get(k)), ""
+    )
+    mtime = next(
+        (meta[k] for k in ("LastModified", "mtime", "updated", "last_modified") if meta.get(k)),
+        None,
+    )
+    if isinstance(mtime, str):
+        try:
+            mtime = datetime.fromisoformat(mtime.replace("Z", "+00:00"))
+        except ValueError:
+            mtime = None
+    if isinstance(mtime, datetime):
+        mtime_ns = int(mtime.timestamp() * 1_000_000) * 1000
+    elif isinstance(mtime, (int, float)):
+        mtime_ns = int(mtime * 1e9)
+    else:
+        mtime_ns = 0  # the store does not say: the ETag and the size decide
+    return FileIdentity(int(meta["size"]), mtime_ns, None, None, etag)
+
+
+for _protocol in PROTOCOLS:
+    register_source(_protocol, FsspecSource)

@@ -1,0 +1,3 @@
+"""The globals audit: :mod:`.files` (every global a pickle names), :mod:`.walk` (its opcode
+walk), :mod:`.torchpayloads` (pickles inside torch payloads).
+"""
