@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from pickleshard.formats.arrow.format.write import TablePartWriter
 
 from pickleshard.dataset import PickleDataset
 from pickleshard.errors import (
@@ -23,6 +22,7 @@ from pickleshard.errors import (
     UnsafePickleError,
 )
 from pickleshard.formats import FORMAT_NAMES, get_format
+from pickleshard.formats.arrow.write import TablePartWriter
 from pickleshard.formats.base import PartWriter
 from pickleshard.formats.files import NpyWriter
 from pickleshard.formats.lmdb import LmdbPartWriter

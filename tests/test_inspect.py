@@ -22,9 +22,6 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
-from pickleshard.safety.policy.audit.files import audit_buffer
-from pickleshard.safety.policy.inert import InspectUnpickler
-from pickleshard.safety.policy.standins import Opaque
 
 from conftest import BAD_FILES
 from picklegen import LAYOUTS, build, datasets, dumps, oracle, write
@@ -39,6 +36,9 @@ from pickleshard.errors import (
 from pickleshard.inspect.file import FileReport, inspect_file
 from pickleshard.picklekit.spanfile import SpanFile
 from pickleshard.safety.allowlist import ALLOWED_GLOBALS, classify_global
+from pickleshard.safety.audit.files import audit_buffer
+from pickleshard.safety.inert import InspectUnpickler
+from pickleshard.safety.standins import Opaque
 from pickleshard.scan import scan_file
 
 P4 = b"\x80\x04"
@@ -405,7 +405,7 @@ def test_the_inert_allowlist_never_hands_out_an_allocating_class() -> None:
 def test_the_inert_allowlist_is_part_of_the_loaders() -> None:
     """What the inert evaluation treats as real or evaluates, the loader allows: every other
     global is a stand-in for it, so an inert reading never trusts more than a load would."""
-    from pickleshard.safety.policy.inert import INERT_GLOBALS
+    from pickleshard.safety.inert import INERT_GLOBALS
 
     assert INERT_GLOBALS <= ALLOWED_GLOBALS
     u = InspectUnpickler(SpanFile(lambda o, n: b"", 0, 0, 4), first_id=0, resolve=print)

@@ -10,12 +10,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from pickleshard.safety.policy.policy import DEFAULT_POLICY
 
 from pickleshard import PickleDataset
 from pickleshard.errors import MissingDependencyError, UnsafePickleError
 from pickleshard.indexing import openaudit
 from pickleshard.producers import joblibfile
+from pickleshard.safety.policy import DEFAULT_POLICY
 
 pd = pytest.importorskip("pandas")
 joblib = pytest.importorskip("joblib")

@@ -200,9 +200,8 @@ def test_a_file_changed_after_the_scan_raises_a_file_error(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("protocol", [2, 3, 4, 5])
 def test_literal_head_stores_each_value_by_value(protocol: int) -> None:
-    from pickleshard.safety.policy.policy import AllowlistFindClass
-
     from pickleshard.picklekit.rewrite import literal_head
+    from pickleshard.safety.policy import AllowlistFindClass
 
     values: list[Any] = ["tokens", 2**100, -1, 0.5, None, True, ("a", 1), np.frombuffer]
     values += [b"raw"] if protocol >= 3 else []
@@ -468,9 +467,8 @@ def test_the_sample_label_is_an_argument_never_state_on_the_lookup(tmp_path: Pat
     read in one reader cannot relabel a refusal in another."""
     from fractions import Fraction
 
-    from pickleshard.safety.policy.policy import AllowlistFindClass
-
     from pickleshard.errors import UnsafePickleError
+    from pickleshard.safety.policy import AllowlistFindClass
 
     path = tmp_path / "f.pkl"
     xs = [{"k": Fraction(i, 3)} if i in (4, 6) else {"k": i} for i in range(8)]

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pickleshard.safety.policy.policy import UnpicklePolicy
 
 from picklegen import assert_same, build, datasets, oracle, write
 from pickleshard.errors import (
@@ -26,6 +25,7 @@ from pickleshard.io.identity import FileIdentity
 from pickleshard.pipelines.split.run import MANIFEST, split
 from pickleshard.pipelines.split.source import SpanSource
 from pickleshard.read import SpanReader
+from pickleshard.safety.policy import UnpicklePolicy
 from pickleshard.scan import scan_file
 from pickleshard.scan.layouts import decode_layout
 
