@@ -1,0 +1,68 @@
+"""``ProcessLocal``: one value per process, reopened after a fork, closed only by its opener."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import pytest
+
+from pickleshard.io.handles import ProcessLocal, fork_generation
+
+
+class Opener:
+    def __init__(self) -> None:
+        self.opened = 0
+        self.closed: list[int] = []
+
+    def open(self) -> int:
+        self.opened += 1
+        return self.opened
+
+    def close(self, value: int) -> None:
+        self.closed.append(value)
+
+
+def test_opens_once_and_closes_what_it_opened() -> None:
+    o = Opener()
+    h = ProcessLocal(o.open, o.close)
+    assert not h.opened
+    assert h.peek() is None
+    assert h.get() == 1
+    assert h.get() == 1
+    assert h.opened
+    h.close()
+    assert o.closed == [1]
+    assert h.get() == 2
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_opens_its_own_and_never_closes_the_parents() -> None:
+    o = Opener()
+    h = ProcessLocal(o.open, o.close)
+    assert h.get() == 1
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: reports what it saw through the pipe, then exits at once
+        report = [fork_generation(), int(h.opened), int(h.peek() is None)]
+        h.close()  # not the child's to close: nothing is closed
+        report.append(len(o.closed))
+        report.append(h.get())  # opens its own
+        os.write(w, pickle.dumps(report))
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        generation, opened, peek_none, closed, value = pickle.loads(f.read())
+    os.waitpid(pid, 0)
+    assert generation == fork_generation() + 1
+    assert (opened, peek_none, closed, value) == (0, 1, 0, 2)
+    assert h.get() == 1  # the parent's value is untouched
+    assert o.closed == []
+
+
+def test_pickled_it_carries_no_value() -> None:
+    h = ProcessLocal(list, None)
+    h.get().append(1)
+    copy = pickle.loads(pickle.dumps(h))
+    assert not copy.opened
+    assert copy.get() == []
