@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import opcodes as oc
+from .compiled import require
 from .extent import NEGATIVE, SHORT, UNKNOWN, extent
 from .fastdump import fast_opcodes
 from .spanfile import WINDOW
@@ -272,9 +273,7 @@ def _step_error(code: int, buf: Any, i: int, here: int, end: int) -> Exception:
 
 
 def _compiled_rewrite() -> Callable[..., tuple[bytearray, list[Any], int]]:
-    from .._cscan import rewrite_span as compiled
-
-    return compiled
+    return require().rewrite_span  # type: ignore[no-any-return]
 
 
 class HookedUnpickler(pickle.Unpickler):

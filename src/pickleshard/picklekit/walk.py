@@ -21,6 +21,7 @@ from ..errors import (
     NotSpanIndexableError,
     TruncatedPickleError,
 )
+from .compiled import CORE
 from .gcpause import paused_gc
 from .nodes import Value
 from .opcodes import HIGHEST_PROTOCOL, PROTO_OP
@@ -37,11 +38,7 @@ WalkRecord = Callable[[Any, int, int, Walked, Release | None], tuple[Value, int,
 def compiled_walker() -> WalkRecord | None:
     """The compiled twin of :func:`~pickleshard.picklekit.walker.walk_record`
     (``pickleshard._cscan``), or None if it is not built."""
-    try:
-        from .._cscan import walk_record as compiled
-    except ImportError:
-        return None
-    return compiled
+    return CORE.walk_record if CORE is not None else None
 
 
 def resolve_engine(engine: str) -> str:

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import TruncatedPickleError
 from ..io import ByteSource
+from ..picklekit.compiled import require
 from ..scan import ArrayItem, ArrayRow
 from .failures import changed
 from .plan import ReaderStats
@@ -43,9 +44,7 @@ def same_array(want: Any, got: np.ndarray) -> bool:
 
 def compiled_framing(spec: ArrayItem) -> Any:
     """The compiled reads' form of ``spec``'s framing (``_cscan.Framing``)."""
-    from .._cscan import Framing
-
-    return Framing(
+    return require().Framing(
         spec.head, spec.tail, flat(spec.head_masked), flat(spec.tail_masked), spec.bounds
     )
 

@@ -14,6 +14,7 @@ import numpy as np
 from ..errors import FileChangedError, PickleshardError
 from ..io import ByteSource
 from ..io.identity import FileIdentity
+from ..picklekit.compiled import require
 from ..safety.bounds import _NO_BOUND as NO_BOUND
 from ..safety.bounds import _RECURSE_MAX as RECURSE_MAX
 from ..scan import ArrayItem, IntItem, ScanResult
@@ -145,10 +146,8 @@ def make_loader(
     shift = spans.shifts.single
     if shift is None or any(a.dtype != np.int64 for a in arrays):
         return None
-    from .._cscan import SpanLoader
-
     load = spans.hooked_load if hooked else None
-    loader = SpanLoader(
+    loader = require().SpanLoader(
         *arrays, spans.heads, scan.protocol, shift, spans.loads(), load, spans.stats
     )
     if identity is not None:

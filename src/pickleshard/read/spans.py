@@ -35,6 +35,7 @@ import numpy as np
 from ..errors import PickleshardError
 from ..io import ByteSource
 from ..picklekit import opcodes as oc
+from ..picklekit.compiled import CORE
 from ..picklekit.externals import ExternalMemos, MemoShifts
 from ..picklekit.rewrite import (
     FindClass,
@@ -57,10 +58,8 @@ _LEAVES = (str, bytes, int, float, complex, bool, type(None), range)
 _CALLABLES: tuple[type, ...] = (type, types.FunctionType, types.BuiltinFunctionType)
 _CALLABLES += (np.dtype, np.generic, *GUARD_TYPES)  # the allowlist's guards: immutable
 
-try:
-    from .._cscan import SLOW  # the compiled lone-span read declined: read it here
-except ImportError:  # no extension: no compiled reads either
-    SLOW = object()
+# the compiled lone-span read declined: read it here (no extension: no compiled reads either)
+SLOW: object = CORE.SLOW if CORE is not None else object()
 
 BadSpan = Callable[[int, Exception, "int | None"], Exception]
 

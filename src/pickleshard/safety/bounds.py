@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SampleTooDeepError, SampleTooLargeError
+from ..picklekit.compiled import CORE
 
 __all__ = ["DEFAULT_MAX_DEPTH", "DEFAULT_MAX_SAMPLE_BYTES", "check_sample", "measure"]
 
@@ -319,12 +320,7 @@ def _too_large(
     )
 
 
-_FALLBACK: object = object()
-_measure_tree: Any = None
-_check_tree: Any = None
-try:  # the compiled walk, optional: without the extension the reference above does it all
-    from .._cscan import MEASURE_FALLBACK as _FALLBACK
-    from .._cscan import check_tree as _check_tree
-    from .._cscan import measure_tree as _measure_tree
-except ImportError:
-    pass
+# the compiled walk, optional: without the extension the reference above does it all
+_FALLBACK: object = CORE.MEASURE_FALLBACK if CORE is not None else object()
+_measure_tree: Any = CORE.measure_tree if CORE is not None else None
+_check_tree: Any = CORE.check_tree if CORE is not None else None

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import CorruptPickleError
 from ..picklekit import opcodes as oc
+from ..picklekit.compiled import require
 from ..picklekit.externals import ExternalMemos, MemoShifts
 from ..picklekit.memotables import ElementTable
 from ..picklekit.spanfile import WINDOW, SpanFile
@@ -50,10 +51,8 @@ class Inspector:
     def gather(self, at: np.ndarray, rel: np.ndarray) -> np.ndarray:
         """:func:`~pickleshard.scan.fastpath.gathered` of this file, by the walk's engine."""
         if self.w.engine == "compiled":
-            from .._cscan import gather
-
             at, rel = at.astype(np.int64, copy=False), rel.astype(np.int64, copy=False)
-            return gather(self.buf, at, rel, releaser(self.buf))  # type: ignore[no-any-return]
+            return require().gather(self.buf, at, rel, releaser(self.buf))  # type: ignore[no-any-return]
         return gathered(self.buf, at, rel)
 
     def load(self, start: int, end: int, bytes_min: int = 0) -> tuple[Any, dict[int, Any]]:
