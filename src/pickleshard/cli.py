@@ -18,6 +18,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 from .commands import COMMANDS
 from .commands._common import apply_storage_options
+from .commands.bench import run_bench
 from .errors import PickleshardError
 
 __all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "main"]
@@ -30,7 +31,12 @@ _SPACE = (errno.ENOSPC, errno.EDQUOT)
 _RESUMABLE = ("convert", "split")  # commands whose rerun picks up where they stopped
 
 
-def _parser() -> argparse.ArgumentParser:
+def _command(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` names (its first word that is not an option), if any."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def _parser(command: str | None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="pickleshard",
         description="Train on folders of pickle files without loading them whole.",
@@ -41,8 +47,11 @@ def _parser() -> argparse.ArgumentParser:
         help="show the traceback of an unexpected error",
     )
     sub = p.add_subparsers(dest="command", required=True)
-    for name in COMMANDS:
-        importlib.import_module(f".commands.{name}", __package__).register(sub)
+    for name, summary in COMMANDS.items():
+        if name == command:  # the command that runs: its module, imported by its name
+            importlib.import_module(f".commands.{name}", __package__).register(sub)
+        else:
+            sub.add_parser(name, help=summary)
     return p
 
 
@@ -95,10 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = False
     try:
         if argv[:1] == ["bench"]:
-            from .commands.bench import run_bench
-
             return run_bench(argv[1:])
-        args = _parser().parse_args(argv)
+        args = _parser(_command(argv)).parse_args(argv)
         debug = args.debug
         apply_storage_options(args)  # --storage-option: for every URL the command opens
         handler: Handler = args.handler

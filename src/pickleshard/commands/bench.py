@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from . import COMMANDS
+
 
 def run_bench(argv: Sequence[str]) -> int:
     repo_root = Path(__file__).resolve().parents[3]
@@ -28,4 +30,4 @@ def run_bench(argv: Sequence[str]) -> int:
 
 def register(sub: Any) -> None:
     # Listed for --help only: main() dispatches "bench ..." before argparse sees it.
-    sub.add_parser("bench", help="run the benchmarks (from a source checkout); see bench --help")
+    sub.add_parser("bench", help=COMMANDS["bench"])

@@ -6,9 +6,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ..pipelines.demo import DemoConfig, run_demo
+from . import COMMANDS
+
 
 def run(args: argparse.Namespace) -> int:
-    from ..pipelines.demo import DemoConfig, run_demo
 
     cfg = DemoConfig(
         data_dir=Path(args.dir), files=args.files, per_file=args.per_file, num_workers=args.workers
@@ -18,7 +20,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    s = sub.add_parser("demo", help="synthesise ~200 MB, index it, train a tiny model one epoch")
+    s = sub.add_parser("demo", help=COMMANDS["demo"])
     s.add_argument("--dir", default="demo-data")
     s.add_argument("--files", type=int, default=8)
     s.add_argument("--per-file", type=int, default=2000)

@@ -13,6 +13,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ..indexing.build import build_index
+from . import COMMANDS
 from ._common import (
     add_executor_flag,
     add_layout_flag,
@@ -23,7 +25,6 @@ from ._common import (
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..indexing.build import build_index
 
     t0 = time.perf_counter()
     idx = build_index(
@@ -96,7 +97,7 @@ def _reads(files: Sequence[Any]) -> dict[str, Any]:
 
 
 def register(sub: Any) -> None:
-    s = sub.add_parser("index", help="index a directory, glob or file of pickles")
+    s = sub.add_parser("index", help=COMMANDS["index"])
     s.add_argument("source", help="directory, glob or pickle file")
     s.add_argument("--index", help="index directory (default: SOURCE/.pickleshard)")
     s.add_argument(

@@ -6,11 +6,12 @@ import argparse
 import json
 from typing import Any
 
+from ..pipelines.split.run import split
+from . import COMMANDS
 from ._common import add_safety_flags, parse_size, safety_kwargs
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..pipelines.split.run import split
 
     if args.max_bytes is None and args.max_samples is None:
         args.parser.error("give --max-bytes SIZE or --max-samples N (or both)")
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     s = sub.add_parser(
         "split",
-        help="split one big pickle into chunk pickles of the same layout (bounded memory)",
+        help=COMMANDS["split"],
         usage="pickleshard split [-h] SOURCE OUT (--max-bytes SIZE | --max-samples N) [options]",
     )
     s.add_argument("source", help="the pickle file to split")

@@ -6,6 +6,9 @@ import argparse
 import time
 from typing import Any
 
+from ..pipelines.synth import write_synthetic
+from . import COMMANDS
+
 
 def _shape(text: str) -> tuple[int, ...]:
     try:
@@ -20,7 +23,6 @@ def _shape(text: str) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..pipelines.synth import write_synthetic
 
     t0 = time.perf_counter()
     paths = write_synthetic(
@@ -41,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    s = sub.add_parser("synth", help="write a synthetic dataset of (x_list, y_list) pickle files")
+    s = sub.add_parser("synth", help=COMMANDS["synth"])
     s.add_argument("out", help="output directory")
     s.add_argument("--files", type=int, default=8)
     s.add_argument("--per-file", type=int, default=1000)

@@ -6,6 +6,8 @@ import argparse
 import json
 from typing import Any
 
+from ..pipelines.verify.run import verify
+from . import COMMANDS
 from ._common import (
     add_executor_flag,
     add_layout_flag,
@@ -16,7 +18,6 @@ from ._common import (
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..pipelines.verify.run import verify
 
     if len(args.paths) > 2:
         args.parser.error(f"verify takes [SRC] OUT, got {len(args.paths)} paths")
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     s = sub.add_parser(
         "verify",
-        help="check a conversion: against SRC, or (OUT alone) against its stored digests",
+        help=COMMANDS["verify"],
         usage="pickleshard verify [-h] [SRC] OUT [--sample K] [--seed S] [--jobs N] "
         "[--executor E] [--json]",
     )
