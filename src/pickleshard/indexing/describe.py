@@ -27,6 +27,7 @@ from ..index.files import FileEntry, fingerprint
 from ..io import ByteSource, open_source
 from ..picklekit.memoids import check_memo_ids
 from ..producers.foreign import foreign_scan
+from ..read import SpanReader
 from ..read.whole.cache import estimate_nbytes
 from ..read.whole.load import load_layout
 from ..safety.policy import DEFAULT_POLICY, UnpicklePolicy
@@ -103,8 +104,6 @@ def _decoded_sizes(
     samples share count once, as they do there); only those fields' spans read, through
     ``source`` (left open; a remote object's ranges requested together). None when one cannot
     be read under ``policy``."""
-    from ..read import SpanReader  # the read package imports the index package
-
     reader = SpanReader(
         scan, encoding=policy.encoding, find_class=policy.find_class(scan.path), source=source
     )

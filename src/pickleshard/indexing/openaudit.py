@@ -28,8 +28,9 @@ from typing import Any
 
 from ..errors import UnsafePickleError
 from ..executors.local import local_executor
-from ..io import open_source
-from ..io.listing import ResolvedSource
+from ..index.ondisk import default_index_path
+from ..io import open_reader, open_source
+from ..io.listing import ResolvedSource, resolve_source
 from ..producers.joblibfile import WRAPPER, _Structure, joblib_kind
 from ..safety.allowlist import PRESETS, classify_global
 from ..safety.audit.files import audit_buffer
@@ -83,8 +84,6 @@ def _joblib_globals(
         if allow is not None and classify_global(module, name, policy.allow_globals) == "allowed":
             return allow(module, name)
         return _Refused
-
-    from ..io import open_reader
 
     with open_reader(source) as raw:
         fh: Any = io.BufferedReader(raw, 1 << 16)
@@ -298,9 +297,6 @@ def audit_dataset_source(
     the error names every refused global, not the first."""
     if policy.trusted:
         return
-    from ..index.ondisk import default_index_path
-    from ..io.listing import resolve_source
-
     resolved = resolve_source(source)
     index_dir = Path(index) if index is not None else default_index_path(resolved)
     small = tuple(f for f in resolved.files if _size(resolved.absolute(f)) <= AUDIT_OPCODE_BYTES)

@@ -36,6 +36,7 @@ import numpy as np
 
 from ..errors import (
     CorruptPickleError,
+    FieldLengthMismatchError,
     MissingDependencyError,
     NotSpanIndexableError,
     PickleshardError,
@@ -279,8 +280,6 @@ def _result(
         raise NotSpanIndexableError(where, "joblib arrays in Fortran order or 0-d: read whole")
     n = refs[0].shape[0]
     if any(r.shape[0] != n for r in refs):
-        from ..errors import FieldLengthMismatchError
-
         detail = ", ".join(f"len({f}) = {r.shape[0]}" for f, r in zip(fields, refs, strict=True))
         raise FieldLengthMismatchError(where, f"fields have different lengths: {detail}")
     rows = [r.nbytes // n if n else 0 for r in refs]

@@ -27,8 +27,10 @@ which knows the file, offset and sample), as :class:`~pickleshard.errors.UnsafeP
 
 from __future__ import annotations
 
+import _compat_pickle
 import math
 import operator
+import sys
 import types
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -278,9 +280,7 @@ def _unwrap_any(v: Any) -> Any:
 def _original(module: str, name: str) -> Any:
     """The global a guard stands for, when a sample holding one is pickled again (plain
     ``pickle.load`` gives back the original global)."""
-    from .policy import _import_global
-
-    return _import_global(module, name)
+    return import_global(module, name)
 
 
 def guard_global(key: GlobalKey, obj: Any, owner: GuardOwner) -> Any:
@@ -292,4 +292,17 @@ def guard_global(key: GlobalKey, obj: Any, owner: GuardOwner) -> Any:
         return GuardedCallable(obj, key, owner)
     # Immutable types and builtin functions: setattr on them fails. A mutable class named by
     # allow_globals is handed out as it is: NEWOBJ needs the real type (see the module notes)
+    return obj
+
+
+def import_global(module: str, name: str) -> Any:
+    """What ``pickle.Unpickler.find_class`` returns, Python 2 names mapped as it maps them."""
+    if (module, name) in _compat_pickle.NAME_MAPPING:
+        module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+    elif module in _compat_pickle.IMPORT_MAPPING:
+        module = _compat_pickle.IMPORT_MAPPING[module]
+    __import__(module)
+    obj: Any = sys.modules[module]
+    for part in name.split("."):
+        obj = getattr(obj, part)
     return obj

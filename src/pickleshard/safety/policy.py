@@ -14,20 +14,19 @@ everything, ``allow_globals=["module.name", ...]`` adds named globals.
 
 from __future__ import annotations
 
-import _compat_pickle
 import copyreg
 import io
 import os
 import pickle
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
 from ..errors import UnsafePickleError
 from .allowlist import ALLOWED_GLOBALS, classify_global, parse_allow_globals, preset_for
+from .audit.files import locate_global
 from .bounds import DEFAULT_MAX_DEPTH, DEFAULT_MAX_SAMPLE_BYTES, check_sample
-from .guards import BUILD_WHY, GuardedCallable, GuardedClass, guard_global
+from .guards import BUILD_WHY, GuardedCallable, GuardedClass, guard_global, import_global
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -99,7 +98,7 @@ class _Lookup:
         if key == ("torch.storage", "_load_from_bytes"):
             obj = TorchPayload(self)
         elif key in ALLOWED_GLOBALS or key in self.extra:
-            obj = guard_global(key, _import_global(module, name), self)
+            obj = guard_global(key, import_global(module, name), self)
         else:
             raise _refusal(module, name, self.path, self.offset(), self.sample)
         self._given[key] = obj
@@ -134,7 +133,7 @@ class TorchPayload:
         raise self._owner.refuse("torch.storage._load_from_bytes", BUILD_WHY)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_import_global, ("torch.storage", "_load_from_bytes"))
+        return (import_global, ("torch.storage", "_load_from_bytes"))
 
 
 def guard_misuse(
@@ -206,25 +205,10 @@ class _FileLookup(_Lookup):
     def _where(self, qualname: str | None) -> int | None:
         if self._start is None:
             return None
-        from .audit.files import locate_global  # the audit imports this module
-
         try:
             return locate_global(self._file, self._start, self._asked, qualname)
         except Exception:  # a damaged stream: the refusal still names the file
             return None
-
-
-def _import_global(module: str, name: str) -> Any:
-    """What ``pickle.Unpickler.find_class`` returns, Python 2 names mapped as it maps them."""
-    if (module, name) in _compat_pickle.NAME_MAPPING:
-        module, name = _compat_pickle.NAME_MAPPING[(module, name)]
-    elif module in _compat_pickle.IMPORT_MAPPING:
-        module = _compat_pickle.IMPORT_MAPPING[module]
-    __import__(module)
-    obj: Any = sys.modules[module]
-    for part in name.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 class AllowlistFindClass(_Lookup):

@@ -62,7 +62,14 @@ from .access import fetched_since, scan_buffer
 from .ambiguity import Ambiguity, judge
 from .externals import assemble, element_table
 from .inspector import Inspector
-from .layouts import APPENDED, DICT_SAMPLES, SAMPLES, LayoutChoice, default_field_names
+from .layouts import (
+    APPENDED,
+    DICT_SAMPLES,
+    LAYOUT_TABLE,
+    SAMPLES,
+    LayoutChoice,
+    default_field_names,
+)
 from .matching import Field, NotLayout, dict_rows, fields_of, leaves, node_kind, spans, structure
 from .model import ArrayItem, ArrayRow, IntItem, ScanResult
 
@@ -76,7 +83,7 @@ def _judge(layout: str, parts: list[tuple[tuple[str, ...], list[Field]]]) -> Amb
     """:func:`~pickleshard.scan.ambiguity.judge` on the scanned pickles' columns."""
     names, cols = parts[0]
     return judge(
-        layout,
+        LAYOUT_TABLE.get(layout.removeprefix(APPENDED)),
         [len(cs[0].starts) if cs else 0 for _, cs in parts],
         [all(c.array is not None for c in cs) for _, cs in parts],
         deep=all(c.array is not None and c.array.row_shape for c in cols),

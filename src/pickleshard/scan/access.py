@@ -23,6 +23,7 @@ from typing import Any
 from ..io import AccessPattern, ByteSource, storage_read_bytes
 from ..picklekit import opcodes as oc
 from ..picklekit.extent import extent
+from .sparse import sparse_buffer
 
 __all__ = ["PROBE_BYTES", "SPARSE_PAGES", "choose_pattern", "fetched_since", "scan_buffer"]
 
@@ -74,8 +75,6 @@ def scan_buffer(source: ByteSource, pattern: AccessPattern | None = None) -> Any
     source that cannot be mapped (remote) gives :func:`~pickleshard.scan.sparse.sparse_buffer`:
     the bytes the scan examines, fetched by ranges."""
     if source.fileno() is None and source.map() is None:
-        from .sparse import sparse_buffer
-
         return sparse_buffer(source)
     source.advise(choose_pattern(source) if pattern is None else pattern)
     buf = source.map()

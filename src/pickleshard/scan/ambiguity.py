@@ -30,7 +30,7 @@ import os
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
 __all__ = ["FEW_ROWS", "Ambiguity", "AmbiguousLayoutWarning", "judge", "warn_ambiguous"]
 
@@ -85,8 +85,19 @@ class Ambiguity:
         return cls(**{k: obj[k] for k in keys})
 
 
+class LayoutFacts(Protocol):
+    """What :func:`judge` reads of a layout (a :class:`~pickleshard.scan.layouts.Layout`)."""
+
+    @property
+    def per_sample(self) -> bool: ...
+    @property
+    def rows(self) -> bool: ...
+    @property
+    def sample(self) -> str: ...
+
+
 def judge(
-    layout: str,
+    entry: LayoutFacts | None,
     rows: Sequence[int],
     arrays: Sequence[bool],
     *,
@@ -94,15 +105,12 @@ def judge(
     width: int = 0,
     elements: str = "",
 ) -> Ambiguity | None:
-    """The ambiguity of a file ``layout="auto"`` read as ``layout`` (a layout name, maybe
-    ``appended_``), or None when its reading is the only plausible one (see the module
+    """The ambiguity of a file ``layout="auto"`` read as the layout ``entry`` (its
+    :data:`~pickleshard.scan.layouts.LAYOUT_TABLE` row; None: no judgement), or None when its reading is the only plausible one (see the module
     docstring). ``rows``: the samples of each pickle of the file; ``arrays``: whether every
     field of that pickle is a numpy array; ``deep``: every field of the first pickle has
     elements of one dimension or more; ``width``: the fields per sample; ``elements``: the
     fields' element types in words, for the message."""
-    from .layouts import APPENDED, LAYOUT_TABLE
-
-    entry = LAYOUT_TABLE.get(layout.removeprefix(APPENDED))
     if entry is None or not rows:
         return None
     what = f" ({elements})" if elements else ""

@@ -20,6 +20,7 @@ from .layouts import (
     APPENDED,
     DICT_SAMPLES,
     EXPECTED_LAYOUTS,
+    LAYOUT_TABLE,
     SAMPLES,
     Columns,
     DecodedLayout,
@@ -84,7 +85,7 @@ def judge_chunks(
     from the facts of the pickles it was decoded from (``chunks``, one each)."""
     first = chunks[0].columns
     return judge(
-        layout,
+        LAYOUT_TABLE.get(layout.removeprefix(APPENDED)),
         [c.num_samples for c in chunks],
         [all(isinstance(col, np.ndarray) for col in c.columns) for c in chunks],
         deep=all(isinstance(col, np.ndarray) and col.ndim >= 2 for col in first),
