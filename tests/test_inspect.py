@@ -417,7 +417,7 @@ def test_build_on_an_inert_evaluator_changes_nothing(tmp_path: Path) -> None:
     """``BUILD`` with ``__defaults__`` state on each global the inert allowlist evaluates: the
     loader refuses BUILD on a global; the inert evaluation must not let a data file change a
     function of the inspecting process either (it once set ``_frombuffer.__defaults__``)."""
-    from pickleshard.safety.policy import inert
+    from pickleshard.safety import inert
 
     before = {f: f.__defaults__ for f in (inert._frombuffer, inert._reconstruct, inert._encode)}
     state = b"N}\x8c\x0c__defaults__K\x01K\x00\x86\x85s\x86b"

@@ -23,15 +23,14 @@ stored) raises the :mod:`pickleshard.errors` classes with the file and offset.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import CorruptPickleError, EmptyPickleError, NotAPickleError, TruncatedPickleError
 from ...picklekit import opcodes as oc
 from ...picklekit.gcpause import paused_gc
-from ..allowlist import Verdict, classify_global
-from .walk import UNRESOLVED, GlobalKey, Walk, walk_record
+from .model import Audit, GlobalKey, GlobalUse
+from .torchpayloads import audit_nested
+from .walk import Walk, walk_record
 
 __all__ = ["Audit", "GlobalUse", "audit_buffer", "locate_global"]
 
@@ -43,70 +42,6 @@ _MAGIC = {
 
 
 _UNFRAMED_OPENERS = frozenset(b"(]})")  # MARK, EMPTY_LIST, EMPTY_DICT, EMPTY_TUPLE
-
-
-@dataclass(frozen=True)
-class GlobalUse:
-    """One global a file names: ``refs`` opcodes name it, ``calls`` call or instantiate it."""
-
-    module: str
-    name: str
-    refs: int
-    calls: int
-    verdict: Verdict
-
-    @property
-    def qualname(self) -> str:
-        return f"{self.module}.{self.name}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "global": self.qualname,
-            "module": self.module,
-            "name": self.name,
-            "refs": self.refs,
-            "calls": self.calls,
-            "verdict": self.verdict,
-        }
-
-
-@dataclass
-class Audit:
-    """What the audit walk found in one file.
-
-    ``records`` holds ``(start, end after STOP)`` of each pickle; ``protocol`` is the first
-    pickle's (0 or 1 when it has no ``PROTO`` opcode, by the opcodes it uses); ``opcodes`` the
-    total opcode count; ``counts`` the count of each opcode in :data:`COUNTED` that occurs;
-    ``computed_calls`` the calls made on values that no global names (results of other calls);
-    ``bytes_read`` the bytes examined (payloads are seeked over); ``builds_on_globals`` the
-    ``(offset, global)`` of each ``BUILD`` whose target is a global itself (directly or through
-    the memo: a file changing a function or class of the loading process, which the loader
-    refuses); ``first_refs`` the offset of the first opcode naming each global.
-    """
-
-    path: str
-    size: int
-    protocol: int = 0
-    records: list[tuple[int, int]] = field(default_factory=list)
-    opcodes: int = 0
-    counts: dict[str, int] = field(default_factory=dict)
-    refs: dict[GlobalKey, int] = field(default_factory=dict)
-    calls: dict[GlobalKey, int] = field(default_factory=dict)
-    computed_calls: int = 0
-    bytes_read: int = 0
-    builds_on_globals: list[tuple[int, GlobalKey]] = field(default_factory=list)
-    first_refs: dict[GlobalKey, int] = field(default_factory=dict)
-    first_calls: dict[GlobalKey, int] = field(default_factory=dict)
-    nested: list[tuple[int, str, Audit]] = field(default_factory=list)
-
-    def globals(self, allow_globals: Iterable[GlobalKey] = ()) -> list[GlobalUse]:
-        """Every global named, in order of first appearance, with its verdict."""
-        extra = frozenset(allow_globals)
-        out = []
-        for key, n in self.refs.items():
-            verdict: Verdict = "dangerous" if key == UNRESOLVED else classify_global(*key, extra)
-            out.append(GlobalUse(key[0], key[1], n, self.calls.get(key, 0), verdict))
-        return out
 
 
 def audit_buffer(buf: Any, size: int, name: str) -> Audit:
@@ -124,7 +59,7 @@ def audit_buffer(buf: Any, size: int, name: str) -> Audit:
         if buf[pos] == oc.PROTO_OP and pos + 1 < size and buf[pos + 1] > oc.HIGHEST_PROTOCOL:
             why = f"PROTO opcode names unknown protocol {buf[pos + 1]}"
             raise NotAPickleError(name, why, offset=pos + 1)
-        w = Walk(audit, buf, size)
+        w = Walk(audit, buf, size, nested=audit_nested)
         try:  # the walk makes no cycles; collections over its memo would cost time
             with paused_gc():
                 nxt = walk_record(w, pos)
@@ -164,7 +99,7 @@ def locate_global(file: Any, start: int, key: GlobalKey | None, qualname: str | 
         return None
     size = len(buf)
     audit = Audit("<refusal>", size)
-    w = Walk(audit, buf, size)
+    w = Walk(audit, buf, size, nested=audit_nested)
     # a damaged stream fails the walk too: what it saw before the damage is still where it is
     with contextlib.suppress(CorruptPickleError):
         walk_record(w, start)

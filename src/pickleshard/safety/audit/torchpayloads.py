@@ -8,7 +8,7 @@ import zipfile
 
 from ...errors import PickleshardError
 from ..allowlist import classify_global
-from .files import Audit
+from .model import Audit
 from .walk import Blob, GlobalKey, Walk, walk_record
 
 __all__ = ["audit_nested"]
@@ -40,7 +40,7 @@ def audit_nested(w: Walk, pos: int, blob: Blob) -> None:
         inner = Audit(name, len(body), bytes_read=len(body))
         at = 0
         while at < len(body):  # legacy: pickles, then raw storage bytes the walk stops at
-            iw = Walk(inner, body, len(body))
+            iw = Walk(inner, body, len(body), nested=audit_nested)
             try:
                 at = walk_record(iw, at)
             except PickleshardError:

@@ -12,19 +12,16 @@ import codecs
 import copyreg
 import pickle
 import pickletools
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from ...errors import CorruptPickleError, TruncatedPickleError
 from ...picklekit import opcodes as oc
 from ...picklekit.extent import CUT, extent, extent_error
+from .model import UNRESOLVED, Audit, GlobalKey
 
-if TYPE_CHECKING:
-    from .files import Audit
+__all__ = ["COUNTED", "UNRESOLVED", "GlobalKey", "NestedAudit", "Walk", "walk_record"]
 
-__all__ = ["COUNTED", "UNRESOLVED", "GlobalKey", "Walk", "walk_record"]
-
-GlobalKey = tuple[str, str]
-UNRESOLVED: GlobalKey = ("?", "?")
 
 _OP = {name: getattr(pickle, name)[0] for name in ("GLOBAL", "INST", "STACK_GLOBAL", "REDUCE")}
 _OP |= {name: getattr(pickle, name)[0] for name in ("NEWOBJ", "NEWOBJ_EX", "OBJ", "BUILD")}
@@ -60,14 +57,17 @@ class Blob:
 
 
 _TORCH_PAYLOAD: GlobalKey = ("torch.storage", "_load_from_bytes")
+#: ``nested(walk, offset, payload)``: the audit of a torch payload's pickles (:mod:`.torchpayloads`)
+NestedAudit = Callable[["Walk", int, "Blob"], None]
 _BYTES_OPS = frozenset(getattr(pickle, n)[0] for n in ("SHORT_BINBYTES", "BINBYTES", "BINBYTES8"))
 
 
 class Walk:
     """State of one record's walk: the symbolic stack, marks and memo."""
 
-    def __init__(self, audit: Audit, buf: Any, end: int) -> None:
+    def __init__(self, audit: Audit, buf: Any, end: int, nested: NestedAudit | None = None) -> None:
         self.a, self.buf, self.end = audit, buf, end
+        self.nested = nested  # audits a torch payload's pickles (None: not looked into)
         self.stack: list[Any] = []  # None (unknown), a string (see text), or a GlobalKey
         self.marks: list[int] = []
         self.values: dict[int, Any] = {}  # memo id -> string or GlobalKey (unknowns not kept)
@@ -210,10 +210,8 @@ def _fixed_op(w: Walk, op: int, pos: int, nxt: int) -> bool:
                 w.a.builds_on_globals.append((pos, value))
         elif op in (_OP["REDUCE"], _OP["NEWOBJ"]):
             w.call(stack[-2], pos)
-            if stack[-2] == _TORCH_PAYLOAD and type(stack[-1]) is Blob:
-                from .torchpayloads import audit_nested  # torch payloads are rare
-
-                audit_nested(w, pos, stack[-1])
+            if stack[-2] == _TORCH_PAYLOAD and type(stack[-1]) is Blob and w.nested is not None:
+                w.nested(w, pos, stack[-1])
         elif op == _OP["NEWOBJ_EX"]:
             w.call(stack[-3], pos)
         del stack[len(stack) - n :]
