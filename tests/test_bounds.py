@@ -1,5 +1,5 @@
 """Per-sample bounds: the compiled walk (``_cscan.measure_tree``) against the Python reference
-(``bounds._measure_py``): the same ``(bytes, depth)`` or the same ``_Exceeded(what, value)``,
+(``bounds._measure_py``): the same ``(bytes, depth)`` or the same ``BoundExceeded(what, value)``,
 on generated trees with shared containers, cycles and values the compiled walk leaves to the
 reference; plus hand-computed sizes, the exact bounds and a 10**6-deep sample."""
 
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pickleshard.errors import SampleTooDeepError, SampleTooLargeError
+from pickleshard.errors import BoundExceeded, SampleTooDeepError, SampleTooLargeError
 from pickleshard.safety import bounds
 
 cscan = pytest.importorskip("pickleshard._cscan")
@@ -26,7 +26,7 @@ _COMMON = (int, str, bytes, bytearray, float, bool, type(None), complex, range, 
 def _outcome(fn: Callable[..., Any], *args: Any) -> Any:
     try:
         return fn(*args)
-    except bounds._Exceeded as exc:
+    except BoundExceeded as exc:
         return ("exceeded", exc.what, exc.value)
 
 
@@ -253,13 +253,13 @@ def test_other_values_go_to_the_reference() -> None:
     assert cscan.leaf_total((np.zeros(10), 5, "ab")) == 80 + 8 + 2
     assert cscan.leaf_total((np.zeros(10), [5])) == -1
     assert cscan.check_tree((np.zeros(10), 5), 88, 1, True) is None  # leaves: no reference bytes
-    with pytest.raises(bounds._Exceeded) as exc:
+    with pytest.raises(BoundExceeded) as exc:
         cscan.check_tree((np.zeros(10), 5), 87, 1, True)
     assert (exc.value.what, exc.value.value) == ("bytes", 88)
     assert cscan.check_tree((np.zeros(10), np.float32(1)), 87, 1, True) is cscan.MEASURE_FALLBACK
     assert cscan.check_tree(([obj],), 87, 5, True) is cscan.MEASURE_FALLBACK
     assert cscan.check_tree(([1],), 24, 2, True) is None  # 8 + (8 + 8)
-    with pytest.raises(bounds._Exceeded):
+    with pytest.raises(BoundExceeded):
         cscan.check_tree(([1],), 24, 1, True)
     # a bound past C's integers: the reference answers
     assert bounds.measure([b"ab"], 2**70, 2**70) == (10, 1)

@@ -26,7 +26,10 @@ import array as pyarray
 from .picklekit import extent as ex
 from .picklekit import nodes
 from .picklekit import opcodes as oc
+from .picklekit import renumber as rn
 from .picklekit import walker as wk
+from .picklekit.unpicklers import MemoIdPastSpan
+from .errors import BoundExceeded
 
 __all__ = [
     "MEASURE_FALLBACK",
@@ -768,13 +771,10 @@ cdef tuple _rewrite(
     enumerate(externals)}``."""
     global _head, _gets, _puts, _encode_get, _encode_put, _past_span, _step_error
     if _head is None:
-        from .picklekit.rewrite import _GETS, _PUTS, MemoIdPastSpan, _step_error
-        from .picklekit.rewrite import _encode_get as eg
-        from .picklekit.rewrite import _encode_put as ep
-        from .picklekit.rewrite import _head as make_head
-
-        _gets, _puts, _encode_get, _encode_put, _head = _GETS, _PUTS, eg, ep, make_head
-        _past_span, _step_error = MemoIdPastSpan, _step_error
+        _gets, _puts, _encode_get, _encode_put, _head = (
+            rn.GETS, rn.PUTS, rn.encode_get, rn.encode_put, rn.proto_head
+        )
+        _past_span, _step_error = MemoIdPastSpan, rn.step_error
     cdef Py_ssize_t n_ext = len(externals)
     if local is None:
         local = {k: j for j, k in enumerate(externals)} if n_ext else {}
@@ -1087,7 +1087,7 @@ cdef class SpanLoader:
             return 0
         try:
             ok = _check_tree(v, self.b_limit, self.b_deepest, self.b_recursive) is None
-        except Exception:  # bounds._Exceeded (or what the walk met): the reference words it
+        except Exception:  # errors.BoundExceeded (or what the walk met): the reference words it
             ok = False
         if not ok:
             self.b_check(v, name)
@@ -1513,9 +1513,8 @@ cdef int64_t _leaf_c(PyObject* p) except -3:
 
 
 cdef _exceeded(str what, object value):
-    from .bounds import _Exceeded  # here, not at import: bounds imports this module
 
-    raise _Exceeded(what, value)
+    raise BoundExceeded(what, value)
 
 
 cdef struct _MFrame:
@@ -1671,7 +1670,7 @@ cdef object _walk_tree(PyObject* sample, int64_t limit, int64_t deepest, bint re
 def measure_tree(object sample, int64_t limit, int64_t deepest, bint recursive):
     """bounds._measure_py(sample, ...) with both bounds given (at most 2**62; "no bound" is
     2**62) and the walk it would take (``recursive``: the depth bound is at most
-    bounds._RECURSE_MAX): ``(bytes, depth)``, or bounds._Exceeded raised, or MEASURE_FALLBACK
+    bounds._RECURSE_MAX): ``(bytes, depth)``, or errors.BoundExceeded raised, or MEASURE_FALLBACK
     when the sample holds a value this walk does not know (the reference must walk it)."""
     cdef int64_t size = _leaf_c(<PyObject*>sample)
     if size == M_OTHER:
@@ -1709,7 +1708,7 @@ def leaf_total(tuple sample):
 def check_tree(object sample, int64_t limit, int64_t deepest, bint recursive):
     """bounds.check_sample's test in one call (bounds as for :func:`measure_tree`): a tuple of
     leaves against the byte bound alone (their sum, as check_sample), any other sample
-    measured. None when it passes, bounds._Exceeded raised when not, MEASURE_FALLBACK when the
+    measured. None when it passes, errors.BoundExceeded raised when not, MEASURE_FALLBACK when the
     reference must decide."""
     return _check_tree(sample, limit, deepest, recursive)
 

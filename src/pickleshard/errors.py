@@ -406,6 +406,18 @@ class SampleTooDeepError(SampleLimitError):
     again, collating or converting it would exhaust the recursion limit."""
 
 
+class BoundExceeded(Exception):
+    """Internal: a sample's walk passed a bound (``what``: ``"bytes"``, ``"depth"`` or
+    ``"cycle"``; ``value``: how far it got). Raised by the size/depth walks of
+    :mod:`pickleshard.safety.bounds` and their compiled twins, and always turned into a
+    :class:`SampleLimitError` naming the file and sample before it reaches a caller: it is not
+    a :class:`PickleshardError`. It lives here, at the bottom, so the compiled core can raise it."""
+
+    def __init__(self, what: str, value: int) -> None:
+        super().__init__(what, value)
+        self.what, self.value = what, value
+
+
 class ClusterError(PickleshardError, RuntimeError):
     """The Dask cluster at ``address`` could not run the work (its message says why)."""
 

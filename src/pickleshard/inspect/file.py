@@ -106,7 +106,7 @@ def _check_depth(value: Any, limit: int, what: str, sink: Refusals) -> None:
     """Note in ``sink`` a ``value`` nested deeper than ``limit`` (as the loader's bound)."""
     try:
         measure(value, None, limit)
-    except Exception as exc:  # bounds._Exceeded: too deep, or containing itself
+    except Exception as exc:  # BoundExceeded: too deep, or containing itself
         if getattr(exc, "what", "") in ("depth", "cycle"):
             sink.note(f"{what} nests containers deeper than max_depth={limit}")
 

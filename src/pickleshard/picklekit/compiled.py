@@ -8,16 +8,19 @@ wrong. :func:`require` is for the places that were told to use it.
 
 from __future__ import annotations
 
+import importlib
 from types import ModuleType
 
 __all__ = ["CORE", "require"]
 
+# By its full name: an extension is no Python source for the import contract to read (its own
+# imports are picklekit's modules and errors, below this one), and `from .. import` would read
+# as an import of the whole package.
+CORE: ModuleType | None
 try:
-    from .. import _cscan
+    CORE = importlib.import_module("pickleshard._cscan")
 except ImportError:  # not built (a source tree without the build step)
-    _cscan = None  # type: ignore[assignment]
-
-CORE: ModuleType | None = _cscan
+    CORE = None
 
 
 def require() -> ModuleType:

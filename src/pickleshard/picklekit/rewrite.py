@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import io
 import pickle
-import struct
 import sys
 import types
 from collections.abc import Callable, Sequence
@@ -20,8 +19,9 @@ from typing import Any
 
 from . import opcodes as oc
 from .compiled import require
-from .extent import NEGATIVE, SHORT, UNKNOWN, extent
+from .extent import SHORT, extent
 from .fastdump import fast_opcodes
+from .renumber import GETS, PUTS, encode_get, encode_put, proto_head, step_error
 from .spanfile import WINDOW
 from .unpicklers import MemoIdPastSpan
 
@@ -36,42 +36,8 @@ __all__ = [
 
 BIG = 64 * 1024
 FindClass = Callable[[str, str], Any]
-_HEADS: dict[tuple[int, int], bytes] = {}
 _MAX_LITERAL = 256  # bytes of one value's opcodes in a literal prologue; larger ones are shared
 _MAX_HEAD = 4096  # bytes of a whole literal prologue
-_P4 = struct.Struct("<I").pack
-
-
-def _encode_put(local_id: int) -> bytes:
-    """``BINPUT`` / ``LONG_BINPUT`` storing the top of the stack at memo id ``local_id``."""
-    return bytes((oc.BINPUT_OP, local_id)) if local_id < 256 else b"r" + _P4(local_id)
-
-
-def _encode_get(local_id: int) -> bytes:
-    """``BINGET`` / ``LONG_BINGET`` pushing memo id ``local_id``."""
-    return bytes((oc.BINGET_OP, local_id)) if local_id < 256 else b"j" + _P4(local_id)
-
-
-_GETS = [_encode_get(j) for j in range(256)]
-_PUTS = [_encode_put(j) for j in range(256)]
-
-
-def _head(protocol: int, n_ext: int) -> bytes:
-    """``PROTO p``, then persistent ids 0..n_ext-1 stored at memo ids 0..n_ext-1."""
-    got = _HEADS.get((protocol, n_ext))
-    if got is None:
-        parts = [bytes((oc.PROTO_OP, protocol))]
-        for j in range(n_ext):
-            pid = (
-                bytes((oc.BININT1_OP, j))
-                if j < 256
-                else bytes((oc.BININT_OP,)) + j.to_bytes(4, "little")
-            )
-            parts.append(pid + bytes((oc.BINPERSID_OP,)) + _encode_put(j) + bytes((oc.POP_OP,)))
-        got = b"".join(parts)
-        if n_ext < 64:
-            _HEADS[(protocol, n_ext)] = got
-    return got
 
 
 def rewrite_span(
@@ -101,14 +67,14 @@ def rewrite_span(
     n_ext = len(externals)
     local = {k: j for j, k in enumerate(externals)} if n_ext else {}
     limit = n_ext + end - start  # a span's own ids: fewer than its bytes (see MemoIdPastSpan)
-    out = bytearray(_head(protocol, n_ext) if head is None else head)
+    out = bytearray(proto_head(protocol, n_ext) if head is None else head)
     buffers: list[Any] = []
     finds = 0
     finds_class, copy_step, form_of, head_of = oc.FINDS_CLASS, oc.COPY_STEP, oc.FORM, oc.HEAD
     action_of, payload_of = oc.ACTION, oc.PAYLOAD
     F_LEN1, F_LEN8U, A_GET, A_PUT, A_FRAME = oc.F_LEN1, oc.F_LEN8U, oc.A_GET, oc.A_PUT, oc.A_FRAME
     P_BYTES, P_BYTEARRAY = oc.P_BYTES, oc.P_BYTEARRAY
-    gets, puts, unpack4 = _GETS, _PUTS, oc.U4
+    gets, puts, unpack4 = GETS, PUTS, oc.U4
     here = start  # file offset of buf[0]
     buf = read_at(here, min(end - here, WINDOW))
     blen = len(buf)
@@ -143,7 +109,7 @@ def rewrite_span(
                 raise EOFError(f"file ends at byte {here + blen}, inside a span ending at {end}")
             continue
         if nxt < 0:
-            raise _step_error(nxt, buf, i, here, end)
+            raise step_error(nxt, buf, i, here, end)
         form = form_of[op]
         if F_LEN1 <= form <= F_LEN8U:
             n = nxt - i - head_of[op]
@@ -188,7 +154,7 @@ def rewrite_span(
                 out += (
                     table[new]
                     if new < 256
-                    else (_encode_get(new) if act == A_GET else _encode_put(new))
+                    else (encode_get(new) if act == A_GET else encode_put(new))
                 )
         i = nxt
     out.append(oc.STOP_OP)
@@ -238,11 +204,11 @@ def literal_head(
         body = _literal(v, protocol, find_class)
         if body is None:
             return None
-        parts.append(body + _encode_put(j) + bytes((oc.POP_OP,)))
+        parts.append(body + encode_put(j) + bytes((oc.POP_OP,)))
     head = b"".join(parts)
     if len(head) > _MAX_HEAD:
         return None
-    probe = head + b"(" + b"".join(_encode_get(j) for j in range(len(values))) + b"t."
+    probe = head + b"(" + b"".join(encode_get(j) for j in range(len(values))) + b"t."
     try:
         back = pickle.loads(probe) if find_class is None else _probe(probe, find_class)
     except Exception:
@@ -256,20 +222,6 @@ def literal_head(
 
 def _probe(data: bytes, find_class: FindClass) -> Any:
     return HookedUnpickler(io.BytesIO(data), find_class).load()
-
-
-def _step_error(code: int, buf: Any, i: int, here: int, end: int) -> Exception:
-    """The rewrite's error for :func:`extent`'s ``code`` at ``buf[i]`` (file offset ``here + i``)
-    of a span ending at ``end``: what the reader turns into an error naming the file."""
-    op = buf[i]
-    if code == UNKNOWN:
-        return pickle.UnpicklingError(f"unknown opcode 0x{op:02x} at byte {here + i}")
-    if code == NEGATIVE:  # BINSTRING's signed length: stepping back by it would loop forever
-        n = oc.I4(buf, i + 1)[0]
-        return pickle.UnpicklingError(
-            f"{oc.OPNAME[op]} at byte {here + i} declares a negative length {n}"
-        )
-    return EOFError(f"opcode at byte {here + i} runs past the span end {end}")
 
 
 def _compiled_rewrite() -> Callable[..., tuple[bytearray, list[Any], int]]:

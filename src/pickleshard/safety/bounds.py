@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import SampleTooDeepError, SampleTooLargeError
+from ..errors import BoundExceeded, SampleTooDeepError, SampleTooLargeError
 from ..picklekit.compiled import CORE
 
 __all__ = ["DEFAULT_MAX_DEPTH", "DEFAULT_MAX_SAMPLE_BYTES", "check_sample", "measure"]
@@ -124,11 +124,6 @@ def _objects(v: np.ndarray) -> Iterable[Any]:
     )
 
 
-class _Exceeded(Exception):
-    def __init__(self, what: str, value: int) -> None:
-        self.what, self.value = what, value
-
-
 class _Walk:
     """One :func:`measure`: the bounds, the containers done (by id: their size and height, so
     a shared one is walked once) and the containers on the current path (a cycle)."""
@@ -148,12 +143,12 @@ class _Walk:
         got = self.done.get(key)
         if got is not None:
             if depth - 1 + got[1] > self.deepest:
-                raise _Exceeded("depth", depth - 1 + got[1])
+                raise BoundExceeded("depth", depth - 1 + got[1])
             return got
         if depth > self.deepest:
-            raise _Exceeded("depth", depth)
+            raise BoundExceeded("depth", depth)
         if key in self.path:
-            raise _Exceeded("cycle", depth)
+            raise BoundExceeded("cycle", depth)
         self.path.add(key)
         kids, total = _children(v)
         height, limit = 0, self.limit
@@ -171,7 +166,7 @@ class _Walk:
                         height = h
                 total += n
             if total > limit:
-                raise _Exceeded("bytes", total)
+                raise BoundExceeded("bytes", total)
         self.path.discard(key)
         got = self.done[key] = (total, height + 1)
         return got
@@ -182,7 +177,7 @@ _RECURSE_MAX = 200  # depth bounds up to this walk by recursion (fast); deeper o
 
 def measure(sample: Any, max_bytes: int | None, max_depth: int | None) -> tuple[int, int]:
     """``(bytes, depth)`` of ``sample`` as a tree (see the module notes). Raises
-    :class:`_Exceeded` (internal; :func:`check_sample` names the file) past a bound: ``what``
+    :class:`BoundExceeded` (internal; :func:`check_sample` names the file) past a bound: ``what``
     is ``"bytes"``, ``"depth"`` or ``"cycle"``.
 
     The compiled walk (``pickleshard._cscan.measure_tree``) answers when the extension is
@@ -206,7 +201,7 @@ def _measure_py(sample: Any, max_bytes: int | None, max_depth: int | None) -> tu
     size = _leaf(sample)
     if size >= 0:
         if size > limit:
-            raise _Exceeded("bytes", size)
+            raise BoundExceeded("bytes", size)
         return size, 0
     if deepest <= _RECURSE_MAX:
         return _Walk(limit, deepest).container(sample, 1)
@@ -227,21 +222,21 @@ def _iterative(sample: Any, limit: int, deepest: int) -> tuple[int, int]:
                 got = done.get(id(child))
                 if got is None:
                     if id(child) in on_path:
-                        raise _Exceeded("cycle", len(frames))
+                        raise BoundExceeded("cycle", len(frames))
                     if len(frames) >= deepest:
-                        raise _Exceeded("depth", len(frames) + 1)
+                        raise BoundExceeded("depth", len(frames) + 1)
                     on_path.add(id(child))
                     kids, own = _children(child)
                     frames.append([child, iter(kids), own, 0])
                     break
                 if len(frames) + got[1] > deepest:
-                    raise _Exceeded("depth", len(frames) + got[1])
+                    raise BoundExceeded("depth", len(frames) + got[1])
                 size = got[0]
                 if got[1] > frame[3]:
                     frame[3] = got[1]
             frame[2] += size
             if frame[2] > limit:
-                raise _Exceeded("bytes", frame[2])
+                raise BoundExceeded("bytes", frame[2])
         else:
             frames.pop()
             obj, total, height = frame[0], frame[2], frame[3] + 1
@@ -254,7 +249,7 @@ def _iterative(sample: Any, limit: int, deepest: int) -> tuple[int, int]:
             if height > parent[3]:
                 parent[3] = height
             if parent[2] > limit:
-                raise _Exceeded("bytes", parent[2])
+                raise BoundExceeded("bytes", parent[2])
 
 
 def check_sample(
@@ -278,10 +273,10 @@ def check_sample(
             total = _leaf_total_py(sample)
             if total >= 0:
                 if max_bytes is not None and total > max_bytes:
-                    raise _Exceeded("bytes", total)
+                    raise BoundExceeded("bytes", total)
                 return
         _measure_py(sample, max_bytes, max_depth)
-    except _Exceeded as exc:
+    except BoundExceeded as exc:
         if exc.what == "bytes":
             raise _too_large(path, sample_index, exc.value, max_bytes) from None
         what = (
