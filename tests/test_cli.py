@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,8 +17,14 @@ import pytest
 from pickleshard import open_dataset
 from pickleshard.cli import main
 from pickleshard.commands._common import parse_size
-from pickleshard.formats import FORMAT_NAMES
+from pickleshard.commands.convert import FORMATS, format_choices
+from pickleshard.formats import FORMAT_NAMES, register_format, registry
+from pickleshard.formats.memmap import MemmapFormat
 from pickleshard.pipelines.synth import write_synthetic
+from pickleshard.safety import allowlist
+from pickleshard.safety.allowlist import register_preset
+from pickleshard.scan.layouts import LAYOUT_CHOICE_HELP, LAYOUT_CHOICES
+from pickleshard.testing import assert_same
 
 
 @pytest.mark.parametrize(
@@ -42,22 +51,140 @@ def test_parse_size_rejects(text: str) -> None:
 
 
 def test_convert_choices_match_formats() -> None:
-    from pickleshard.commands.convert import FORMATS
+    assert FORMATS == FORMAT_NAMES  # the parser's copy of the built-ins' names
+    assert format_choices() == registry.available_formats()
 
-    assert FORMATS == FORMAT_NAMES
 
-
-def test_help_does_not_import_torch() -> None:
+@pytest.mark.parametrize("argv", [["--help"], ["convert", "--help"]], ids=["top", "convert"])
+def test_help_does_not_import_torch(argv: list[str]) -> None:
     code = (
         "import sys\n"
         "from pickleshard.cli import main\n"
-        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-        "print('torch' in sys.modules)"
+        f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+        "print('torch' in sys.modules, 'pickleshard.formats' in sys.modules)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
-    assert out.strip().splitlines()[-1] == "False"
+    lines = out.strip().splitlines()
+    assert lines[-1] == "False False"
+    if argv[0] == "convert":  # the built-in formats are offered without importing them
+        assert "{memmap,lmdb,webdataset,parquet,arrow}" in "".join(lines[:-1]).replace(" ", "")
+
+
+def _help(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--help"])
+    assert exc.value.code == 0
+    return " ".join(capsys.readouterr().out.split())  # argparse wraps lines anywhere
+
+
+# ---- the CLI's choices come from the registries ---------------------------------------------
+
+
+class MirrorFormat(MemmapFormat):
+    """A third-party format (memmap's files under a name of its own), registered by a test."""
+
+    name = "memmap-mirror"
+
+
+@pytest.fixture
+def mirror_format(monkeypatch: pytest.MonkeyPatch) -> str:
+    """``memmap-mirror`` registered for one test, then forgotten."""
+    monkeypatch.setattr(registry, "_classes", dict(registry._classes))
+    monkeypatch.setattr(registry, "_known", dict(registry._known))
+    register_format(MirrorFormat)
+    return MirrorFormat.name
+
+
+def test_convert_to_a_registered_third_party_format(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], mirror_format: str
+) -> None:
+    paths = write_synthetic(tmp_path / "src", files=2, per_file=5, shape=(3,), seed=4)
+    offered = registry.available_formats()  # other test modules may have registered some too
+    assert offered[: len(FORMATS)] == FORMATS
+    assert offered[-1] == mirror_format
+    assert "{" + ",".join(offered) + "}" in _help(capsys, "convert").replace(" ", "")
+    out = tmp_path / "out"
+    assert main(["convert", str(tmp_path / "src"), str(out), "--to", mirror_format, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["to"] == mirror_format
+    ds = open_dataset(out, shuffle=False)
+    assert type(ds).__module__ == "pickleshard.formats.memmap"
+    want = [s for p in sorted(paths) for s in zip(*pickle.loads(Path(p).read_bytes()), strict=True)]
+    assert len(ds) == len(want) == 10
+    for i, sample in enumerate(want):
+        assert_same(ds[i], sample, f"sample {i}")
+
+
+def test_convert_refuses_a_format_nobody_registered(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["convert", str(tmp_path), str(tmp_path / "out"), "--to", MirrorFormat.name])
+    assert exc.value.code == 2
+    assert f"invalid choice: '{MirrorFormat.name}'" in capsys.readouterr().err
+
+
+class Negated:
+    """Pickles as ``abs(-v)``: a global (``builtins.abs``) that no allowlist admits."""
+
+    def __init__(self, v: int) -> None:
+        self.v = v
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (abs, (-self.v,))
+
+
+@pytest.fixture
+def absolutes_preset() -> Iterator[str]:
+    """An ``absolutes`` preset (``builtins.abs``) registered for one test, then removed."""
+    saved = dict(allowlist._PRESETS)
+    register_preset("absolutes", ["builtins.abs"])
+    yield "absolutes"
+    allowlist._PRESETS.clear()
+    allowlist._PRESETS.update(saved)
+
+
+def test_allow_takes_a_registered_preset(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], absolutes_preset: str
+) -> None:
+    (tmp_path / "src").mkdir()
+    path = tmp_path / "src" / "a.pkl"
+    path.write_bytes(pickle.dumps(([1, 2, 3], [Negated(4), 5, Negated(6)]), 4))
+    offered = allowlist.available_presets()
+    assert offered[:4] == ("pandas", "dill", "pil", "scipy.sparse")
+    assert offered[-1] == absolutes_preset
+    assert f"also allow a vetted preset: {', '.join(offered)} (repeatable)" in _help(
+        capsys, "convert"
+    )
+    src, jobs = str(tmp_path / "src"), ["--jobs", "1"]
+    assert main(["convert", src, str(tmp_path / "refused"), *jobs]) == 1
+    assert "builtins.abs (not allowed)" in capsys.readouterr().err
+    assert main(["convert", src, str(tmp_path / "out"), *jobs, "--allow", absolutes_preset]) == 0
+    ds = open_dataset(tmp_path / "out", shuffle=False)
+    want = list(zip(*pickle.loads(path.read_bytes()), strict=True))
+    assert [ds[i] for i in range(len(ds))] == want == [(1, 4), (2, 5), (3, 6)]
+
+
+def test_allow_refuses_an_unknown_preset_naming_the_presets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["convert", str(tmp_path), str(tmp_path / "out"), "--allow", "absolutes"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'absolutes'" in err
+    assert all(repr(name) in err for name in allowlist.PRESETS)
+
+
+@pytest.mark.parametrize("command", ["convert", "index", "inspect", "verify"])
+def test_layout_help_reads_the_layout_choices(
+    capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    text = _help(capsys, command)
+    assert "--layout {" + ",".join(LAYOUT_CHOICES) + "}" in text
+    for choice in LAYOUT_CHOICES:
+        assert " ".join(LAYOUT_CHOICE_HELP[choice].split()) in text
 
 
 def test_bench_arguments_reach_the_benchmark(capsys: pytest.CaptureFixture[str]) -> None:

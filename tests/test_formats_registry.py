@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pickleshard.errors import ConvertedDatasetError
+from pickleshard.errors import AlreadyRegisteredError, ConvertedDatasetError
 from pickleshard.formats import (
     FORMAT_NAMES,
     ConvertedDataset,
@@ -220,8 +220,12 @@ def test_register_format_checks_the_class_and_its_name(scratch_registry: None) -
     class Clash(FileTreeFormat):
         name = "memmap"
 
-    with pytest.raises(ValueError, match=r"already registered as .*MemmapFormat"):
+    with pytest.raises(
+        AlreadyRegisteredError, match=r"format 'memmap' is already registered as .*MemmapFormat"
+    ) as info:
         register_format(Clash)
+    assert isinstance(info.value, ValueError)
+    assert "clobber=True" in str(info.value)
     assert format_class("memmap") is MemmapFormat
     assert register_format(FileTreeFormat) is FileTreeFormat  # again: no change
     assert register_format(Clash, clobber=True) is Clash

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pickle
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import pytest
@@ -17,9 +17,13 @@ from pickleshard.errors import (
 from pickleshard.scan import scan_bytes
 from pickleshard.scan.layouts import (
     APPENDED,
+    LAYOUT_CHOICE_HELP,
+    LAYOUT_CHOICES,
     LAYOUT_TABLE,
     LAYOUTS,
     MAX_LIST_FIELDS,
+    LayoutChoice,
+    check_layout_choice,
     decode_layout,
     default_field_names,
     layout_named,
@@ -179,3 +183,17 @@ def test_every_layout_of_the_table_is_reachable() -> None:
 def test_an_unknown_layout_name_is_a_clear_error() -> None:
     with pytest.raises(UnsupportedLayoutError, match=r"f\.pkl.*unknown layout 'appended_piles'"):
         layout_named("appended_piles", "f.pkl")
+
+
+def test_the_layout_table_and_the_choices_are_read_only() -> None:
+    """A row added from outside would never be chosen (match_layout decides by name), so the
+    table is a read-only view; the choices are the LayoutChoice literal, each described."""
+    with pytest.raises(TypeError):
+        LAYOUT_TABLE["piles"] = LAYOUT_TABLE["rows"]  # type: ignore[index]
+    with pytest.raises(TypeError):
+        LAYOUT_CHOICE_HELP["piles"] = "a pile"  # type: ignore[index]
+    assert LAYOUT_CHOICES == tuple(LAYOUT_CHOICE_HELP) == get_args(LayoutChoice)
+    assert LAYOUT_CHOICES == ("auto", "columns", "records", "file")
+    assert all(check_layout_choice(c) == c for c in LAYOUT_CHOICES)
+    with pytest.raises(ValueError, match="'auto', 'columns', 'records', 'file'"):
+        check_layout_choice("piles")

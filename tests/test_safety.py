@@ -10,7 +10,7 @@ import re
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +19,14 @@ import pytest
 import pickleshard
 from pickleshard import build_index
 from pickleshard.dataset import PickleDataset
-from pickleshard.errors import UnsafePickleError
+from pickleshard.errors import AlreadyRegisteredError, UnsafePickleError
 from pickleshard.pipelines.convert.run import convert
 from pickleshard.pipelines.split.run import split
 from pickleshard.read import SpanReader
 from pickleshard.read.whole.load import load_file, load_records
 from pickleshard.safety import allowlist
 from pickleshard.safety import policy as safety
+from pickleshard.safety.allowlist import preset_names, register_preset
 from pickleshard.safety.policy import DEFAULT_POLICY, UnpicklePolicy
 from pickleshard.scan import scan_file
 from pickleshard.testing import SLOW_GLOBAL, SlowInt
@@ -294,3 +295,73 @@ def test_environment_variables_do_not_disable_it(tmp_path: Path) -> None:
     )
     run = subprocess.run([sys.executable, "-c", code, os.fspath(path)], env=env, check=False)
     assert run.returncode == 0, "an environment variable lifted the restriction"
+
+
+# -- presets: a registry that refuses silent replacement and never admits code ---------------
+
+
+@pytest.fixture
+def scratch_presets() -> Iterator[None]:
+    """Presets registered by a test are removed after it (PRESETS is a view of this dict)."""
+    saved = dict(allowlist._PRESETS)
+    yield
+    allowlist._PRESETS.clear()
+    allowlist._PRESETS.update(saved)
+
+
+def test_a_registered_preset_admits_its_globals_only_when_named(
+    tmp_path: Path, scratch_presets: None
+) -> None:
+    path = _write(tmp_path / "data", Counter("aab"))
+    register_preset("counters", ["collections.Counter"])
+    assert allowlist.available_presets() == ("pandas", "dill", "pil", "scipy.sparse", "counters")
+    assert allowlist.PRESETS["counters"] == frozenset({("collections", "Counter")})
+    with pytest.raises(UnsafePickleError) as info:  # registering admits nothing by itself
+        load_file(path)
+    assert "allow='counters' (CLI: --allow counters)" in str(info.value)  # the refusal's advice
+    with open(path, "rb") as fh:
+        want = pickle.load(fh)
+    assert load_file(path, UnpicklePolicy.from_args(allow_globals=preset_names("counters"))) == (
+        want
+    )
+    ds = PickleDataset(tmp_path / "data", allow="counters", rebuild="auto")
+    assert [ds[i] for i in range(len(ds))] == list(zip(*want, strict=True))
+
+
+def test_register_preset_refuses_a_silent_replacement(scratch_presets: None) -> None:
+    pandas = allowlist.PRESETS["pandas"]
+    with pytest.raises(AlreadyRegisteredError, match="allow preset 'pandas' is already") as info:
+        register_preset("pandas", ["collections.Counter"])
+    assert isinstance(info.value, ValueError)
+    assert "clobber=True" in str(info.value)
+    assert allowlist.PRESETS["pandas"] == pandas
+    for name, pairs in list(allowlist.PRESETS.items()):  # the same globals again: no change
+        register_preset(name, [f"{m}:{n}" for m, n in pairs])
+    register_preset("pandas", ["collections.Counter"], clobber=True)
+    assert allowlist.PRESETS["pandas"] == frozenset({("collections", "Counter")})
+
+
+@pytest.mark.parametrize(
+    ("name", "entries", "error", "match"),
+    [
+        ("Not A Name", ["collections.Counter"], ValueError, "lowercase identifier"),
+        ("empty", [], ValueError, "admits no globals"),
+        ("oops", "collections.Counter", TypeError, "the string 'collections.Counter'"),
+        ("bad", ["Counter"], ValueError, "look like 'module.name'"),
+        ("shell", ["collections.Counter", "os.system"], ValueError, r"dangerous globals \(os"),
+        ("gadget", ["operator.methodcaller"], ValueError, "dangerous"),
+    ],
+)
+def test_register_preset_checks_its_name_and_globals(
+    scratch_presets: None, name: str, entries: Any, error: type[Exception], match: str
+) -> None:
+    before = dict(allowlist.PRESETS)
+    with pytest.raises(error, match=match):
+        register_preset(name, entries)
+    assert dict(allowlist.PRESETS) == before
+
+
+def test_presets_are_a_read_only_view() -> None:
+    with pytest.raises(TypeError):
+        allowlist.PRESETS["mine"] = frozenset({("os", "system")})  # type: ignore[index]
+    assert "mine" not in allowlist.PRESETS

@@ -13,6 +13,7 @@ import pickle
 from collections.abc import Iterable
 
 __all__ = [
+    "AlreadyRegisteredError",
     "ClusterError",
     "ClusterUnreachableError",
     "ConversionStateError",
@@ -354,6 +355,22 @@ class UnencodableValueError(FileProblem, TypeError):
 
 class VerifyMismatchError(FileProblem, ValueError):
     """A converted sample differs from its source; ``sample`` is the first one found."""
+
+
+class AlreadyRegisteredError(PickleshardError, ValueError):
+    """A registry (formats, byte sources, allowlist presets) already holds another entry under
+    ``name``: an entry is replaced only on purpose, by registering again with ``clobber=True``."""
+
+    def __init__(self, kind: str, name: str, held: str) -> None:
+        self.kind = kind
+        self.name = name
+        self.held = held
+        super().__init__(
+            f"{kind} {name!r} is already registered as {held}; pass clobber=True to replace it"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.kind, self.name, self.held))
 
 
 class MissingDependencyError(PickleshardError, ImportError):

@@ -8,8 +8,9 @@ import re
 import sys
 from typing import Any
 
-from ..safety.allowlist import preset_names
+from ..safety.allowlist import available_presets, preset_names
 from ..safety.policy import UnpicklePolicy
+from ..scan.layouts import LAYOUT_CHOICE_HELP, LAYOUT_CHOICES
 
 __all__ = [
     "add_executor_flag",
@@ -93,12 +94,14 @@ def add_safety_flags(p: argparse.ArgumentParser) -> None:
         metavar="MODULE.NAME",
         help="also allow this global (repeatable)",
     )
+    presets = available_presets()  # read when the parser is built: registered ones included
     g.add_argument(
         "--allow",
         action="append",
         default=[],
+        choices=presets,
         metavar="PRESET",
-        help="also allow a vetted preset: pandas, dill, pil, scipy.sparse (repeatable)",
+        help=f"also allow a vetted preset: {', '.join(presets)} (repeatable)",
     )
     g.add_argument(
         "--encoding", default="ASCII", help="text encoding: latin1 or bytes for Python 2 pickles"
@@ -147,14 +150,14 @@ def apply_storage_options(args: argparse.Namespace) -> None:
 
 
 def add_layout_flag(p: argparse.ArgumentParser) -> None:
+    # auto, the default, is said last: the others are what it chooses among
+    readings = [f"{name} ({LAYOUT_CHOICE_HELP[name]})" for name in LAYOUT_CHOICES if name != "auto"]
     p.add_argument(
         "--layout",
-        choices=("auto", "columns", "records", "file"),
+        choices=LAYOUT_CHOICES,
         default="auto",
-        help="what a file or record is: columns ((x_list, y_list), a dict of columns), records "
-        "(each appended pickle, or each item of a top-level list, is one sample), file (one "
-        "sample per file); auto (default) infers it and warns when another reading is as "
-        "plausible",
+        help=f"what a file or record is: {', '.join(readings)}; auto (default) "
+        f"{LAYOUT_CHOICE_HELP['auto']}",
     )
 
 

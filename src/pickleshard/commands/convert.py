@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from ._common import (
@@ -15,8 +16,25 @@ from ._common import (
     show_progress,
 )
 
-# pickleshard.formats.FORMAT_NAMES, spelled out so that the parser does not import torch.
+# pickleshard.formats.registry.BUILTIN_FORMATS' names, spelled out (a test checks they agree):
+# importing the registry imports pickleshard.formats, whose datasets import torch, and building
+# the parser (`pickleshard --help`) must not.
 FORMATS = ("memmap", "lmdb", "webdataset", "parquet", "arrow")
+_REGISTRY_MODULE = "pickleshard.formats.registry"
+
+
+def format_choices() -> tuple[str, ...]:
+    """The ``--to`` choices: every format registered in this process, built-ins first.
+
+    A format can only have been registered through the registry module, so while that module
+    is not loaded the registry would answer the built-ins alone: it is read when loaded and not
+    imported for the answer (see :data:`FORMATS`).
+    """
+    loaded = sys.modules.get(_REGISTRY_MODULE)
+    if loaded is None:
+        return FORMATS
+    names: tuple[str, ...] = loaded.available_formats()
+    return names
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,13 +91,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
+    formats = format_choices()
     s = sub.add_parser(
         "convert",
-        help="convert a pickle dataset to memmap, lmdb, webdataset, parquet or arrow (resumable)",
+        help=f"convert a pickle dataset to {', '.join(formats[:-1])} or {formats[-1]} (resumable)",
     )
     s.add_argument("source", help="directory, glob or pickle file")
     s.add_argument("out", help="output directory (complete or absent; rerun to resume)")
-    s.add_argument("--to", choices=FORMATS, default="memmap")
+    s.add_argument(
+        "--to",
+        choices=formats,
+        default="memmap",
+        help="the output format: a built-in one or one registered with "
+        "pickleshard.formats.register_format in this process (default: memmap)",
+    )
     s.add_argument(
         "--jobs", type=int, default=None, help="parts written at once (default: CPUs, max 8)"
     )

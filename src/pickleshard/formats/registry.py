@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import re
 
+from ..errors import AlreadyRegisteredError
 from .base import Format
 
 __all__ = ["BUILTIN_FORMATS", "available_formats", "format_class", "get_format", "register_format"]
@@ -44,7 +45,8 @@ def register_format(cls: type[Format], *, clobber: bool = False) -> type[Format]
 
     ``cls.name`` must be a lowercase identifier (``[a-z][a-z0-9_-]*``, at most 48 characters):
     it is written into every descriptor. Registering the same class again does nothing; another
-    class under a name already taken raises ``ValueError`` unless ``clobber=True``.
+    class under a name already taken raises :class:`~pickleshard.errors.AlreadyRegisteredError`
+    (a ``ValueError``) unless ``clobber=True``.
     """
     if not (isinstance(cls, type) and issubclass(cls, Format)):
         raise TypeError(f"register_format takes a Format subclass, got {cls!r}")
@@ -58,10 +60,7 @@ def register_format(cls: type[Format], *, clobber: bool = False) -> type[Format]
     if held is None and name in _known and _known[name] != _path_of(cls):
         held = format_class(name)
     if held is not None and held is not cls and not clobber:
-        raise ValueError(
-            f"format {name!r} is already registered as {_path_of(held)}; pass clobber=True to "
-            "replace it"
-        )
+        raise AlreadyRegisteredError("format", name, _path_of(held))
     _known.pop(name, None)
     _classes[name] = cls
     return cls

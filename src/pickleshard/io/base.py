@@ -34,6 +34,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
+from ..errors import AlreadyRegisteredError
 from .identity import FileIdentity
 
 __all__ = [
@@ -161,9 +162,26 @@ def _check_range(offset: int, n: int) -> None:
 _REGISTRY: dict[str, Callable[[str], ByteSource]] = {}
 
 
-def register_source(protocol: str, opener: Callable[[str], ByteSource]) -> None:
-    """Make ``open_source("PROTOCOL://...")`` call ``opener(url)``; a plain path is ``"file"``."""
+def register_source(
+    protocol: str, opener: Callable[[str], ByteSource], *, clobber: bool = False
+) -> None:
+    """Make ``open_source("PROTOCOL://...")`` call ``opener(url)``; a plain path is ``"file"``.
+
+    Registering the same opener again does nothing; another opener for a protocol already
+    taken raises :class:`~pickleshard.errors.AlreadyRegisteredError` unless ``clobber=True``
+    (as :func:`pickleshard.formats.register_format`): a silent replacement would change how
+    every later URL of that scheme is read.
+    """
+    held = _REGISTRY.get(protocol)
+    if held is not None and held is not opener and not clobber:
+        raise AlreadyRegisteredError("byte source", protocol, _name_of(held))
     _REGISTRY[protocol] = opener
+
+
+def _name_of(opener: Callable[[str], ByteSource]) -> str:
+    module = getattr(opener, "__module__", None)
+    qualname = getattr(opener, "__qualname__", None)
+    return f"{module}:{qualname}" if module and qualname else repr(opener)
 
 
 def registered_sources() -> tuple[str, ...]:

@@ -6,22 +6,31 @@ reconstruction under both numpy 1.x (``numpy.core``) and 2.x (``numpy._core``) m
 and torch tensor rebuild functions); :func:`classify_global` tells an audit which of the others
 are only ever used to run code; :func:`parse_allow_globals` reads the ``allow_globals``
 argument. :mod:`pickleshard.safety.policy` enforces it while unpickling.
+
+Named presets (``allow="pandas"``, CLI ``--allow pandas``) extend it by one producer's vetted
+globals: :data:`PRESETS` is a read-only view of them, :func:`register_preset` adds one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import Literal
+
+from ..errors import AlreadyRegisteredError
 
 __all__ = [
     "ALLOWED_GLOBALS",
     "PRESETS",
     "Verdict",
+    "available_presets",
     "classify_global",
     "parse_allow_globals",
     "preset_for",
     "preset_globals",
     "preset_names",
+    "register_preset",
 ]
 
 _BUILTINS: tuple[str, ...] = (
@@ -212,7 +221,7 @@ _PANDAS: tuple[tuple[str, str], ...] = (
     ("pyarrow.lib", "type_for_alias"),
     ("pyarrow.lib", "py_buffer"),
 )
-PRESETS: dict[str, frozenset[tuple[str, str]]] = {
+_PRESETS: dict[str, frozenset[tuple[str, str]]] = {
     "pandas": frozenset(_PANDAS),
     # dill writes every ndarray as _create_array(f, args, state): it calls f (a global the
     # allowlist already vetted) and sets the array's state; it names nothing itself.
@@ -224,7 +233,57 @@ PRESETS: dict[str, frozenset[tuple[str, str]]] = {
         for what in ("matrix", "array")
     ),
 }
-"""Named allowlist extensions (``allow=["pandas"]``): see ``docs/producers.md``."""
+PRESETS: Mapping[str, frozenset[tuple[str, str]]] = MappingProxyType(_PRESETS)
+"""Named allowlist extensions (``allow=["pandas"]``): see ``docs/producers.md``. Read-only:
+:func:`register_preset` adds one."""
+
+_PRESET_NAME = re.compile(r"[a-z][a-z0-9_.-]{0,47}")
+
+
+def register_preset(name: str, allow_globals: Iterable[str], *, clobber: bool = False) -> None:
+    """Make ``allow=name`` (CLI ``--allow NAME``) admit ``allow_globals``, written as the
+    ``allow_globals`` argument's entries (``"module.name"`` or ``"module:qualname"``).
+
+    A preset is a vetted set: the globals one producer's files need to rebuild its data
+    containers. So ``name`` must be a lowercase identifier (dots allowed: ``scipy.sparse``),
+    the set must not be empty, and a global :func:`classify_global` calls dangerous is refused
+    with ``ValueError`` (refusals suggest a preset that admits the global they name, and must
+    never suggest one that runs code; ``allow_globals`` still admits such a global one by one).
+    Registering the same globals again does nothing; other globals under a name already taken
+    raise :class:`~pickleshard.errors.AlreadyRegisteredError` unless ``clobber=True``.
+    """
+    if not isinstance(name, str) or not _PRESET_NAME.fullmatch(name):
+        raise ValueError(
+            f"a preset name must be a lowercase identifier ([a-z][a-z0-9_.-]*), got {name!r}"
+        )
+    if isinstance(allow_globals, str):  # one "module.name" would be read letter by letter
+        raise TypeError(
+            f"register_preset takes a list of globals, got the string {allow_globals!r}"
+        )
+    pairs = parse_allow_globals(allow_globals)
+    if not pairs:
+        raise ValueError(f"preset {name!r} admits no globals")
+    dangerous = sorted(f"{m}.{n}" for m, n in pairs if classify_global(m, n) == "dangerous")
+    if dangerous:
+        raise ValueError(
+            f"preset {name!r} would admit dangerous globals ({', '.join(dangerous)}): a preset "
+            "only rebuilds data containers; allow such a global with allow_globals instead"
+        )
+    held = _PRESETS.get(name)
+    if held is not None and held != pairs and not clobber:
+        raise AlreadyRegisteredError("allow preset", name, _describe(held))
+    _PRESETS[name] = pairs
+
+
+def _describe(pairs: frozenset[tuple[str, str]]) -> str:
+    names = sorted(f"{m}.{n}" for m, n in pairs)
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return f"a preset of {len(names)} globals ({', '.join(names[:3])}{more})"
+
+
+def available_presets() -> tuple[str, ...]:
+    """The names :func:`preset_globals` knows, built-ins first (the CLI's ``--allow`` choices)."""
+    return tuple(_PRESETS)
 
 
 def preset_globals(names: str | Iterable[str]) -> frozenset[tuple[str, str]]:

@@ -34,7 +34,8 @@ layout                     pickles                              field names
 ``items`` (a top-level list whose items are the samples, any objects, the single field ``x``) is
 read only when asked for (``layout="records"``).
 
-What the user may name (:data:`LAYOUT_CHOICES`, the ``layout=`` argument everywhere): ``"auto"``
+What the user may name (:data:`LAYOUT_CHOICES`, the ``layout=`` argument everywhere, each
+described in words by :data:`LAYOUT_CHOICE_HELP`, which the CLI's ``--layout`` reads): ``"auto"``
 infers as above and notes when another reading is as plausible
 (:mod:`pickleshard.scan.ambiguity`); ``"columns"`` reads every pickle as ``columns`` or
 ``dict_columns``; ``"records"`` reads each appended pickle as one sample, or, in a file of one
@@ -45,7 +46,8 @@ In a file of one pickle, a top-level dict's small scalar values (``b"batch_label
 CIFAR's columns) are the file's metadata, not fields (:mod:`pickleshard.scan.filemeta`); dict
 keys name fields by :func:`~pickleshard.scan.filemeta.field_name` (``bytes`` by their text).
 
-These rows are :data:`LAYOUT_TABLE` (:class:`Layout`, keyed by name without ``appended_``), and
+These rows are :data:`LAYOUT_TABLE` (:class:`Layout`, keyed by name without ``appended_``; a
+read-only view: a row is chosen only by a decision in :func:`match_layout`), and
 :func:`match_layout` is the one set of decisions that picks a row for a top-level object: run
 by :func:`decode_layout` on the unpickled object and by the scanner on the opcode walker's
 nodes (:mod:`pickleshard.scan.matching`). The split writer and the test oracle dispatch on the
@@ -55,8 +57,9 @@ table's entries (:func:`layout_named`) rather than on names.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Literal, TypeVar, cast
 
 import numpy as np
@@ -70,6 +73,7 @@ __all__ = [
     "EXPECTED_LAYOUTS",
     "LAYOUTS",
     "LAYOUT_CHOICES",
+    "LAYOUT_CHOICE_HELP",
     "LAYOUT_TABLE",
     "Columns",
     "DecodedLayout",
@@ -90,7 +94,18 @@ MAX_LIST_FIELDS = 64
 T = TypeVar("T")
 APPENDED = "appended_"  # prefix of a layout read across appended pickles, one chunk each
 LayoutChoice = Literal["auto", "columns", "records", "file"]
-LAYOUT_CHOICES: tuple[LayoutChoice, ...] = ("auto", "columns", "records", "file")
+#: what each ``layout=`` value (CLI ``--layout``) reads a file as, in words; the choices are
+#: readings that the matching below, the scanner and the record reader each implement, so this
+#: table is read-only: a new reading is code in those places, not an entry here
+LAYOUT_CHOICE_HELP: Mapping[LayoutChoice, str] = MappingProxyType(
+    {
+        "auto": "infers it, and warns when another reading is as plausible",
+        "columns": "(x_list, y_list), a dict of columns",
+        "records": "each appended pickle, or each item of a top-level list, is one sample",
+        "file": "one sample per file",
+    }
+)
+LAYOUT_CHOICES: tuple[LayoutChoice, ...] = tuple(LAYOUT_CHOICE_HELP)
 
 
 def check_layout_choice(layout: str) -> LayoutChoice:
@@ -143,9 +158,11 @@ SAMPLES = Layout("samples", (), "tuple", keyed=False)
 DICT_SAMPLES = Layout("dict_samples", (), "dict", keyed=True)
 # layout="records" only: a top-level list whose items are the samples, each the single field x
 ITEMS = Layout("items", ("list",), "item", keyed=False)
-LAYOUT_TABLE = {
-    x.name: x for x in (COLUMNS, DICT_COLUMNS, ROWS, DICT_ROWS, SAMPLES, DICT_SAMPLES, ITEMS)
-}
+# Read-only: match_layout decides among these rows by name, so a row added from outside would
+# never be chosen (a new layout is a row here and a decision in match_layout).
+LAYOUT_TABLE: Mapping[str, Layout] = MappingProxyType(
+    {x.name: x for x in (COLUMNS, DICT_COLUMNS, ROWS, DICT_ROWS, SAMPLES, DICT_SAMPLES, ITEMS)}
+)
 # the layouts "auto" infers for a file of one pickle
 LAYOUTS = tuple(n for n, x in LAYOUT_TABLE.items() if not x.per_pickle and x is not ITEMS)
 
