@@ -17,7 +17,6 @@ import pytest
 from pickleshard import open_dataset
 from pickleshard.cli import main
 from pickleshard.commands._common import parse_size
-from pickleshard.commands.convert import FORMATS, format_choices
 from pickleshard.formats import FORMAT_NAMES, register_format, registry
 from pickleshard.formats.memmap import MemmapFormat
 from pickleshard.pipelines.synth import write_synthetic
@@ -50,12 +49,11 @@ def test_parse_size_rejects(text: str) -> None:
         parse_size(text)
 
 
-def test_convert_choices_match_formats() -> None:
-    assert FORMATS == FORMAT_NAMES  # the parser's copy of the built-ins' names
-    assert format_choices() == registry.available_formats()
-
-
-@pytest.mark.parametrize("argv", [["--help"], ["convert", "--help"]], ids=["top", "convert"])
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["inspect", "--help"], ["index", "--help"]],
+    ids=["top", "inspect", "index"],
+)
 def test_help_does_not_import_torch(argv: list[str]) -> None:
     code = (
         "import sys\n"
@@ -102,7 +100,7 @@ def test_convert_to_a_registered_third_party_format(
 ) -> None:
     paths = write_synthetic(tmp_path / "src", files=2, per_file=5, shape=(3,), seed=4)
     offered = registry.available_formats()  # other test modules may have registered some too
-    assert offered[: len(FORMATS)] == FORMATS
+    assert offered[: len(FORMAT_NAMES)] == FORMAT_NAMES  # the built-ins first
     assert offered[-1] == mirror_format
     assert "{" + ",".join(offered) + "}" in _help(capsys, "convert").replace(" ", "")
     out = tmp_path / "out"

@@ -8,6 +8,7 @@ import re
 import sys
 from typing import Any
 
+from ..executors.local import dask_address
 from ..safety.allowlist import available_presets, preset_names
 from ..safety.policy import UnpicklePolicy
 from ..scan.layouts import LAYOUT_CHOICE_HELP, LAYOUT_CHOICES
@@ -60,8 +61,6 @@ def parse_size(text: str) -> int:
 
 def parse_executor(text: str) -> str:
     """``local``, ``dask``, ``dask=ADDRESS`` or ``dask://HOST:PORT``, checked at parse time."""
-    from ..executors.local import dask_address
-
     if text != "local":
         try:
             dask_address(text)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
+from ..formats.registry import available_formats
+from ..pipelines.convert.run import convert
+from . import COMMANDS
 from ._common import (
     add_executor_flag,
     add_layout_flag,
@@ -16,30 +18,8 @@ from ._common import (
     show_progress,
 )
 
-# pickleshard.formats.registry.BUILTIN_FORMATS' names, spelled out (a test checks they agree):
-# importing the registry imports pickleshard.formats, whose datasets import torch, and building
-# the parser (`pickleshard --help`) must not.
-FORMATS = ("memmap", "lmdb", "webdataset", "parquet", "arrow")
-_REGISTRY_MODULE = "pickleshard.formats.registry"
-
-
-def format_choices() -> tuple[str, ...]:
-    """The ``--to`` choices: every format registered in this process, built-ins first.
-
-    A format can only have been registered through the registry module, so while that module
-    is not loaded the registry would answer the built-ins alone: it is read when loaded and not
-    imported for the answer (see :data:`FORMATS`).
-    """
-    loaded = sys.modules.get(_REGISTRY_MODULE)
-    if loaded is None:
-        return FORMATS
-    names: tuple[str, ...] = loaded.available_formats()
-    return names
-
 
 def run(args: argparse.Namespace) -> int:
-    from ..pipelines.convert.run import convert
-
     sizes = {
         k: v
         for k, v in (
@@ -91,16 +71,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    formats = format_choices()
-    s = sub.add_parser(
-        "convert",
-        help=f"convert a pickle dataset to {', '.join(formats[:-1])} or {formats[-1]} (resumable)",
-    )
+    s = sub.add_parser("convert", help=COMMANDS["convert"])
     s.add_argument("source", help="directory, glob or pickle file")
     s.add_argument("out", help="output directory (complete or absent; rerun to resume)")
     s.add_argument(
         "--to",
-        choices=formats,
+        choices=available_formats(),
         default="memmap",
         help="the output format: a built-in one or one registered with "
         "pickleshard.formats.register_format in this process (default: memmap)",

@@ -21,12 +21,17 @@ import argparse
 import json
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..errors import PickleshardError
+from ..inspect.file import inspect_file
+from ..inspect.report import FileReport
+from ..io import storage_read_bytes
+from ..io.listing import resolve_source
+from ..safety.allowlist import parse_allow_globals
+from ..scan.access import fetched_since
+from . import COMMANDS
 from ._common import add_layout_flag, add_storage_flags
-
-if TYPE_CHECKING:
-    from ..inspect.report import FileReport
 
 EXIT_ERROR = 1
 EXIT_STRICT = 3
@@ -34,8 +39,6 @@ EXIT_STRICT = 3
 
 def _files(paths: list[str]) -> tuple[list[str], bool]:
     """The files to inspect, and whether more than one was (or could have been) named."""
-    from ..io.listing import resolve_source
-
     out: list[str] = []
     for p in paths:
         if os.path.isfile(p):
@@ -106,12 +109,6 @@ def render(r: FileReport, fetched: int | None = None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import PickleshardError
-    from ..inspect.file import inspect_file
-    from ..io import storage_read_bytes
-    from ..safety.allowlist import parse_allow_globals
-    from ..scan.access import fetched_since
-
     try:
         parse_allow_globals(args.allow_global)
     except ValueError as exc:
@@ -156,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     s = sub.add_parser(
         "inspect",
-        help="show a pickle's layout, samples and the globals it would load, without loading it",
+        help=COMMANDS["inspect"],
         description=(
             "Report each pickle file's protocol, layout, fields, sample count, first samples' "
             "types, and every global it references with a verdict (allowed / not allowed / "
