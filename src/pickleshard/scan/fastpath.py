@@ -8,7 +8,7 @@ payload, memo PUT ids aside), proved by comparing those bytes in every sample
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -20,10 +20,22 @@ from ..picklekit.walker import RELEASE_SHIFT
 from ..safety.standins import ArraySpec
 from .model import MAX_TEMPLATE, ArrayItem, IntItem
 
-if TYPE_CHECKING:
-    from .inspector import Inspector
-
 __all__ = ["array_item", "gathered", "int_item"]
+
+
+class Inspector(Protocol):
+    """What the fast-path checks read a file through (a
+    :class:`~pickleshard.scan.inspector.Inspector`): its bytes, a gather of bytes at offsets, the
+    inert value of a span, and the counter of bytes examined."""
+
+    buf: Any
+    window: int
+    bytes_read: int
+
+    def gather(self, at: np.ndarray, rel: np.ndarray) -> np.ndarray: ...
+
+    def value(self, start: int, end: int) -> Any: ...
+
 
 _MAX_EXCEPTIONS = 1024  # samples of a field read by span; beyond, the field has no ArrayItem
 _CHUNK = 8192  # samples compared at a time

@@ -45,6 +45,8 @@ from ..base import (
     WriteOptions,
 )
 from ..registry import register_format
+from .read import TableDataset
+from .write import TablePartWriter, write_table_file
 
 __all__ = ["ArrowFormat", "ParquetFormat", "import_pyarrow", "with_row_group_rows"]
 
@@ -77,15 +79,11 @@ class _TableFormat(Format):
         return {"row_group_rows": self.row_group_rows}
 
     def part_writer(self, part_dir: Path, spec: PartSpec, options: WriteOptions) -> PartWriter:
-        from .write import TablePartWriter
-
         return TablePartWriter(part_dir, spec, options)
 
     def finalize(
         self, staging: Path, parts: Sequence[PartResult], options: WriteOptions
     ) -> dict[str, Any]:
-        from .write import write_table_file
-
         return write_table_file(
             staging, self.file_name, parts, options, self._sink, self.row_group_rows
         )
@@ -96,8 +94,6 @@ class _TableFormat(Format):
     def open(
         self, root: Path, descriptor: dict[str, Any], iterable: IterableOptions
     ) -> ConvertedDataset:
-        from .read import TableDataset
-
         return TableDataset(root, descriptor)
 
 

@@ -32,7 +32,6 @@ and up to 65,536 pending shapes or lengths); finalizing streams through buffers 
 from __future__ import annotations
 
 import contextlib
-import copy
 import errno
 import json
 import os
@@ -40,26 +39,27 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from ..._version import __version__
+from ...dataset import PickleDataset
 from ...errors import OutputExistsError, OutputSpaceError, PickleshardError, UnencodableValueError
 from ...executors.local import ExecutorLike, executor_session
 from ...formats import Format, PartResult, PartSpec, WriteOptions, get_format
+from ...formats.arrow.format import with_row_group_rows
 from ...formats.base import DESCRIPTOR_NAME, FORMAT_NAME, FORMAT_VERSION, HASHES_NAME
 from ...formats.files import NO_SPACE, NpyWriter, atomic_write_json
 from ...formats.staging import Staging
 from ...io.listing import Source
 from ...io.remote.listing import without_credentials
-from ...producers.plain import TRANSFORM_HINT, ConvertTransform
+from ...producers.plain import TRANSFORM_HINT
 from ...scan.layouts import LayoutChoice
+from ..inputs import source_dataset
+from ..verify.run import verify as verify_output
 from .parts import PartJob, run_parts
-
-if TYPE_CHECKING:
-    from ...dataset import PickleDataset
 
 __all__ = [
     "DEFAULT_MEMORY_BYTES",
@@ -67,7 +67,6 @@ __all__ = [
     "ConvertReport",
     "convert",
     "plan_parts",
-    "source_dataset",
 ]
 
 DEFAULT_SHARD_BYTES = 256 << 20
@@ -110,46 +109,6 @@ def plan_parts(
             parts.append(PartSpec(len(parts), start, sample, first_file, f + 1))
             first_file, start, held = f + 1, sample, 0
     return parts
-
-
-def source_dataset(
-    source: Source | PickleDataset,
-    *,
-    trusted: bool = False,
-    allow_globals: Iterable[str] = (),
-    encoding: str = "ASCII",
-    jobs: int | None = None,
-    progress: bool = False,
-    allow: str | Iterable[str] = (),
-    transform: Callable[[Any], Any] | None = None,
-    layout: LayoutChoice = "auto",
-) -> PickleDataset:
-    """``source`` as a :class:`~pickleshard.PickleDataset` that keeps one decoded file at a time.
-
-    A PickleDataset is copied (without its cache); anything else is opened with ``trusted``,
-    ``allow_globals``, ``encoding`` and ``layout``, its index built (``jobs`` processes) if
-    missing or stale.
-    """
-    from ...dataset import PickleDataset
-
-    if isinstance(source, PickleDataset):
-        ds = copy.copy(source)  # a copy without the cache (PickleDataset.__getstate__)
-    else:
-        ds = PickleDataset(
-            source,
-            rebuild="auto",
-            trusted=trusted,
-            allow_globals=allow_globals,
-            allow=allow,
-            encoding=encoding,
-            jobs=jobs,
-            progress=progress,
-            layout=layout,
-        )
-    # then convert's transform=, then PIL images and sparse matrices as arrays (producers.plain)
-    ds.transform = ConvertTransform(ds.transform, transform)
-    ds.cache_bytes = 0  # conversion reads files in order: one decoded file per process suffices
-    return ds
 
 
 def _identity(ds: PickleDataset, fmt: Format, shard_bytes: int) -> dict[str, Any]:
@@ -348,8 +307,6 @@ def convert(
         )
     fmt = get_format(to)
     if row_group_rows is not None:
-        from ...formats.arrow.format import with_row_group_rows
-
         fmt = with_row_group_rows(fmt, row_group_rows)
     out_path = Path(out).absolute()
     ds = source_dataset(
@@ -393,8 +350,6 @@ def convert(
                     raise
                 raise _out_of_space(stage, len(plan), exc) from None
         if verify:
-            from ..verify.run import verify as verify_output
-
             verified = verify_output(None, out_path, progress=progress, executor=executor).checked
     return ConvertReport(
         out=out_path,

@@ -26,6 +26,7 @@ from ...executors.local import ExecutorLike, resolve_executor
 from ...formats import open_dataset
 from ...io.listing import Source
 from ...scan.layouts import LayoutChoice
+from ..inputs import source_dataset
 from .parts import VerifyJob, check_run, plan_runs, release, stored_hashes
 
 if TYPE_CHECKING:
@@ -77,8 +78,6 @@ def verify(
     n = len(ds_out)
     src = None
     if source is not None:
-        from ..convert.run import source_dataset
-
         src = source_dataset(
             source, trusted=trusted, allow_globals=allow_globals, encoding=encoding, layout=layout
         )
