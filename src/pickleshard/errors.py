@@ -424,11 +424,9 @@ class SampleTooDeepError(SampleLimitError):
 
 
 class BoundExceeded(Exception):
-    """Internal: a sample's walk passed a bound (``what``: ``"bytes"``, ``"depth"`` or
-    ``"cycle"``; ``value``: how far it got). Raised by the size/depth walks of
-    :mod:`pickleshard.safety.bounds` and their compiled twins, and always turned into a
-    :class:`SampleLimitError` naming the file and sample before it reaches a caller: it is not
-    a :class:`PickleshardError`. It lives here, at the bottom, so the compiled core can raise it."""
+    """Internal: a sample's walk passed a bound (``what``: bytes, depth or cycle; ``value``: how
+    far it got), turned into a :class:`SampleLimitError` naming the file and sample before any
+    caller sees it. Here, at the bottom, so that the compiled core can raise it too."""
 
     def __init__(self, what: str, value: int) -> None:
         super().__init__(what, value)
