@@ -37,7 +37,7 @@ import errno
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -123,12 +123,13 @@ def source_dataset(
     allow: str | Iterable[str] = (),
     transform: Callable[[Any], Any] | None = None,
     layout: LayoutChoice = "auto",
+    storage_options: Mapping[str, Any] | None = None,
 ) -> PickleDataset:
     """``source`` as a :class:`~pickleshard.PickleDataset` that keeps one decoded file at a time.
 
-    A PickleDataset is copied (without its cache); anything else is opened with ``trusted``,
-    ``allow_globals``, ``encoding`` and ``layout``, its index built (``jobs`` processes) if
-    missing or stale.
+    A PickleDataset is copied (without its cache; with its own storage options); anything else
+    is opened with ``trusted``, ``allow_globals``, ``encoding``, ``layout`` and
+    ``storage_options`` (a URL's), its index built (``jobs`` processes) if missing or stale.
     """
     from ...dataset import PickleDataset
 
@@ -145,6 +146,7 @@ def source_dataset(
             jobs=jobs,
             progress=progress,
             layout=layout,
+            storage_options=storage_options,
         )
     # then convert's transform=, then PIL images and sparse matrices as arrays (producers.plain)
     ds.transform = ConvertTransform(ds.transform, transform)
@@ -303,6 +305,7 @@ def convert(
     allow: str | Iterable[str] = (),
     transform: Callable[[Any], Any] | None = None,
     layout: LayoutChoice = "auto",
+    storage_options: Mapping[str, Any] | None = None,
 ) -> ConvertReport:
     """Convert ``source`` to format ``to`` in directory ``out``; see the module docstring.
 
@@ -331,7 +334,9 @@ def convert(
     (``"dask"``, ``"dask://HOST:PORT"``, a ``distributed.Client``: see
     :func:`~pickleshard.executors.local.resolve_executor`), with
     the same output, byte for byte; its workers must see ``source`` and ``out`` at the same
-    paths. ``layout`` is :class:`~pickleshard.PickleDataset`'s (what a file or record is).
+    paths. ``layout`` is :class:`~pickleshard.PickleDataset`'s (what a file or record is), and
+    so are ``storage_options`` (a URL's credentials, endpoint...: they travel to the workers
+    inside the pickled dataset, never into the output).
 
     Rerunning after a kill resumes; rerunning after success returns at once
     (``already_done``). Raises :class:`~pickleshard.errors.OutputPathError` if ``out`` cannot
@@ -362,6 +367,7 @@ def convert(
         allow=allow,
         transform=transform,
         layout=layout,
+        storage_options=storage_options,
     )
     identity = _identity(ds, fmt, shard_bytes)
     files = ds.index.files
