@@ -9,8 +9,9 @@ bytes it sends. In one run, each row a shuffled epoch (one permutation, batches 
 - ``local``: :class:`~pickleshard.PickleDataset` over the local files (page cache warm);
 - ``s3``: the same dataset at ``s3://bench/data/`` (index built first: its time and bytes are
   reported too), no block cache;
-- ``s3 + block cache``: with :func:`pickleshard.io.set_block_cache` (``--cache-mib``), two
-  epochs: the first fetches blocks, the second is served from the cache where it fits;
+- ``s3 + block cache``: one dataset with a block cache (``block_cache_bytes``, ``--cache-mib``;
+  ``--block-kib`` blocks), two epochs: the first fetches blocks, the second is served from the
+  cache where it fits;
 - ``litdata``: LitData's ``StreamingDataset`` over the same bucket after its ``optimize``, when
   ``import litdata`` works (``--litdata-path`` is put on ``sys.path`` first); else the row says
   why.
@@ -34,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from pickleshard import PickleDataset, build_index
-from pickleshard.io.remote.source import set_block_cache, set_storage_options
+from pickleshard.io import SourceOptions
 from pickleshard.pipelines.synth import write_synthetic
 from pickleshard.testing.servers import S3Server
 
@@ -190,13 +191,13 @@ def _measure(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     try:
         s3.upload("bench", {f"data/{p.name}": p.read_bytes() for p in paths})
-        set_storage_options("s3://bench/", s3.options())
+        options = s3.options()  # passed to each dataset and build: nothing process-wide
         t0 = time.perf_counter()
         build_index(work / "data", jobs=1)
         local_index_s = time.perf_counter() - t0
         s3.traffic.reset()
         t0 = time.perf_counter()
-        build_index("s3://bench/data/", jobs=1)
+        build_index("s3://bench/data/", jobs=1, storage_options=options)
         rows.append(
             _row(
                 "index s3 (jobs=1)",
@@ -219,17 +220,23 @@ def _measure(args: argparse.Namespace) -> dict[str, Any]:
                 total,
             )
         )
-        remote = PickleDataset("s3://bench/data/")
+        remote = PickleDataset("s3://bench/data/", storage_options=options)
         s3.traffic.reset()
         seconds = _epoch(remote, order, args.batch_size, oracle)
         rows.append(
             _row("s3, no cache", seconds, len(order), s3.traffic.sent, s3.traffic.gets, total)
         )
-        cache = set_block_cache(args.cache_mib << 20, block_size=args.block_kib << 10)
+        cached = PickleDataset(
+            "s3://bench/data/",
+            storage_options=SourceOptions(
+                options, block_cache_bytes=args.cache_mib << 20, block_size=args.block_kib << 10
+            ),
+        )
+        cache = cached.source_options.block_cache
         assert cache is not None
         for epoch in (1, 2):
             s3.traffic.reset()
-            seconds = _epoch(PickleDataset("s3://bench/data/"), order, args.batch_size, oracle)
+            seconds = _epoch(cached, order, args.batch_size, oracle)
             row = _row(
                 f"s3, block cache {args.cache_mib} MiB, epoch {epoch}",
                 seconds,
@@ -240,11 +247,9 @@ def _measure(args: argparse.Namespace) -> dict[str, Any]:
             )
             row["cache_held_mib"] = round(cache.held / 2**20, 1)
             rows.append(row)
-        set_block_cache(None)
         rows.append(_litdata(args, s3, paths, order, oracle, total))
     finally:
         s3.stop()
-        set_storage_options("s3://bench/", None)
     return {"dataset_bytes": total, "samples": len(oracle), "rows": rows}
 
 

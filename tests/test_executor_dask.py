@@ -236,8 +236,9 @@ def test_an_unreachable_scheduler_is_one_clear_error(data: Path, tmp_path: Path)
 
 
 def test_a_remote_dataset_indexes_on_the_cluster(client: Any, data: Path, tmp_path: Path) -> None:
-    """The workers open s3:// objects with the storage options given in this process (they
-    travel with the tasks), and the index is the local executor's."""
+    """The workers open s3:// objects with the storage options given to the build here (they
+    travel inside each task: nothing is registered on the workers), and the index is the local
+    executor's; a dataset over it reads with its own options."""
     from pickleshard.testing.servers import S3Server
 
     server = S3Server().start()
@@ -248,9 +249,12 @@ def test_a_remote_dataset_indexes_on_the_cluster(client: Any, data: Path, tmp_pa
         local = PickleDataset(
             url, index=tmp_path / "local", storage_options=server.options(), jobs=1
         )
-        build_index(url, index=tmp_path / "dask", executor=client)
+        options = server.options()
+        build_index(url, index=tmp_path / "dask", executor=client, storage_options=options)
         assert _index_tree(tmp_path / "dask") == _index_tree(tmp_path / "local")
-        remote = PickleDataset(url, index=tmp_path / "dask", rebuild="never")
+        remote = PickleDataset(
+            url, index=tmp_path / "dask", rebuild="never", storage_options=options
+        )
         assert [remote[i][1] for i in range(len(remote))] == [
             local[i][1] for i in range(len(local))
         ]

@@ -246,9 +246,9 @@ def test_audit_is_kept_per_file_and_redone_only_for_changed_files(
     walked: list[str] = []
     real = openaudit.file_globals
 
-    def counting(path: Any, policy: Any) -> Any:
+    def counting(path: Any, policy: Any, options: Any = None) -> Any:
         walked.append(str(path))
-        return real(path, policy)
+        return real(path, policy, options)
 
     monkeypatch.setattr(openaudit, "file_globals", counting)
     PickleDataset(tmp_path / "d", jobs=1)

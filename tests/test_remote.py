@@ -20,7 +20,8 @@ pytest.importorskip("moto.server")
 
 from pickleshard import PickleDataset
 from pickleshard.errors import RemoteStorageError, StaleIndexError
-from pickleshard.io.remote.source import FsspecSource, set_block_cache, set_storage_options
+from pickleshard.io import SourceOptions
+from pickleshard.io.remote.source import FsspecSource
 from pickleshard.pipelines.synth import write_synthetic
 from pickleshard.testing.servers import RangeHTTPServer, S3Server
 from pickleshard.testing.sources import ByteSourceTests
@@ -172,8 +173,12 @@ def test_credentials_stay_out_of_the_index_and_reprs(s3: S3Server, dataset: Pick
     text = (Path(dataset.index.path) / "index.json").read_text()
     assert s3.options()["secret"] == "testing"
     assert "testing" not in text
-    source = FsspecSource("s3://data/arrays/part-00000.pkl", {"secret": "s3cr3t"})
+    options = SourceOptions({"secret": "s3cr3t"})
+    source = FsspecSource("s3://data/arrays/part-00000.pkl", options)
     assert "s3cr3t" not in repr(source)
+    assert "s3cr3t" not in repr(options)
+    assert "testing" not in repr(dataset.source)  # the resolved source carries its options
+    assert dataset.source.options is dataset.source_options
 
 
 def test_staleness_by_etag(s3: S3Server, tmp_path: Path) -> None:
@@ -191,23 +196,30 @@ def test_staleness_by_etag(s3: S3Server, tmp_path: Path) -> None:
     assert again.index.files[1].etag != ds.index.files[1].etag
 
 
-def test_the_block_cache_serves_a_second_epoch(s3: S3Server, dataset: PickleDataset) -> None:
+def test_the_block_cache_serves_a_second_epoch(
+    s3: S3Server, bucket: str, dataset: PickleDataset
+) -> None:
     budget = 64 << 20
-    cache = set_block_cache(budget, block_size=1 << 20)
-    try:
-        _epoch(dataset, seed=3)
-        s3.traffic.reset()
-        _epoch(dataset, seed=4)
-        assert s3.traffic.sent == 0  # every block held: nothing fetched again
-        assert cache is not None
-        assert 0 < cache.held <= budget
-        assert cache.counters.hits > 0
-        small = set_block_cache(2 << 20, block_size=1 << 20)
-        _epoch(dataset, seed=5)
-        assert small is not None
-        assert small.held <= 2 << 20
-    finally:
-        set_block_cache(None)
+    cached = PickleDataset(bucket, storage_options=s3.options(), block_cache_bytes=budget)
+    cache = cached.source_options.block_cache
+    assert cache is not None
+    _epoch(cached, seed=3)
+    s3.traffic.reset()
+    _epoch(cached, seed=4)
+    assert s3.traffic.sent == 0  # every block held: nothing fetched again
+    assert 0 < cache.held <= budget
+    assert cache.counters.hits > 0
+    held, hits = cache.held, cache.counters.hits
+    options = SourceOptions(s3.options(), block_cache_bytes=2 << 20, block_size=1 << 20)
+    small = PickleDataset(bucket, storage_options=options)
+    _epoch(small, seed=5)
+    assert small.source_options.block_cache is not None
+    assert 0 < small.source_options.block_cache.held <= 2 << 20
+    assert (cache.held, cache.counters.hits) == (held, hits)  # each dataset its own cache
+    assert dataset.source_options.block_cache is None  # none unless asked for
+    s3.traffic.reset()
+    _epoch(dataset, seed=6)
+    assert s3.traffic.sent > 0  # the cached datasets' blocks serve nobody else
 
 
 @pytest.mark.slow
@@ -237,7 +249,7 @@ class TestS3Source(ByteSourceTests):
     def make_source(self, path: Path, data: bytes) -> FsspecSource:
         key = f"{uuid.uuid4().hex}.bin"
         self.s3.upload("kit", {key: data})
-        return FsspecSource(f"s3://kit/{key}", self.s3.options(), identity_ttl=0)
+        return FsspecSource(f"s3://kit/{key}", SourceOptions(self.s3.options()), identity_ttl=0)
 
     def rewrite(self, path: Path, source: Any, data: bytes) -> None:
         self.s3.upload("kit", {source.url.removeprefix("s3://kit/"): data})
@@ -314,20 +326,6 @@ def test_a_url_with_a_password_is_not_written_to_the_index_or_a_conversion(
     assert without_credentials("/data/a@b/x.pkl") == "/data/a@b/x.pkl"
 
 
-def test_storage_options_by_prefix() -> None:
-    set_storage_options("memory://a/", {"x": 1})
-    set_storage_options("memory://a/b/", {"x": 2})
-    try:
-        from pickleshard.io.remote.source import storage_options_for
-
-        assert storage_options_for("memory://a/b/c.pkl") == {"x": 2}
-        assert storage_options_for("memory://a/c.pkl") == {"x": 1}
-        assert storage_options_for("memory://z.pkl") == {}
-    finally:
-        set_storage_options("memory://a/", None)
-        set_storage_options("memory://a/b/", None)
-
-
 def test_the_cli_takes_a_url_and_storage_options(
     s3: S3Server, bucket: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -340,11 +338,8 @@ def test_the_cli_takes_a_url_and_storage_options(
         "--storage-option=client_kwargs.region_name=eu-west-1",
         "--storage-option=config_kwargs.retries.max_attempts=1",
     ]
-    try:
-        assert main(["index", bucket, "--index", str(tmp_path / "idx"), "--jobs", "1", *flags]) == 0
-        assert main(["inspect", f"{bucket}part-00000.pkl", "--json", *flags]) == 0
-    finally:
-        set_storage_options("", None)
+    assert main(["index", bucket, "--index", str(tmp_path / "idx"), "--jobs", "1", *flags]) == 0
+    assert main(["inspect", f"{bucket}part-00000.pkl", "--json", *flags]) == 0
     out = capsys.readouterr().out
     assert f"{bucket}part-00000.pkl" in out
     assert "testing" not in out

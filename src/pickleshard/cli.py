@@ -17,7 +17,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures.process import BrokenProcessPool
 
 from .commands import COMMANDS
-from .commands._common import apply_storage_options
 from .commands.bench import run_bench
 from .errors import PickleshardError
 
@@ -107,7 +106,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_bench(argv[1:])
         args = _parser(_command(argv)).parse_args(argv)
         debug = args.debug
-        apply_storage_options(args)  # --storage-option: for every URL the command opens
         handler: Handler = args.handler
         return handler(args)
     except PickleshardError as exc:

@@ -25,7 +25,7 @@ from .index import SkippedFilesWarning
 from .indexing.openaudit import audit_dataset_source, audit_opened
 from .indexing.opening import Rebuild, open_index
 from .io.listing import Source
-from .io.remote.listing import use_storage_options
+from .io.options import SourceOptions
 from .read import SpanFiles
 from .read.whole.cache import CacheBudget, CacheStats, WholeFileCache
 from .read.whole.load import load_layout
@@ -85,7 +85,13 @@ class PickleDataset(_DatasetBase[Any]):
 
     ``source`` may be a URL (``s3://bucket/prefix/``, ``gs://``, ``https://``: anything fsspec
     opens); ``storage_options`` go to its filesystem (credentials, endpoint), never into the
-    index, which is kept locally by default (see :mod:`pickleshard.io.remote.listing`).
+    index, which is kept locally by default (see :mod:`pickleshard.io.remote.listing`). They
+    belong to this dataset (:attr:`source_options`): another dataset on the same bucket keeps
+    its own, and DataLoader workers get them with the pickled dataset. ``block_cache_bytes``
+    keeps fetched blocks of remote objects in an LRU of that many bytes per process (None, the
+    default: no cache); ``source_options.block_cache.counters`` count its hits and misses. A
+    :class:`~pickleshard.io.SourceOptions` may be given as ``storage_options`` instead (its own
+    block cache and block size, then without ``block_cache_bytes``).
 
     ``__getitems__`` fetches a batch in (file, offset) order, touching each file once, and
     returns it in request order.
@@ -122,12 +128,13 @@ class PickleDataset(_DatasetBase[Any]):
         skip_bad: bool = False,
         max_sample_bytes: int | None = DEFAULT_MAX_SAMPLE_BYTES,
         max_depth: int | None = DEFAULT_MAX_DEPTH,
-        storage_options: Mapping[str, Any] | None = None,
+        storage_options: Mapping[str, Any] | SourceOptions | None = None,
         audit: bool = True,
         layout: LayoutChoice = "auto",
+        block_cache_bytes: int | None = None,
     ) -> None:
-        self.storage_options = storage_options  # for a URL (s3://...): see docs/remote.md
-        use_storage_options(source, storage_options)
+        # what a URL's objects are opened with (s3://...: see docs/remote.md); pickled with us
+        self.source_options = _source_options(storage_options, block_cache_bytes)
         self.budget = CacheBudget(cache_bytes)  # ValueError if negative
         if mode not in ("auto", "span", "whole"):
             raise ValueError(f"mode must be 'auto', 'span' or 'whole', got {mode!r}")
@@ -148,10 +155,11 @@ class PickleDataset(_DatasetBase[Any]):
                 policy=self.policy,
                 skip_bad=skip_bad,
                 layout=layout,
+                storage_options=self.source_options,
             )
         except UnsafePickleError:
             if audit:  # a file unpickled whole refused one global: name every one
-                audit_dataset_source(source, index, self.policy, jobs)
+                audit_dataset_source(source, index, self.policy, jobs, self.source_options)
             raise
         if audit:  # every refused global, at once, before any is met in a read
             audit_opened(self.index, self.source, self.policy, jobs)
@@ -172,7 +180,7 @@ class PickleDataset(_DatasetBase[Any]):
         # first global index of each file (samples are numbered file after file)
         self._firsts = [0, *itertools.accumulate(f.num_samples for f in self.index.files)][:-1]
         self._cache: WholeFileCache | None = None
-        self._spans = SpanFiles(self.index, self._paths, self.policy)
+        self._spans = SpanFiles(self.index, self._paths, self.policy, options=self.source_options)
         if self.index.skipped:
             skipped = self.index.skipped
             names = ", ".join(str(s["path"]) for s in skipped[:5])
@@ -209,7 +217,13 @@ class PickleDataset(_DatasetBase[Any]):
         # the file as indexed, checked before and after the load (a rewrite during an epoch)
         pos = self._positions[path]
         entry = self.index.files[pos]
-        decoded = load_layout(path, self.policy, identity=entry.identity, layout=self.layout)
+        decoded = load_layout(
+            path,
+            self.policy,
+            identity=entry.identity,
+            layout=self.layout,
+            options=self.source_options,
+        )
         # once per load, not per sample: the cache hands out only what passed it here
         self.index.check_decoded(pos, path, decoded.num_samples, decoded.fields)
         return decoded
@@ -229,7 +243,9 @@ class PickleDataset(_DatasetBase[Any]):
     def cache(self) -> WholeFileCache:
         """This process's whole-file cache, created on first use with its share of the budget."""
         if self._cache is None or self._cache.pid != os.getpid():
-            load = whole_loader(self._load, self.index, self._positions, self.policy)
+            load = whole_loader(
+                self._load, self.index, self._positions, self.policy, self.source_options
+            )
             self._cache = WholeFileCache(self.budget.share_here(), load)
         return self._cache
 
@@ -330,13 +346,22 @@ class PickleDataset(_DatasetBase[Any]):
         state["_cache"] = None
         return state
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        use_storage_options(self.source.root, state.get("storage_options"))  # spawned workers
-
     def __repr__(self) -> str:
         return (
             f"PickleDataset({os.fspath(self.source.root)!r}, files={len(self._paths)}, "
             f"samples={len(self)}, fields={self.fields}, mode={self.mode!r}, "
             f"span_files={sum(self._is_span)})"
         )
+
+
+def _source_options(
+    given: Mapping[str, Any] | SourceOptions | None, block_cache_bytes: int | None
+) -> SourceOptions:
+    if not isinstance(given, SourceOptions):
+        return SourceOptions(given, block_cache_bytes=block_cache_bytes)
+    if block_cache_bytes is not None:
+        raise ValueError(
+            "block_cache_bytes goes with storage_options as a mapping; a SourceOptions "
+            "brings its own block cache (SourceOptions(..., block_cache_bytes=...))"
+        )
+    return given

@@ -18,12 +18,12 @@ __all__ = [
     "add_layout_flag",
     "add_safety_flags",
     "add_storage_flags",
-    "apply_storage_options",
     "parse_executor",
     "parse_size",
     "policy_from_args",
     "safety_kwargs",
     "show_progress",
+    "storage_options",
 ]
 
 _UNITS = {
@@ -132,20 +132,19 @@ def _storage_option(text: str) -> tuple[list[str], Any]:
     return key.split("."), parsed
 
 
-def apply_storage_options(args: argparse.Namespace) -> None:
-    """Use the ``--storage-option`` values for every URL this command opens."""
+def storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The ``--storage-option`` values as one (nested) mapping, which the command passes to
+    what opens its URLs; None when none was given."""
     pairs = getattr(args, "storage_option", None)
     if not pairs:
-        return
-    from ..io.remote.source import set_storage_options
-
+        return None
     options: dict[str, Any] = {}
     for keys, value in pairs:
         node = options
         for k in keys[:-1]:
             node = node.setdefault(k, {})
         node[keys[-1]] = value
-    set_storage_options("", options)
+    return options
 
 
 def add_layout_flag(p: argparse.ArgumentParser) -> None:

@@ -16,6 +16,7 @@ from ._common import (
     parse_size,
     safety_kwargs,
     show_progress,
+    storage_options,
 )
 
 
@@ -39,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         executor=args.executor,
         layout=args.layout,
+        storage_options=storage_options(args),
         **sizes,
         **safety_kwargs(args),  # type: ignore[arg-type]
     )

@@ -21,6 +21,7 @@ from ._common import (
     add_safety_flags,
     policy_from_args,
     show_progress,
+    storage_options,
 )
 
 
@@ -37,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
         spans=not args.no_spans,
         skip_bad=args.skip_bad,
         executor=args.executor,
+        storage_options=storage_options(args),
     )
     elapsed = time.perf_counter() - t0
     whole = [{"path": f.path, "reason": f.reason} for f in idx.files if f.mode == "whole"]

@@ -28,23 +28,25 @@ from ..inspect.file import inspect_file
 from ..inspect.report import FileReport
 from ..io import storage_read_bytes
 from ..io.listing import resolve_source
+from ..io.options import SourceOptions
 from ..safety.allowlist import parse_allow_globals
 from ..scan.access import fetched_since
 from . import COMMANDS
-from ._common import add_layout_flag, add_storage_flags
+from ._common import add_layout_flag, add_storage_flags, storage_options
 
 EXIT_ERROR = 1
 EXIT_STRICT = 3
 
 
-def _files(paths: list[str]) -> tuple[list[str], bool]:
-    """The files to inspect, and whether more than one was (or could have been) named."""
+def _files(paths: list[str], options: SourceOptions) -> tuple[list[str], bool]:
+    """The files to inspect (a URL's listed with ``options``), and whether more than one was
+    (or could have been) named."""
     out: list[str] = []
     for p in paths:
         if os.path.isfile(p):
             out.append(p)
         else:  # a directory or glob; a missing path raises DatasetNotFoundError
-            src = resolve_source(p)
+            src = resolve_source(p, options)
             out += [os.fspath(src.absolute(rel)) for rel in src.files]
     several = len(paths) > 1 or any(not os.path.isfile(p) for p in paths)
     return out, several
@@ -113,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         parse_allow_globals(args.allow_global)
     except ValueError as exc:
         args.parser.error(str(exc))
-    files, several = _files(args.paths)
+    files, several = _files(args.paths, SourceOptions(storage_options(args)))
     status = 0
     out: list[dict[str, Any]] = []
     for path in files:
@@ -126,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
                 samples=args.samples,
                 check_all=args.strict,
                 layout=args.layout,
+                storage_options=storage_options(args),
             )
         except PickleshardError as exc:
             if not several:

@@ -14,6 +14,7 @@ from ._common import (
     add_safety_flags,
     safety_kwargs,
     show_progress,
+    storage_options,
 )
 
 
@@ -31,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
         executor=args.executor,
         progress=show_progress(args),
         layout=args.layout,
+        storage_options=storage_options(args),
         **safety_kwargs(args),  # type: ignore[arg-type]
     )
     if args.json:

@@ -31,7 +31,6 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from ..errors import ClusterError, ClusterUnreachableError, PickleshardError
-from ..io.remote.source import install_storage_options, storage_options_table
 from .local import import_distributed
 
 __all__ = ["DaskExecutor"]
@@ -46,9 +45,7 @@ class _Raised:
     error: PickleshardError
 
 
-def _call(work: Callable[..., Any], options: dict[str, Any], *args: Any) -> Any:
-    if options:  # a remote source's storage options, registered where the task runs
-        install_storage_options(options)
+def _call(work: Callable[..., Any], *args: Any) -> Any:
     try:
         return work(*args)
     except PickleshardError as exc:
@@ -172,12 +169,11 @@ class DaskExecutor:
         if not tasks:
             return
         name = f"pickleshard-{getattr(work, '__name__', 'task')}-{uuid.uuid4().hex[:8]}"
-        # The storage options of remote sources live in this process's table: the tasks carry
-        # them to the workers (credentials included: a worker needs them to read the data).
-        options = storage_options_table()
+        # A remote source's storage options are in the tasks' arguments (a describe task's
+        # SourceOptions, a pickled dataset's): nothing is installed on the workers.
         with self._session() as client:
             futures = [
-                client.submit(_call, work, options, *args, key=f"{name}-{k}", retries=self.retries)
+                client.submit(_call, work, *args, key=f"{name}-{k}", retries=self.retries)
                 for k, args in enumerate(tasks)
             ]
             position = {fut.key: k for k, fut in enumerate(futures)}

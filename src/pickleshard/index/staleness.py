@@ -27,6 +27,7 @@ from ..errors import StaleIndexError, UnreadableFileError
 from ..io import open_source
 from ..io.identity import FileIdentity
 from ..io.listing import ResolvedSource
+from ..io.options import SourceOptions
 from ..io.remote.listing import is_url
 from .files import FileEntry, SkippedFile, fingerprint, skipped_identity
 
@@ -50,10 +51,11 @@ class Staleness:
 _FRESH, _CHANGED, _RELINKED, _REMOVED = range(4)
 
 
-def _compare(path: Path | str, entry: FileEntry) -> int:
-    """How the file at ``path`` stands against its row: one open, an ``fstat``, and the
-    fingerprint's 8 blocks when the identity matches (or differs by inode or ctime alone)."""
-    source = open_source(path)
+def _compare(path: Path | str, entry: FileEntry, options: SourceOptions | None) -> int:
+    """How the file at ``path`` (opened with ``options``) stands against its row: one open, an
+    ``fstat``, and the fingerprint's 8 blocks when the identity matches (or differs by inode
+    or ctime alone)."""
+    source = open_source(path, options)
     source.advise("random")  # the fingerprint reads 8 scattered blocks
     try:
         source.fileno()  # the open's own error (identity() words it as a failed stat)
@@ -98,8 +100,8 @@ def _skipped_changed(path: Path, record: SkippedFile) -> bool | None:
 def find_stale(
     files: list[FileEntry], skipped: list[SkippedFile], source: ResolvedSource
 ) -> Staleness:
-    """The files of ``source`` that differ from an index's ``files`` table and ``skipped``
-    records (see the module docstring for what counts as changed)."""
+    """The files of ``source`` (opened with its options) that differ from an index's ``files``
+    table and ``skipped`` records (see the module docstring for what counts as changed)."""
     indexed = {f.path: f for f in files}
     skips = {s["path"]: s for s in skipped}
     current = set(source.files)
@@ -114,7 +116,7 @@ def find_stale(
             if _skipped_changed(path, skips[rel]):  # gone since it was listed: not a change
                 changed.append(rel)
             continue
-        verdict = _compare(path, indexed[rel])
+        verdict = _compare(path, indexed[rel], source.options)
         if verdict == _REMOVED:
             removed.append(rel)
         elif verdict != _FRESH:

@@ -14,8 +14,9 @@ import secrets
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -25,6 +26,7 @@ from ..index.files import SkippedFile, skip_record
 from ..index.model import DatasetIndex
 from ..index.ondisk import default_index_path
 from ..io.listing import ResolvedSource, Source, resolve_source
+from ..io.options import SourceOptions, source_options
 from ..safety.policy import DEFAULT_POLICY, UnpicklePolicy
 from ..scan.layouts import LayoutChoice, check_layout_choice
 from .describe import Described, describe_file
@@ -40,11 +42,12 @@ def describe_or_problem(
     staging: Path | None,
     policy: UnpicklePolicy,
     layout: LayoutChoice = "auto",
+    options: SourceOptions | None = None,
 ) -> Described | FileProblem:
     """:func:`~pickleshard.indexing.describe.describe_file`, with the error that names a bad file
     returned rather than raised (so that an executor hands it back like any result)."""
     try:
-        return describe_file(root, rel, pos, staging, policy, layout)
+        return describe_file(root, rel, pos, staging, policy, layout, options)
     except FileProblem as exc:
         return exc
 
@@ -61,7 +64,11 @@ def _describe_all(
     """``(position, described)`` for every file, in completion order; with ``skip_bad`` a bad
     file yields its error instead of raising it."""
     root = os.fspath(source.root)
-    tasks = [(root, rel, pos, staging, policy, layout) for pos, rel in enumerate(source.files)]
+    # each task carries the source's options: a worker (a process, a Dask task) opens with them
+    opts = source.options
+    tasks = [
+        (root, rel, pos, staging, policy, layout, opts) for pos, rel in enumerate(source.files)
+    ]
     with tqdm(total=len(tasks), unit="file", desc="index", disable=not progress) as bar:
         results = executor.run(describe_or_problem, tasks)
         try:
@@ -127,8 +134,13 @@ def build_index(
     skip_bad: bool = False,
     executor: ExecutorLike = None,
     layout: LayoutChoice = "auto",
+    storage_options: Mapping[str, Any] | SourceOptions | None = None,
 ) -> DatasetIndex:
     """Index every pickle file of ``source`` and save the index; return it opened.
+
+    ``storage_options`` (a URL's: credentials, endpoint... as in pandas; or the
+    :class:`~pickleshard.io.SourceOptions` of a caller) list and open its objects; they go to
+    the executor's workers with each task and are never written to the index.
 
     ``layout`` says what a file or record is (:data:`pickleshard.scan.layouts.LAYOUT_CHOICES`;
     ``"auto"`` infers it and records in the files table where another reading is as
@@ -151,7 +163,7 @@ def build_index(
     processes, ``jobs`` of them.
     """
     layout = check_layout_choice(layout)
-    resolved = resolve_source(source)
+    resolved = resolve_source(source, source_options(storage_options))
     index_dir = Path(index) if index is not None else default_index_path(resolved)
     n_jobs = jobs if jobs is not None else min(os.cpu_count() or 1, 8)
     runner = resolve_executor(executor, n_jobs, len(resolved.files))

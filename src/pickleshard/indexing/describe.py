@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import NotSpanIndexableError, PickleshardError
 from ..index.files import FileEntry, fingerprint
 from ..io import ByteSource, open_source
+from ..io.options import SourceOptions
 from ..picklekit.memoids import check_memo_ids
 from ..producers.foreign import foreign_scan
 from ..read import SpanReader
@@ -121,7 +122,7 @@ def _decoded_sizes(
     return {f: estimate_nbytes(column) for f, column in columns.items()}
 
 
-def _check_span_memo(scan: ScanResult) -> None:
+def _check_span_memo(scan: ScanResult, options: SourceOptions | None) -> None:
     """Refuse a span-indexed file with a memo id above its size, as a whole-file load would.
 
     The scanner numbers each pickle's memo ids from its first one, consecutively, and records
@@ -134,7 +135,7 @@ def _check_span_memo(scan: ScanResult) -> None:
     if not suspect:
         return
     # a walk over opcodes that skips payloads: the mapping of a source advised as usual
-    with open_source(scan.path) as source:
+    with open_source(scan.path, options) as source:
         buf = source.map()
         if buf is None:  # a remote object (this check is rare): its bytes
             buf = source.read_at(0, source.size)
@@ -151,9 +152,14 @@ def _found(metadata: dict[str, Any], ambiguity: Ambiguity | None) -> dict[str, A
 
 
 def _whole(
-    path: str, base: dict[str, Any], policy: UnpicklePolicy, reason: str, layout: LayoutChoice
+    path: str,
+    base: dict[str, Any],
+    policy: UnpicklePolicy,
+    reason: str,
+    layout: LayoutChoice,
+    options: SourceOptions | None,
 ) -> Described:
-    decoded = load_layout(path, policy, check_memo=True, layout=layout)
+    decoded = load_layout(path, policy, check_memo=True, layout=layout, options=options)
     entry = FileEntry(
         **base,
         **_found(decoded.metadata, decoded.ambiguity),
@@ -174,9 +180,11 @@ def describe_file(
     staging: Path | None,
     policy: UnpicklePolicy = DEFAULT_POLICY,
     layout: LayoutChoice = "auto",
+    options: SourceOptions | None = None,
 ) -> Described:
     """Index file ``rel`` of ``root``, position ``pos`` in the files table, read as ``layout``
-    (:data:`pickleshard.scan.layouts.LAYOUT_CHOICES`).
+    (:data:`pickleshard.scan.layouts.LAYOUT_CHOICES`), opened with ``options`` (a URL's storage
+    options: they come with the task, wherever the executor runs it).
 
     With a ``staging`` folder, the file is scanned and its span arrays saved there as
     ``{pos}.{name}.npy``; without one (or when the scanner refuses it) it is unpickled whole.
@@ -184,7 +192,7 @@ def describe_file(
     """
     path = os.path.join(root, rel)
     # one open for the identity and the fingerprint's 8 scattered blocks (hence "random")
-    with open_source(path) as source:
+    with open_source(path, options) as source:
         source.advise("random")
         source.fileno()  # the open's own error (identity() words it as a failed stat)
         now = source.identity()
@@ -211,10 +219,10 @@ def describe_file(
                 # A file the whole-file load reads is not bad: the scanner was stricter.
                 why = f"the scanner failed: {type(exc).__name__}: {exc}"
         if not why and staging is not None:
-            _check_span_memo(scan)
+            _check_span_memo(scan, options)
             nbytes = _estimate(scan, source, policy)  # reads a few samples through this open
     if why or staging is None:
-        return _whole(path, base, policy, why, layout)
+        return _whole(path, base, policy, why, layout, options)
     for name, array in scan.arrays_dict().items():
         np.save(staged_name(staging, pos, name), np.ascontiguousarray(array))
     entry = FileEntry(

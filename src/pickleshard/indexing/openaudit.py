@@ -31,6 +31,7 @@ from ..executors.local import local_executor
 from ..index.ondisk import default_index_path
 from ..io import open_reader, open_source
 from ..io.listing import ResolvedSource, resolve_source
+from ..io.options import SourceOptions
 from ..producers.joblibfile import WRAPPER, _Structure, joblib_kind
 from ..safety.allowlist import PRESETS, classify_global
 from ..safety.audit.files import audit_buffer
@@ -103,13 +104,15 @@ def _joblib_globals(
     return dict.fromkeys(seen, -1)
 
 
-def file_globals(path: str | os.PathLike[str], policy: UnpicklePolicy) -> dict[GlobalKey, int]:
-    """Every global the file at ``path`` names, by its opcodes, with the offset of the first
-    opcode naming it (-1: not known); empty for a file the audit cannot walk (not a pickle,
-    damaged: the index build names what is wrong)."""
+def file_globals(
+    path: str | os.PathLike[str], policy: UnpicklePolicy, options: SourceOptions | None = None
+) -> dict[GlobalKey, int]:
+    """Every global the file at ``path`` (opened with ``options``) names, by its opcodes, with
+    the offset of the first opcode naming it (-1: not known); empty for a file the audit cannot
+    walk (not a pickle, damaged: the index build names what is wrong)."""
     where = os.fspath(path)
     try:
-        with open_source(where) as source:
+        with open_source(where, options) as source:
             kind = joblib_kind(source)
             if kind:
                 return _joblib_globals(source, where, kind, policy)
@@ -188,7 +191,7 @@ def _cached_globals(
             walk.append(rel)
     # the walk is Python (about 1.4 us an opcode): files in parallel, as the index build does
     n_jobs = jobs if jobs is not None else min(os.cpu_count() or 1, 8)
-    tasks = [(os.fspath(resolved.absolute(rel)), policy) for rel in walk]
+    tasks = [(os.fspath(resolved.absolute(rel)), policy, resolved.options) for rel in walk]
     for k, keys in local_executor(n_jobs, len(tasks)).run(file_globals, tasks):
         out[walk[k]] = keys
     fresh: dict[str, Any] = {}
@@ -291,13 +294,14 @@ def audit_dataset_source(
     index: str | os.PathLike[str] | None,
     policy: UnpicklePolicy,
     jobs: int | None = None,
+    options: SourceOptions | None = None,
 ) -> None:
     """:func:`audit_source` for what :class:`~pickleshard.PickleDataset` takes (``source``,
-    ``index``): the call dataset opening makes when building its index met a refusal, so that
+    ``index``, its ``options``): the call dataset opening makes when building its index met a refusal, so that
     the error names every refused global, not the first."""
     if policy.trusted:
         return
-    resolved = resolve_source(source)
+    resolved = resolve_source(source, options)
     index_dir = Path(index) if index is not None else default_index_path(resolved)
     small = tuple(f for f in resolved.files if _size(resolved.absolute(f)) <= AUDIT_OPCODE_BYTES)
     audit_source(dataclasses.replace(resolved, files=small), index_dir, policy, jobs)

@@ -4,6 +4,7 @@ built or rebuilt as the ``rebuild`` policy says."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -12,6 +13,7 @@ from ..executors.local import ExecutorLike
 from ..index.model import DatasetIndex
 from ..index.ondisk import FORMAT_NAME, default_index_path, is_older, read_header
 from ..io.listing import ResolvedSource, Source, resolve_source
+from ..io.options import SourceOptions, source_options
 from ..safety.policy import DEFAULT_POLICY, UnpicklePolicy
 from ..scan.layouts import LayoutChoice, check_layout_choice
 from .build import build_index
@@ -32,6 +34,7 @@ def open_index(
     skip_bad: bool = False,
     executor: ExecutorLike = None,
     layout: LayoutChoice = "auto",
+    storage_options: Mapping[str, Any] | SourceOptions | None = None,
 ) -> tuple[DatasetIndex, ResolvedSource]:
     """Open the index of ``source``, checking it against the files on disk.
 
@@ -42,7 +45,8 @@ def open_index(
     stale or a damaged one; ``"never"`` only opens. What counts as changed is
     :meth:`DatasetIndex.stale_files`' rule (a copied dataset's files all do; a moved one's do
     not). ``jobs``, ``progress``, ``policy``, ``skip_bad`` and ``executor`` are passed to
-    :func:`build_index` when it builds.
+    :func:`build_index` when it builds; ``storage_options`` (a URL's) list, check and index its
+    objects, and the resolved source returned carries them.
 
     ``layout`` is what a file or record is (:data:`pickleshard.scan.layouts.LAYOUT_CHOICES`):
     an index built with another is rebuilt (``"missing"``, ``"auto"``), or refused with
@@ -51,7 +55,8 @@ def open_index(
     layout = check_layout_choice(layout)
     if rebuild not in ("missing", "auto", "never"):
         raise ValueError(f"rebuild must be 'missing', 'auto' or 'never', got {rebuild!r}")
-    resolved = resolve_source(source)
+    options = source_options(storage_options)
+    resolved = resolve_source(source, options)
     index_dir = Path(index) if index is not None else default_index_path(resolved)
     kwargs: dict[str, Any] = {
         "index": index_dir,
@@ -61,6 +66,7 @@ def open_index(
         "skip_bad": skip_bad,
         "executor": executor,
         "layout": layout,
+        "storage_options": options,
     }
     if rebuild != "never":
         if not (index_dir / "index.json").exists():

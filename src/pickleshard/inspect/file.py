@@ -26,7 +26,7 @@ import itertools
 import os
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -40,6 +40,7 @@ from ..errors import (
 )
 from ..io import open_source
 from ..io.compressed.source import CompressedSource
+from ..io.options import SourceOptions
 from ..picklekit.externals import ExternalMemos, MemoShifts
 from ..picklekit.spanfile import SpanFile
 from ..producers.joblibfile import joblib_note
@@ -242,8 +243,11 @@ def inspect_file(
     samples: int = 3,
     check_all: bool = False,
     layout: LayoutChoice = "auto",
+    storage_options: Mapping[str, Any] | None = None,
 ) -> FileReport:
     """Inspect one pickle file without loading it; see the module docstring.
+
+    ``storage_options`` open a URL (``s3://...``: credentials, endpoint... as in pandas).
 
     ``check_all`` (``inspect --strict``) evaluates every sample inertly, not only the ``samples``
     previewed, and a file read whole however many opcodes it has: a refusal the loader would
@@ -261,14 +265,17 @@ def inspect_file(
     allowed = tuple(allow_globals)
     extra = parse_allow_globals(allowed)
     t0 = time.perf_counter()
-    with open_source(name) as source:  # its map (the buffer) closes with it
+    options = SourceOptions(storage_options)
+    with open_source(name, options) as source:  # its map (the buffer) closes with it
         buf, size = scan_buffer(source), source.size
         try:
             audit = audit_buffer(buf, size, name)
         except CorruptPickleError as exc:  # a joblib.dump file says so
             raise joblib_note(exc, source) from None
         reader = _Reader(buf, audit.protocol, encoding)
-        report = _report(name, buf, audit, reader, encoding, max(samples, 0), check_all, layout)
+        report = _report(
+            name, buf, audit, reader, encoding, max(samples, 0), check_all, layout, options
+        )
         if isinstance(source, CompressedSource):  # what follows is of the decompressed bytes
             report.compression = source.describe()
     report.globals = audit.globals(extra)
@@ -292,6 +299,7 @@ def _report(
     samples: int,
     check_all: bool = False,
     layout: LayoutChoice = "auto",
+    options: SourceOptions | None = None,
 ) -> FileReport:
     report = FileReport(
         path=name,
@@ -313,7 +321,7 @@ def _report(
         seconds=0.0,
     )
     try:
-        scan = scan_file(name, encoding=encoding, layout=layout)
+        scan = scan_file(name, encoding=encoding, layout=layout, options=options)
     except (NotSpanIndexableError, UnsupportedLayoutError) as exc:
         report.reason = _message(exc)
     except PickleshardError:

@@ -11,8 +11,9 @@ from .base import (
 from .compressed.source import CompressedSource, decompressing
 from .counters import storage_read_bytes
 from .local import LocalFile
+from .options import SourceOptions
 from .reader import SourceReader, open_reader
-from .remote.source import FsspecSource, set_block_cache, set_storage_options
+from .remote.source import FsspecSource
 from .windowed import WindowedBuffer
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "CompressedSource",
     "FsspecSource",
     "LocalFile",
+    "SourceOptions",
     "SourceReader",
     "WindowedBuffer",
     "decompressing",
@@ -29,7 +31,5 @@ __all__ = [
     "open_source",
     "register_source",
     "registered_sources",
-    "set_block_cache",
-    "set_storage_options",
     "storage_read_bytes",
 ]

@@ -23,7 +23,10 @@ Contract of every source:
 - ``fileno()`` is an OS descriptor the compiled core may ``pread``/``preadv`` directly, or None;
   ``map()`` a read-only buffer over the whole source (an mmap advised like the source), or None
   when the storage cannot be mapped; callers then use :class:`WindowedBuffer`.
-- A source pickles by name and reopens lazily in the process that unpickles it (a DataLoader
+- A source opened for a URL is given the :class:`~pickleshard.io.options.SourceOptions` of
+  whoever opens it (storage options, a block cache) and keeps them: nothing is looked up in a
+  process-wide table.
+- A source pickles by name (and options) and reopens lazily in the process that unpickles it (a DataLoader
   worker, a pool process): no descriptor or socket crosses a fork.
 """
 
@@ -36,6 +39,7 @@ from typing import Any, ClassVar, Literal
 
 from ..errors import AlreadyRegisteredError
 from .identity import FileIdentity
+from .options import SourceOptions
 
 __all__ = [
     "COALESCE_GAP",
@@ -159,7 +163,8 @@ def _check_range(offset: int, n: int) -> None:
         raise ValueError(f"a byte range needs offset >= 0 and length >= 0, got ({offset}, {n})")
 
 
-_REGISTRY: dict[str, Callable[[str], ByteSource]] = {}
+# opener(path); a URL's opener given SourceOptions is called opener(url, options) (open_source)
+_REGISTRY: dict[str, Callable[..., ByteSource]] = {}
 
 
 def register_source(
@@ -189,9 +194,11 @@ def registered_sources() -> tuple[str, ...]:
     return tuple(sorted(_REGISTRY))
 
 
-def open_source(where: str | os.PathLike[str]) -> ByteSource:
-    """The byte source for ``where``: a local path, or a URL whose scheme a source registered;
-    a compressed file (by its magic bytes) comes decompressed (:mod:`pickleshard.io.compressed.source`)."""
+def open_source(where: str | os.PathLike[str], options: SourceOptions | None = None) -> ByteSource:
+    """The byte source for ``where``: a local path, or a URL whose scheme a source registered,
+    opened with ``options`` (its storage options and block cache; None: fsspec's own
+    configuration and no cache; a local path ignores them); a compressed file (by its magic
+    bytes) comes decompressed (:mod:`pickleshard.io.compressed.source`)."""
     text = os.fspath(where)
     scheme, sep, _ = text.partition("://")
     opener = _REGISTRY.get(scheme if sep else "file")
@@ -200,4 +207,4 @@ def open_source(where: str | os.PathLike[str]) -> ByteSource:
         raise ValueError(f"{text}: no byte source for {scheme}:// (known: {known})")
     from .compressed.source import decompressing  # it builds on this module
 
-    return decompressing(opener(text))
+    return decompressing(opener(text) if options is None or not sep else opener(text, options))

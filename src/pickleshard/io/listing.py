@@ -7,31 +7,21 @@ import glob
 import os
 import stat
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import DatasetNotFoundError, NoPickleFilesError, NotRegularFileError
 from .filenames import PICKLE_PATTERNS, is_pickle_name
 from .found import describe_directory
+from .options import SourceOptions
 from .remote.listing import is_url, resolve_url, resolve_urls
+from .resolved import ResolvedSource
 
 __all__ = ["PICKLE_PATTERNS", "ResolvedSource", "Source", "check_regular_file", "resolve_source"]
 
 INDEX_DIRNAME = ".pickleshard"
 
 Source = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
-
-
-@dataclass(frozen=True)
-class ResolvedSource:
-    """``root`` is the directory every file is stored relative to; ``files`` are relative paths."""
-
-    root: Path
-    files: tuple[str, ...]
-    is_directory: bool
-
-    def absolute(self, rel: str) -> Path:
-        return self.root / rel
 
 
 _KINDS = (
@@ -89,8 +79,9 @@ def _scan_directory(root: Path) -> list[Path]:
     return found
 
 
-def resolve_source(source: Source) -> ResolvedSource:
-    """Return the root and sorted relative paths of the pickle files ``source`` names.
+def resolve_source(source: Source, options: SourceOptions | None = None) -> ResolvedSource:
+    """Return the root and sorted relative paths of the pickle files ``source`` names, with
+    ``options`` (what its files are opened with; a URL is listed with them too).
 
     A URL (``s3://bucket/prefix/``, ``gs://``, ``https://``...) is listed through fsspec (see
     :mod:`pickleshard.io.remote.listing`); its root is a URL.
@@ -102,10 +93,15 @@ def resolve_source(source: Source) -> ResolvedSource:
     a list names files directly. The root is the directory itself, or the deepest directory
     common to all files.
     """
+    found = _resolve(source, options)
+    return found if options is None else replace(found, options=options)
+
+
+def _resolve(source: Source, options: SourceOptions | None) -> ResolvedSource:
     if isinstance(source, (str, os.PathLike)):
         text = os.fspath(source)
         if is_url(text):  # s3://, gs://, http(s)://...: listed through fsspec
-            return resolve_url(text, INDEX_DIRNAME)
+            return resolve_url(text, INDEX_DIRNAME, options)
         path = Path(text)
         if path.is_dir():
             files = _scan_directory(path)
@@ -132,7 +128,7 @@ def resolve_source(source: Source) -> ResolvedSource:
             return _from_files([path])
         raise DatasetNotFoundError(path, "directory or file")
     if source and all(is_url(p) for p in source):  # a list of URLs: each object must exist
-        return resolve_urls([os.fspath(p) for p in source])
+        return resolve_urls([os.fspath(p) for p in source], options)
     paths = [Path(os.fspath(p)) for p in source]
     if not paths:
         raise NoPickleFilesError("<empty file list>", PICKLE_PATTERNS)

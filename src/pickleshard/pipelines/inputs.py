@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..dataset import PickleDataset
@@ -25,12 +25,13 @@ def source_dataset(
     allow: str | Iterable[str] = (),
     transform: Callable[[Any], Any] | None = None,
     layout: LayoutChoice = "auto",
+    storage_options: Mapping[str, Any] | None = None,
 ) -> PickleDataset:
     """``source`` as a :class:`~pickleshard.PickleDataset` that keeps one decoded file at a time.
 
-    A PickleDataset is copied (without its cache); anything else is opened with ``trusted``,
-    ``allow_globals``, ``encoding`` and ``layout``, its index built (``jobs`` processes) if
-    missing or stale.
+    A PickleDataset is copied (without its cache; with its own storage options); anything else
+    is opened with ``trusted``, ``allow_globals``, ``encoding``, ``layout`` and
+    ``storage_options`` (a URL's), its index built (``jobs`` processes) if missing or stale.
     """
     if isinstance(source, PickleDataset):
         ds = copy.copy(source)  # a copy without the cache (PickleDataset.__getstate__)
@@ -45,6 +46,7 @@ def source_dataset(
             jobs=jobs,
             progress=progress,
             layout=layout,
+            storage_options=storage_options,
         )
     # then convert's transform=, then PIL images and sparse matrices as arrays (producers.plain)
     ds.transform = ConvertTransform(ds.transform, transform)

@@ -12,6 +12,7 @@ import numpy as np
 from ..errors import FileChangedError
 from ..io import ByteSource, open_source
 from ..io.identity import FileIdentity
+from ..io.options import SourceOptions
 from ..safety.policy import UnpicklePolicy
 from ..scan.model import ScanResult
 from .joblibfile import joblib_kind, load_joblib, scan_joblib
@@ -30,19 +31,22 @@ def foreign_scan(
 
 
 def foreign_records(
-    path: str | os.PathLike[str], policy: UnpicklePolicy, identity: FileIdentity | None = None
+    path: str | os.PathLike[str],
+    policy: UnpicklePolicy,
+    identity: FileIdentity | None = None,
+    options: SourceOptions | None = None,
 ) -> list[Any] | None:
-    """The pickles of a file that ``pickle.load`` cannot read as written (a ``joblib.dump``
-    file, compressed or not), loaded whole; None for any other file. A top-level array is
+    """The pickles of a file (opened with ``options``) that ``pickle.load`` cannot read as
+    written (a ``joblib.dump`` file, compressed or not), loaded whole; None for any other file. A top-level array is
     returned as ``(array,)``: one field ``x``, its rows the samples, as the scan reads it."""
     where = os.fspath(path)
-    with open_source(where) as source:
+    with open_source(where, options) as source:
         kind = joblib_kind(source)
     if not kind:
         return None
-    obj = load_joblib(where, policy)
+    obj = load_joblib(where, policy, options)
     if identity is not None:
-        with open_source(where) as source:
+        with open_source(where, options) as source:
             what = source.changed_since(identity)
         if what is not None:
             raise FileChangedError(where, what)

@@ -43,6 +43,7 @@ from ..errors import (
     TruncatedPickleError,
 )
 from ..io import ByteSource, open_reader, open_source
+from ..io.options import SourceOptions
 from ..picklekit.memotables import SharedTable
 from ..safety.policy import UnpicklePolicy
 from ..scan.layouts import default_field_names
@@ -310,10 +311,12 @@ def _result(
     )
 
 
-def load_joblib(path: str | os.PathLike[str], policy: UnpicklePolicy) -> Any:
-    """Load a joblib file whole (any compression ``joblib.dump`` writes) through joblib's
-    unpickler, its globals through the allowlist (the array wrapper is joblib's own);
-    :class:`MissingDependencyError` when joblib is not installed."""
+def load_joblib(
+    path: str | os.PathLike[str], policy: UnpicklePolicy, options: SourceOptions | None = None
+) -> Any:
+    """Load a joblib file whole (any compression ``joblib.dump`` writes, opened with
+    ``options``) through joblib's unpickler, its globals through the allowlist (the array
+    wrapper is joblib's own); :class:`MissingDependencyError` when joblib is not installed."""
     where = os.fspath(path)
     try:
         from joblib import numpy_pickle, numpy_pickle_utils
@@ -329,7 +332,7 @@ def load_joblib(path: str | os.PathLike[str], policy: UnpicklePolicy) -> Any:
                 return super().find_class(module, name)
             return lookup(module, name)
 
-    with open_source(where) as source, open_reader(source) as raw:
+    with open_source(where, options) as source, open_reader(source) as raw:
         fh = io.BufferedReader(raw, 1 << 16)
         with numpy_pickle_utils._validate_fileobject_and_memmap(fh, where) as (fobj, _):
             if isinstance(fobj, str):  # joblib < 0.10's format: arrays in side files

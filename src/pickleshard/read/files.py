@@ -22,6 +22,7 @@ from typing import Any
 from ..errors import CorruptPickleError, TruncatedPickleError
 from ..index import DatasetIndex
 from ..io import ByteSource, open_source
+from ..io.options import SourceOptions
 from ..safety.policy import UnpicklePolicy
 from .plan import FORKS
 from .reader import SpanReader
@@ -48,7 +49,8 @@ def _check_size(source: ByteSource, indexed: int) -> None:
 
 
 class SpanFiles:
-    """Per-process span readers for the files of ``index`` found at ``paths``."""
+    """Per-process span readers for the files of ``index`` found at ``paths``, opened with
+    ``options`` (a URL's storage options and block cache; None for local files)."""
 
     def __init__(
         self,
@@ -56,6 +58,7 @@ class SpanFiles:
         paths: list[str],
         policy: UnpicklePolicy,
         max_open: int = DEFAULT_MAX_OPEN,
+        options: SourceOptions | None = None,
     ) -> None:
         if max_open < 1:
             raise ValueError(f"max_open must be >= 1, got {max_open}")
@@ -63,6 +66,7 @@ class SpanFiles:
         self.paths = paths
         self.policy = policy
         self.max_open = max_open
+        self.options = options  # what the files are opened with (a URL's storage options)
         self._readers: OrderedDict[int, SpanReader] = OrderedDict()
         self._gen = FORKS[0]  # the process (fork) whose readers these are
         self.opened = 0  # readers built in this process (a counter for tests and benchmarks)
@@ -82,7 +86,8 @@ class SpanFiles:
             return got
         path = self.paths[pos]
         entry = self.index.files[pos]
-        source = open_source(path)  # a local file (decompressed if compressed) or a URL's object
+        # a local file (decompressed if compressed) or a URL's object
+        source = open_source(path, self.options)
         source.advise("random")
         try:
             _check_size(source, entry.size)

@@ -55,6 +55,7 @@ import numpy as np
 
 from ..errors import FieldLengthMismatchError, NotSpanIndexableError
 from ..io import ByteSource, open_source, storage_read_bytes
+from ..io.options import SourceOptions
 from ..picklekit.nodes import DICT, ITEMS, KIND, LIST, TUPLE, start_of
 from ..picklekit.walk import resolve_engine, walk_opcodes
 from ..picklekit.walker import Walked
@@ -211,11 +212,12 @@ def scan_file(
     encoding: str = "ASCII",
     engine: str = "auto",
     layout: LayoutChoice = "auto",
+    options: SourceOptions | None = None,
 ) -> ScanResult:
     """Scan the pickle file at ``path`` (see the module docstring for what is reported).
 
-    ``path`` is a path or URL (opened with :func:`pickleshard.io.open_source`, closed after) or
-    an open :class:`~pickleshard.io.ByteSource` (left open). The source is advised as
+    ``path`` is a path or URL (opened with :func:`pickleshard.io.open_source` and ``options``,
+    closed after) or an open :class:`~pickleshard.io.ByteSource` (left open). The source is advised as
     :func:`pickleshard.scan.access.choose_pattern` decides, so a sparse scan fetches only the pages
     it examines. ``encoding`` decodes Python 2 ``str`` dict keys, as in :func:`pickle.load`.
     ``engine`` picks the opcode walker: ``"auto"`` (the compiled one when built, see
@@ -226,7 +228,7 @@ def scan_file(
     Raises :class:`~pickleshard.errors.NotSpanIndexableError` when the file must be read
     whole, and the other :class:`~pickleshard.errors.PickleshardError` classes for bad files.
     """
-    source = path if isinstance(path, ByteSource) else open_source(path)
+    source = path if isinstance(path, ByteSource) else open_source(path, options)
     before = storage_read_bytes()
     try:
         result = _scan(scan_buffer(source), source.size, source.name, encoding, engine, layout)

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from ...errors import DatasetNotFoundError, NoPickleFilesError, RemoteStorageError
 from ..filenames import PICKLE_PATTERNS, is_pickle_name
-from .source import filesystem, is_url, set_storage_options
-
-if TYPE_CHECKING:
-    from ..listing import ResolvedSource
+from ..options import SourceOptions
+from ..resolved import ResolvedSource
+from .source import filesystem, is_url
 
 __all__ = [
     "URLPath",
@@ -28,7 +27,6 @@ __all__ = [
     "remote_index_path",
     "resolve_url",
     "resolve_urls",
-    "use_storage_options",
     "without_credentials",
 ]
 
@@ -60,11 +58,16 @@ def _listing_error(url: str, exc: Exception) -> Exception:
     return RemoteStorageError(url, f"cannot list it: {type(exc).__name__}: {str(exc)[:200]}")
 
 
-def resolve_url(url: str, index_dirname: str) -> ResolvedSource:
-    """The pickle objects ``url`` names (see the module docstring), as a resolved source."""
-    from ..listing import ResolvedSource
+def _storage(options: SourceOptions | None) -> dict[str, Any] | None:
+    return None if options is None else options.storage_options
 
-    fs, path = filesystem(url)
+
+def resolve_url(
+    url: str, index_dirname: str, options: SourceOptions | None = None
+) -> ResolvedSource:
+    """The pickle objects ``url`` names (see the module docstring), listed with ``options``'
+    storage options (None: fsspec's own configuration), as a resolved source."""
+    fs, path = filesystem(url, _storage(options))
     protocol = url.partition("://")[0]
     try:
         if any(c in path for c in "*?["):
@@ -95,10 +98,11 @@ def resolve_url(url: str, index_dirname: str) -> ResolvedSource:
     raise DatasetNotFoundError(url, "object or prefix")
 
 
-def resolve_urls(urls: Sequence[str]) -> ResolvedSource:
-    """A list of object URLs as a resolved source; each must name an existing object."""
+def resolve_urls(urls: Sequence[str], options: SourceOptions | None = None) -> ResolvedSource:
+    """A list of object URLs as a resolved source; each must name an existing object (looked
+    up with ``options``' storage options)."""
     for url in urls:
-        fs, path = filesystem(url)
+        fs, path = filesystem(url, _storage(options))
         try:  # info, not isfile: HTTP's isfile is a GET of the whole object
             found = fs.info(path).get("type", "file") == "file"
         except FileNotFoundError:
@@ -111,8 +115,6 @@ def resolve_urls(urls: Sequence[str]) -> ResolvedSource:
 
 
 def _from_objects(protocol: str, paths: Sequence[str]) -> ResolvedSource:
-    from ..listing import ResolvedSource
-
     urls = sorted(_protocol_url(protocol, p) for p in paths)
     parents = [u.rsplit("/", 1)[0] for u in urls]
     parts = [p.split("/") for p in parents]
@@ -152,15 +154,3 @@ def remote_index_path(source: ResolvedSource) -> Path:
     host = root.partition("://")[2].split("/", 1)[0].rpartition("@")[2]
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in host)[:40]
     return Path(home) / f"{safe}-{key}"
-
-
-def use_storage_options(source: object, options: Mapping[str, Any] | None) -> None:
-    """Register ``options`` (see :func:`pickleshard.io.set_storage_options`) for the URL
-    ``source`` is, or for each URL of a list of them; local paths are left alone."""
-    if options is None:
-        return
-    items = [source] if isinstance(source, (str, os.PathLike)) else list(source)  # type: ignore[call-overload]
-    for item in items:
-        text = os.fspath(item)
-        if is_url(text):
-            set_storage_options(text, options)

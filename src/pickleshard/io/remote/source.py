@@ -6,12 +6,13 @@ filesystem. Every read is a ranged request (``fs.cat_file(path, start, end)``); 
 (concurrent on the async filesystems: s3fs, gcsfs, HTTP). It cannot be mapped and has no
 descriptor, so scans and reads take their range-read paths.
 
-Storage options (credentials, endpoint, ...) are the keyword pandas, Dask and HF datasets use:
-:func:`set_storage_options` registers them for a URL prefix in this process (what
-``PickleDataset(url, storage_options=...)`` and the CLI's ``--storage-option`` do), a source
-takes the options of the longest prefix of its URL, and without any fsspec's own configuration
-applies (``~/.aws``, environment variables). Options travel with a pickled source (to a
-DataLoader worker, in memory) and are never written to an index, a log, an error or a repr.
+A source is constructed with its :class:`~pickleshard.io.options.SourceOptions`: the storage
+options (credentials, endpoint, ...: the keyword pandas, Dask and HF datasets use) of whoever
+opened it (``PickleDataset(url, storage_options=...)``, the CLI's ``--storage-option``), and the
+block cache it shares with the other sources opened with the same options; without options
+fsspec's own configuration applies (``~/.aws``, environment variables) and nothing is cached.
+Options travel with a pickled source (to a DataLoader worker, in memory) and are never written
+to an index, a log, an error or a repr.
 
 Each process opens its own filesystem (cached by process id, protocol and options): nothing
 holding a socket crosses a fork. A dropped connection, a timeout or a 5xx is retried
@@ -36,28 +37,17 @@ from typing import Any, TypeVar
 from ...errors import MissingDependencyError, RemoteStorageError, UnreadableFileError
 from ..base import COALESCE_GAP, ByteSource, _check_range, coalesce, register_source
 from ..identity import FileIdentity
-from .blocks import BlockCache
+from ..options import SourceOptions
 
-__all__ = [
-    "PROTOCOLS",
-    "FsspecSource",
-    "RemoteCounters",
-    "filesystem",
-    "is_url",
-    "set_block_cache",
-    "set_storage_options",
-    "storage_options_for",
-]
+__all__ = ["PROTOCOLS", "FsspecSource", "RemoteCounters", "filesystem", "is_url"]
 
 # the protocols registered with open_source (any other fsspec one: register_source(p, FsspecSource))
 PROTOCOLS = ("s3", "s3a", "gs", "gcs", "http", "https", "memory", "az", "abfs", "abfss", "hf")
 
 T = TypeVar("T")
 
-_OPTIONS: dict[str, dict[str, Any]] = {}  # URL prefix ("" = every URL) -> storage options
 _FILESYSTEMS: dict[tuple[int, str, str], Any] = {}  # (pid, protocol, token of options) -> fs
 _FS_LOCK = threading.Lock()
-_CACHE: list[BlockCache | None] = [None]  # the process's block cache (None: no caching)
 RETRIES = 5  # tries after the first, by default
 BACKOFF = 0.1  # seconds before the first retry, doubled each time
 STAGE_BYTES = 256 << 20  # a prefetch larger than this is not staged (read as asked instead)
@@ -70,43 +60,6 @@ def is_url(where: str | os.PathLike[str]) -> bool:
     return bool(sep) and scheme.isidentifier() and scheme != "file"
 
 
-def set_storage_options(prefix: str, options: Mapping[str, Any] | None) -> None:
-    """Use ``options`` for every URL that starts with ``prefix`` (``""``: every URL) opened
-    in this process and the processes forked from it; None forgets the prefix."""
-    if options is None:
-        _OPTIONS.pop(prefix, None)
-    else:
-        _OPTIONS[prefix] = dict(options)
-
-
-def storage_options_table() -> dict[str, dict[str, Any]]:
-    """A copy of every prefix's options registered in this process: what a task sent to
-    another machine (a Dask worker) needs to open the same URLs (see :func:`install_storage_options`)."""
-    return {prefix: dict(options) for prefix, options in _OPTIONS.items()}
-
-
-def install_storage_options(table: Mapping[str, Mapping[str, Any]]) -> None:
-    """Register every prefix's options of ``table`` (from :func:`storage_options_table`) here."""
-    for prefix, options in table.items():
-        set_storage_options(prefix, options)
-
-
-def storage_options_for(url: str) -> dict[str, Any]:
-    """The options registered for the longest prefix of ``url`` (``{}`` when none is)."""
-    best = max((p for p in _OPTIONS if url.startswith(p)), key=len, default=None)
-    return dict(_OPTIONS[best]) if best is not None else {}
-
-
-def set_block_cache(budget: int | None, block_size: int | None = None) -> BlockCache | None:
-    """Cache remote reads of this process in blocks, ``budget`` bytes in all (None: no cache);
-    return the cache (its ``counters`` count hits, misses and bytes fetched)."""
-    if budget is None:
-        _CACHE[0] = None
-    else:
-        _CACHE[0] = BlockCache(budget, *(() if block_size is None else (block_size,)))
-    return _CACHE[0]
-
-
 def _fsspec() -> Any:
     try:
         import fsspec
@@ -115,12 +68,13 @@ def _fsspec() -> Any:
     return fsspec
 
 
-def filesystem(url: str, options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
-    """This process's fsspec filesystem for ``url`` (with ``options``, default those
-    registered for it) and the object's path in it."""
+def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
+    """This process's fsspec filesystem for ``url`` with ``storage_options`` (None: fsspec's
+    own configuration) and the object's path in it; one per set of options, so two datasets
+    with different credentials never share one."""
     fsspec = _fsspec()
     protocol = url.partition("://")[0]
-    opts = storage_options_for(url) if options is None else dict(options)
+    opts = dict(storage_options or {})
     key = (os.getpid(), protocol, fsspec.utils.tokenize(protocol, opts))
     with _FS_LOCK:
         fs = _FILESYSTEMS.get(key)
@@ -157,8 +111,8 @@ class RemoteCounters:
 class FsspecSource(ByteSource):
     """One object of an fsspec filesystem, read by range (see the module docstring).
 
-    ``storage_options`` (default: those registered for the URL) go to the filesystem;
-    ``retries`` and ``backoff`` (seconds, doubled each try; default :data:`RETRIES` and
+    ``options`` (None: fsspec's own configuration, no block cache) give the filesystem its
+    storage options and the reads their block cache; ``retries`` and ``backoff`` (seconds, doubled each try; default :data:`RETRIES` and
     :data:`BACKOFF`) govern retries of transient failures; ``identity_ttl`` how long an identity is reused (0: a metadata request each time).
     """
 
@@ -167,7 +121,7 @@ class FsspecSource(ByteSource):
     def __init__(
         self,
         url: str,
-        storage_options: Mapping[str, Any] | None = None,
+        options: SourceOptions | None = None,
         *,
         retries: int | None = None,
         backoff: float | None = None,
@@ -178,9 +132,7 @@ class FsspecSource(ByteSource):
         if retries < 0:
             raise ValueError(f"retries must be >= 0, got {retries}")
         self.name = self.url = url
-        self.storage_options = (
-            storage_options_for(url) if storage_options is None else dict(storage_options)
-        )
+        self.options = options if options is not None else SourceOptions()
         self.retries, self.backoff, self.identity_ttl = retries, backoff, identity_ttl
         self.counters = RemoteCounters()
         self._pid = -1
@@ -193,7 +145,7 @@ class FsspecSource(ByteSource):
     # -- the filesystem and the object's metadata --------------------------------------------
     def _open(self) -> None:
         if self._pid != os.getpid():  # a new process (or closed): its own filesystem
-            self._fs, self._path = filesystem(self.url, self.storage_options)
+            self._fs, self._path = filesystem(self.url, self.options.storage_options)
             self._pid, self._seen, self._staged = os.getpid(), None, []
             self.counters = RemoteCounters()
             self._opened = self._stat()
@@ -231,7 +183,7 @@ class FsspecSource(ByteSource):
     def __getstate__(self) -> dict[str, Any]:
         return {
             "url": self.url,
-            "storage_options": self.storage_options,
+            "options": self.options,
             "retries": self.retries,
             "backoff": self.backoff,
             "identity_ttl": self.identity_ttl,
@@ -240,7 +192,7 @@ class FsspecSource(ByteSource):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(  # type: ignore[misc]
             state["url"],
-            state["storage_options"],
+            state["options"],
             retries=state["retries"],
             backoff=state["backoff"],
             identity_ttl=state["identity_ttl"],
@@ -343,7 +295,7 @@ class FsspecSource(ByteSource):
             staged = self._from_staged(*spans[0])
             if staged is not None:
                 return [staged]
-        cache = _CACHE[0]
+        cache = self.options.block_cache
         if cache is None:
             wanted = [s for s in spans if s[1] > s[0]]
             fetched = iter(self._fetch(wanted) if wanted else [])

@@ -36,7 +36,7 @@ import errno
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -262,6 +262,7 @@ def convert(
     allow: str | Iterable[str] = (),
     transform: Callable[[Any], Any] | None = None,
     layout: LayoutChoice = "auto",
+    storage_options: Mapping[str, Any] | None = None,
 ) -> ConvertReport:
     """Convert ``source`` to format ``to`` in directory ``out``; see the module docstring.
 
@@ -290,7 +291,9 @@ def convert(
     (``"dask"``, ``"dask://HOST:PORT"``, a ``distributed.Client``: see
     :func:`~pickleshard.executors.local.resolve_executor`), with
     the same output, byte for byte; its workers must see ``source`` and ``out`` at the same
-    paths. ``layout`` is :class:`~pickleshard.PickleDataset`'s (what a file or record is).
+    paths. ``layout`` is :class:`~pickleshard.PickleDataset`'s (what a file or record is), and
+    so are ``storage_options`` (a URL's credentials, endpoint...: they travel to the workers
+    inside the pickled dataset, never into the output).
 
     Rerunning after a kill resumes; rerunning after success returns at once
     (``already_done``). Raises :class:`~pickleshard.errors.OutputPathError` if ``out`` cannot
@@ -319,6 +322,7 @@ def convert(
         allow=allow,
         transform=transform,
         layout=layout,
+        storage_options=storage_options,
     )
     identity = _identity(ds, fmt, shard_bytes)
     files = ds.index.files

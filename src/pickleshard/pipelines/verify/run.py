@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import pickle
 import time
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from secrets import token_hex
@@ -59,11 +59,12 @@ def verify(
     jobs: int | None = None,
     executor: ExecutorLike = None,
     layout: LayoutChoice = "auto",
+    storage_options: Mapping[str, Any] | None = None,
 ) -> VerifyReport:
     """Compare every sample of conversion ``out`` (or ``sample`` random ones) with ``source``.
 
     ``source`` is what :func:`pickleshard.pipelines.convert.run` took (``trusted``, ``allow_globals`` and
-    ``encoding`` and ``layout`` as there); ``None`` compares with the digests stored at conversion time
+    ``encoding``, ``layout`` and ``storage_options`` as there); ``None`` compares with the digests stored at conversion time
     instead (no source needed; catches corruption since). With ``sample=K`` only K samples,
     drawn without replacement from ``seed``, are checked.
     The samples are checked in up to 64 runs by ``executor`` (see
@@ -79,7 +80,12 @@ def verify(
     src = None
     if source is not None:
         src = source_dataset(
-            source, trusted=trusted, allow_globals=allow_globals, encoding=encoding, layout=layout
+            source,
+            trusted=trusted,
+            allow_globals=allow_globals,
+            encoding=encoding,
+            layout=layout,
+            storage_options=storage_options,
         )
         if len(src) != n:
             raise VerifyMismatchError(root, f"has {n} samples, the source has {len(src)}")

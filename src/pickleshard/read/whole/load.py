@@ -23,6 +23,7 @@ from ...errors import (
 )
 from ...io import ByteSource, open_reader, open_source
 from ...io.identity import FileIdentity
+from ...io.options import SourceOptions
 from ...picklekit.gcpause import paused_gc
 from ...picklekit.memoids import check_memo_ids
 from ...producers.foreign import foreign_records, unwrap_tables
@@ -70,13 +71,16 @@ def load_records(
     *,
     check_memo: bool = False,
     identity: FileIdentity | None = None,
+    options: SourceOptions | None = None,
 ) -> list[Any]:
-    """Every pickle of ``path`` in file order (one per ``pickle.dump`` call that wrote it);
-    ``check_memo`` as in :func:`load_file`. With ``identity`` (what the index recorded), the
+    """Every pickle of ``path`` (opened with ``options``) in file order (one per
+    ``pickle.dump`` call that wrote it); ``check_memo`` as in :func:`load_file`. With ``identity`` (what the index recorded), the
     open file is compared with it before and after the load (``fstat``): a file changed since
     it was indexed, or while it was read, raises :class:`FileChangedError` instead of giving
     samples that are neither the old nor the new data."""
-    return _load(path, policy, every=True, check_memo=check_memo, identity=identity)
+    return _load(
+        path, policy, every=True, check_memo=check_memo, identity=identity, options=options
+    )
 
 
 def _load(
@@ -86,9 +90,10 @@ def _load(
     every: bool,
     check_memo: bool,
     identity: FileIdentity | None = None,
+    options: SourceOptions | None = None,
 ) -> list[Any]:
     where = os.fspath(path)
-    with open_source(where) as source:
+    with open_source(where, options) as source:
         head = source.read_at(0, 2)  # UnreadableFileError "cannot open"/"cannot read" itself
         size = source.size
         if identity is not None:
@@ -182,11 +187,14 @@ def load_layout(
     check_memo: bool = False,
     identity: FileIdentity | None = None,
     layout: LayoutChoice = "auto",
+    options: SourceOptions | None = None,
 ) -> DecodedLayout:
     """Unpickle every pickle of ``path`` and return its samples as columns, read as ``layout``
     says (see :func:`pickleshard.scan.records.decode_records`: one pickle, or several appended
-    ones); ``check_memo`` and ``identity`` as in :func:`load_records`."""
-    records = foreign_records(path, policy, identity)  # joblib.dump files, by their bytes
+    ones); ``check_memo``, ``identity`` and ``options`` as in :func:`load_records`."""
+    records = foreign_records(path, policy, identity, options)  # joblib.dump files, by bytes
     if records is None:
-        records = load_records(path, policy, check_memo=check_memo, identity=identity)
+        records = load_records(
+            path, policy, check_memo=check_memo, identity=identity, options=options
+        )
     return decode_records(unwrap_tables(records, path), path, layout)  # DataFrame/Series: rows

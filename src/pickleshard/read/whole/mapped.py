@@ -59,6 +59,7 @@ import numpy as np
 from ...errors import FileChangedError, IndexFormatError
 from ...io import open_source
 from ...io.identity import FileIdentity
+from ...io.options import SourceOptions
 from ...safety.policy import UnpicklePolicy
 from ...scan.layouts import DecodedLayout
 
@@ -301,8 +302,10 @@ class MappedWholeFiles:
         decode: Callable[[str], DecodedLayout],
         identity: Callable[[str], FileIdentity],
         check: Callable[[str, DecodedLayout], None],
+        options: SourceOptions | None = None,
     ) -> None:
         self.directory = directory
+        self.options = options  # what the data files are opened with (a URL's storage options)
         self.policy = policy
         self._decode = decode
         self._identity = identity
@@ -320,7 +323,8 @@ class MappedWholeFiles:
         """The columns of data file ``path``, mapped from its entry (written first if missing);
         the dataset's own load (per process, unshared) when the directory is not writable."""
         recorded = self._identity(path)
-        with open_source(path) as source:  # a stat each time a process starts using the file
+        # a stat each time a process starts using the file
+        with open_source(path, self.options) as source:
             what = source.changed_since(recorded)
         if what is not None:
             raise FileChangedError(path, what)
@@ -385,10 +389,12 @@ def whole_loader(
     index: DatasetIndex,
     positions: dict[str, int],
     policy: UnpicklePolicy,
+    options: SourceOptions | None = None,
 ) -> Callable[[str], DecodedLayout]:
     """What a dataset's whole-file cache loads files with in this process: ``load`` (the
     dataset's own unpickle-and-check) in the main process, the mapped entries of
-    ``<index>/whole`` in a DataLoader worker, where a copy per process would multiply."""
+    ``<index>/whole`` in a DataLoader worker, where a copy per process would multiply (the
+    data files opened with ``options``)."""
     if not in_worker():
         return load
 
@@ -398,4 +404,5 @@ def whole_loader(
     def check(path: str, decoded: DecodedLayout) -> None:
         index.check_decoded(positions[path], path, decoded.num_samples, decoded.fields)
 
-    return MappedWholeFiles(Path(index.path) / "whole", policy, load, identity, check).load
+    whole = Path(index.path) / "whole"
+    return MappedWholeFiles(whole, policy, load, identity, check, options).load
