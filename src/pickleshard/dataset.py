@@ -24,10 +24,12 @@ from .errors import NotSpanIndexableError, UnsafePickleError
 from .index import SkippedFilesWarning
 from .indexing.openaudit import audit_dataset_source, audit_opened
 from .indexing.opening import Rebuild, open_index
+from .io.handles import ProcessLocal
 from .io.listing import Source
+from .io.lru import CacheStats
 from .io.remote.listing import use_storage_options
 from .read import SpanFiles
-from .read.whole.cache import CacheBudget, CacheStats, WholeFileCache
+from .read.whole.cache import CacheBudget, WholeFileCache
 from .read.whole.load import load_layout
 from .read.whole.mapped import whole_loader
 from .safety.allowlist import preset_names
@@ -171,7 +173,7 @@ class PickleDataset(_DatasetBase[Any]):
         self._n = self.index.num_samples
         # first global index of each file (samples are numbered file after file)
         self._firsts = [0, *itertools.accumulate(f.num_samples for f in self.index.files)][:-1]
-        self._cache: WholeFileCache | None = None
+        self._cache: ProcessLocal[WholeFileCache] | None = None
         self._spans = SpanFiles(self.index, self._paths, self.policy)
         if self.index.skipped:
             skipped = self.index.skipped
@@ -228,10 +230,13 @@ class PickleDataset(_DatasetBase[Any]):
     @property
     def cache(self) -> WholeFileCache:
         """This process's whole-file cache, created on first use with its share of the budget."""
-        if self._cache is None or self._cache.pid != os.getpid():
-            load = whole_loader(self._load, self.index, self._positions, self.policy)
-            self._cache = WholeFileCache(self.budget.share_here(), load)
-        return self._cache
+        if self._cache is None:  # a worker's cache has its own share and loader: one per process
+            self._cache = ProcessLocal(self._new_cache)
+        return self._cache.get()
+
+    def _new_cache(self) -> WholeFileCache:
+        load = whole_loader(self._load, self.index, self._positions, self.policy)
+        return WholeFileCache(self.budget.share_here(), load)
 
     @property
     def cache_stats(self) -> CacheStats:
