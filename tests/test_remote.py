@@ -201,7 +201,7 @@ def test_the_block_cache_serves_a_second_epoch(s3: S3Server, dataset: PickleData
         assert s3.traffic.sent == 0  # every block held: nothing fetched again
         assert cache is not None
         assert 0 < cache.held <= budget
-        assert cache.counters.hits > 0
+        assert cache.stats.hits > 0
         small = set_block_cache(2 << 20, block_size=1 << 20)
         _epoch(dataset, seed=5)
         assert small is not None
