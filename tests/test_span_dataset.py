@@ -143,7 +143,7 @@ def test_auto_mode_mixes_span_and_whole_files(tmp_path: Path) -> None:
     assert "span_files=2" in repr(ds)
     _assert_reads(ds, _expected(sorted(files)))
     assert ds.cache_stats.loads == 2  # only the protocol-1 files were unpickled whole
-    assert ds.span_files.opened == 2
+    assert ds.span_files.stats.loads == 2
     assert isinstance(ds.index.spans["starts"], np.memmap)
     assert ds.index.spans["starts"].shape == (10, 2)
 
@@ -261,7 +261,7 @@ class _Traced(PickleDataset):
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         samples = super().__getitems__(indices)
-        opened = self.span_files.opened
+        opened = self.span_files.stats.loads
         return [(int(i), s[1], os.getpid(), opened) for i, s in zip(indices, samples, strict=True)]
 
 
@@ -295,7 +295,7 @@ def test_forked_dataloader_workers_read_by_span(tmp_path: Path) -> None:
     assert sorted(seen) == list(range(len(ds)))
     assert len(pids) == 2
     assert os.getpid() not in pids
-    assert ds.span_files.opened == 1  # the parent's readers are untouched
+    assert ds.span_files.stats.loads == 1  # the parent's readers are untouched
 
 
 def test_pickled_dataset_leaves_readers_behind(tmp_path: Path) -> None:
@@ -306,7 +306,7 @@ def test_pickled_dataset_leaves_readers_behind(tmp_path: Path) -> None:
     data = pickle.dumps(ds)
     assert len(data) < 4096
     back = pickle.loads(data)
-    assert (len(back.span_files), back.span_files.opened) == (0, 0)
+    assert (len(back.span_files), back.span_files.stats.loads) == (0, 0)
     assert back.policy == ds.policy
     _assert_reads(back, _expected(files))
 
