@@ -245,6 +245,25 @@ def test_span_reads_go_through_a_local_file_advised_random(tmp_path: Path) -> No
     assert_same(ds[7], want[7])  # reopened on the next read
 
 
+def test_open_readers_are_bounded_least_recently_used_closed_first(tmp_path: Path) -> None:
+    files = write_synthetic(tmp_path / "data", files=3, per_file=4, shape=(3,))
+    ds = PickleDataset(tmp_path / "data", mode="span")
+    want = _expected(files)
+    ds.span_files.max_open = 2
+    first = ds.span_files.reader(0)
+    for i in (1, 5, 2, 9):  # files 0, 1, 0, 2: file 1's reader is the least recently used
+        assert_same(ds[i], want[i])
+        assert len(ds.span_files) <= 2
+    s = ds.span_files.stats
+    assert (s.hits, s.misses, s.loads, s.evictions, s.entries) == (2, 3, 3, 1, 2)
+    assert first.source._fd != -1  # still open: used since file 1's was
+    ds.span_files.max_open = 1  # closes the excess at once
+    assert (len(ds.span_files), first.source._fd) == (1, -1)
+    assert_same(ds[1], want[1])
+    with pytest.raises(ValueError, match="max_open must be >= 1"):
+        ds.span_files.max_open = 0
+
+
 def test_transform_applies_in_span_mode(tmp_path: Path) -> None:
     files = write_synthetic(tmp_path / "data", files=1, per_file=4, shape=(3,))
     ds = PickleDataset(tmp_path / "data", mode="span", transform=lambda s: (s[1], s[0].sum()))
