@@ -333,7 +333,7 @@ def test_the_lru_reopen_checks_the_identity(tmp_path: Path) -> None:
     ds = PickleDataset(tmp_path / "data", mode="span")
     ds.span_files.max_open = 1
     ds[0], ds[8]  # a.pkl's reader is closed to open b.pkl's
-    assert ds.span_files.opened == 2
+    assert ds.span_files.stats.loads == 2
     path = tmp_path / "data" / "a.pkl"
     st = path.stat()
     path.write_bytes(new)

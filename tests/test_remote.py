@@ -208,14 +208,14 @@ def test_the_block_cache_serves_a_second_epoch(
     _epoch(cached, seed=4)
     assert s3.traffic.sent == 0  # every block held: nothing fetched again
     assert 0 < cache.held <= budget
-    assert cache.counters.hits > 0
-    held, hits = cache.held, cache.counters.hits
+    assert cache.stats.hits > 0
+    held, hits = cache.held, cache.stats.hits
     options = SourceOptions(s3.options(), block_cache_bytes=2 << 20, block_size=1 << 20)
     small = PickleDataset(bucket, storage_options=options)
     _epoch(small, seed=5)
     assert small.source_options.block_cache is not None
     assert 0 < small.source_options.block_cache.held <= 2 << 20
-    assert (cache.held, cache.counters.hits) == (held, hits)  # each dataset its own cache
+    assert (cache.held, cache.stats.hits) == (held, hits)  # each dataset its own cache
     assert dataset.source_options.block_cache is None  # none unless asked for
     s3.traffic.reset()
     _epoch(dataset, seed=6)

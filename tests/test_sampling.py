@@ -1,7 +1,8 @@
 """BlockShuffleSampler: coverage across ranks, determinism, and at most one load per file per worker.
 
 A fake index (file sample counts and decoded sizes) keeps the property tests fast; the worker
-replay runs the real :class:`~pickleshard.read.whole.cache.WholeFileCache` the dataset uses.
+replay runs the real :class:`~pickleshard.read.whole.cache.WholeFileCache` the dataset uses, with
+every registered eviction policy that declares ``keeps_recent`` (what the sampler relies on).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pickleshard.io.lru import EVICTIONS, Eviction
 from pickleshard.read.whole.cache import CacheBudget, WholeFileCache
 from pickleshard.samplers import BlockShuffleSampler, distributed_rank_and_world
 from pickleshard.scan.layouts import DecodedLayout
@@ -58,7 +60,11 @@ def _file_of(ds: FakeDataset, i: int) -> int:
 
 
 def _replay_workers(
-    ds: FakeDataset, order: list[int], batch_size: int, num_workers: int
+    ds: FakeDataset,
+    order: list[int],
+    batch_size: int,
+    num_workers: int,
+    eviction: Callable[[], Eviction[str]],
 ) -> dict[int, Counter[int]]:
     """Replay ``order`` as a DataLoader would: batch ``k`` goes to worker ``k % num_workers``,
     each worker has its own cache of ``cache_bytes // num_workers`` and, like
@@ -75,7 +81,7 @@ def _replay_workers(
         return load
 
     share = CacheBudget(ds.cache_bytes).share(num_workers)
-    caches = [WholeFileCache(share, loader_for(w)) for w in range(workers)]
+    caches = [WholeFileCache(share, loader_for(w), eviction) for w in range(workers)]
     for k, start in enumerate(range(0, len(order), batch_size)):
         files = [_file_of(ds, i) for i in order[start : start + batch_size]]
         cache = caches[k % workers]
@@ -83,6 +89,8 @@ def _replay_workers(
             cache.get(str(f), ds.index.files[f].decoded_nbytes)
     return loads
 
+
+KEEPS_RECENT = [policy for policy in EVICTIONS.values() if policy.keeps_recent]
 
 files_strategy = st.lists(
     st.tuples(st.integers(0, 12), st.integers(1, 100)), min_size=1, max_size=8
@@ -153,9 +161,10 @@ def test_block_shuffle_properties(
 
     # (c) under the DataLoader's round-robin, each worker loads each file at most once.
     for order in per_rank:
-        loads = _replay_workers(ds, order, batch_size, num_workers)
-        for worker, per_file in loads.items():
-            assert max(per_file.values(), default=0) <= 1, (worker, per_file)
+        for eviction in KEEPS_RECENT:
+            loads = _replay_workers(ds, order, batch_size, num_workers, eviction)
+            for worker, per_file in loads.items():
+                assert max(per_file.values(), default=0) <= 1, (eviction, worker, per_file)
 
 
 def test_orders_differ_between_epochs_and_seeds() -> None:

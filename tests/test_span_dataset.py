@@ -143,7 +143,7 @@ def test_auto_mode_mixes_span_and_whole_files(tmp_path: Path) -> None:
     assert "span_files=2" in repr(ds)
     _assert_reads(ds, _expected(sorted(files)))
     assert ds.cache_stats.loads == 2  # only the protocol-1 files were unpickled whole
-    assert ds.span_files.opened == 2
+    assert ds.span_files.stats.loads == 2
     assert isinstance(ds.index.spans["starts"], np.memmap)
     assert ds.index.spans["starts"].shape == (10, 2)
 
@@ -245,6 +245,25 @@ def test_span_reads_go_through_a_local_file_advised_random(tmp_path: Path) -> No
     assert_same(ds[7], want[7])  # reopened on the next read
 
 
+def test_open_readers_are_bounded_least_recently_used_closed_first(tmp_path: Path) -> None:
+    files = write_synthetic(tmp_path / "data", files=3, per_file=4, shape=(3,))
+    ds = PickleDataset(tmp_path / "data", mode="span")
+    want = _expected(files)
+    ds.span_files.max_open = 2
+    first = ds.span_files.reader(0)
+    for i in (1, 5, 2, 9):  # files 0, 1, 0, 2: file 1's reader is the least recently used
+        assert_same(ds[i], want[i])
+        assert len(ds.span_files) <= 2
+    s = ds.span_files.stats
+    assert (s.hits, s.misses, s.loads, s.evictions, s.entries) == (2, 3, 3, 1, 2)
+    assert first.source._fd != -1  # still open: used since file 1's was
+    ds.span_files.max_open = 1  # closes the excess at once
+    assert (len(ds.span_files), first.source._fd) == (1, -1)
+    assert_same(ds[1], want[1])
+    with pytest.raises(ValueError, match="max_open must be >= 1"):
+        ds.span_files.max_open = 0
+
+
 def test_transform_applies_in_span_mode(tmp_path: Path) -> None:
     files = write_synthetic(tmp_path / "data", files=1, per_file=4, shape=(3,))
     ds = PickleDataset(tmp_path / "data", mode="span", transform=lambda s: (s[1], s[0].sum()))
@@ -261,7 +280,7 @@ class _Traced(PickleDataset):
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         samples = super().__getitems__(indices)
-        opened = self.span_files.opened
+        opened = self.span_files.stats.loads
         return [(int(i), s[1], os.getpid(), opened) for i, s in zip(indices, samples, strict=True)]
 
 
@@ -295,7 +314,7 @@ def test_forked_dataloader_workers_read_by_span(tmp_path: Path) -> None:
     assert sorted(seen) == list(range(len(ds)))
     assert len(pids) == 2
     assert os.getpid() not in pids
-    assert ds.span_files.opened == 1  # the parent's readers are untouched
+    assert ds.span_files.stats.loads == 1  # the parent's readers are untouched
 
 
 def test_pickled_dataset_leaves_readers_behind(tmp_path: Path) -> None:
@@ -306,7 +325,7 @@ def test_pickled_dataset_leaves_readers_behind(tmp_path: Path) -> None:
     data = pickle.dumps(ds)
     assert len(data) < 4096
     back = pickle.loads(data)
-    assert (len(back.span_files), back.span_files.opened) == (0, 0)
+    assert (len(back.span_files), back.span_files.stats.loads) == (0, 0)
     assert back.policy == ds.policy
     _assert_reads(back, _expected(files))
 

@@ -24,10 +24,12 @@ from .errors import NotSpanIndexableError, UnsafePickleError
 from .index import SkippedFilesWarning
 from .indexing.openaudit import audit_dataset_source, audit_opened
 from .indexing.opening import Rebuild, open_index
+from .io.handles import ProcessLocal
 from .io.listing import Source
+from .io.lru import CacheStats
 from .io.options import SourceOptions
 from .read import SpanFiles
-from .read.whole.cache import CacheBudget, CacheStats, WholeFileCache
+from .read.whole.cache import CacheBudget, WholeFileCache
 from .read.whole.load import load_layout
 from .read.whole.mapped import whole_loader
 from .safety.allowlist import preset_names
@@ -89,7 +91,7 @@ class PickleDataset(_DatasetBase[Any]):
     belong to this dataset (:attr:`source_options`): another dataset on the same bucket keeps
     its own, and DataLoader workers get them with the pickled dataset. ``block_cache_bytes``
     keeps fetched blocks of remote objects in an LRU of that many bytes per process (None, the
-    default: no cache); ``source_options.block_cache.counters`` count its hits and misses. A
+    default: no cache); ``source_options.block_cache.stats`` count its hits and misses. A
     :class:`~pickleshard.io.SourceOptions` may be given as ``storage_options`` instead (its own
     block cache and block size, then without ``block_cache_bytes``).
 
@@ -179,7 +181,7 @@ class PickleDataset(_DatasetBase[Any]):
         self._n = self.index.num_samples
         # first global index of each file (samples are numbered file after file)
         self._firsts = [0, *itertools.accumulate(f.num_samples for f in self.index.files)][:-1]
-        self._cache: WholeFileCache | None = None
+        self._cache: ProcessLocal[WholeFileCache] | None = None
         self._spans = SpanFiles(self.index, self._paths, self.policy, options=self.source_options)
         if self.index.skipped:
             skipped = self.index.skipped
@@ -242,12 +244,15 @@ class PickleDataset(_DatasetBase[Any]):
     @property
     def cache(self) -> WholeFileCache:
         """This process's whole-file cache, created on first use with its share of the budget."""
-        if self._cache is None or self._cache.pid != os.getpid():
-            load = whole_loader(
-                self._load, self.index, self._positions, self.policy, self.source_options
-            )
-            self._cache = WholeFileCache(self.budget.share_here(), load)
-        return self._cache
+        if self._cache is None:  # a worker's cache has its own share and loader: one per process
+            self._cache = ProcessLocal(self._new_cache)
+        return self._cache.get()
+
+    def _new_cache(self) -> WholeFileCache:
+        load = whole_loader(
+            self._load, self.index, self._positions, self.policy, self.source_options
+        )
+        return WholeFileCache(self.budget.share_here(), load)
 
     @property
     def cache_stats(self) -> CacheStats:

@@ -29,7 +29,7 @@ class SourceOptions:
     ``block_cache_bytes`` (None: no cache, the default) keeps fetched blocks of ``block_size``
     bytes in one LRU shared by every remote source opened with these options in one process:
     at most ``block_cache_bytes`` bytes per process (a forked or spawned worker starts its own,
-    empty). :attr:`block_cache` is this process's cache; its ``counters`` count hits, misses
+    empty). :attr:`block_cache` is this process's cache; its ``stats`` count hits, misses
     and bytes fetched.
     """
 

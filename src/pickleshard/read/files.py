@@ -6,7 +6,8 @@ process, from the index's memory-mapped span arrays (no Python object per sample
 :class:`~pickleshard.io.LocalFile` advised for random reads (a span read wants no readahead),
 with the policy's global lookup (the allowlist unless ``trusted``) and ``encoding``. A forked
 child starts with no readers, so no file descriptor or cached shared object crosses a fork;
-pickling leaves the readers behind. Least recently used readers are closed first. A file whose
+pickling leaves the readers behind. Least recently used readers are closed first (a
+:class:`~pickleshard.io.lru.BudgetCache` whose budget is the count of open readers). A file whose
 size changed since indexing is refused when its reader is built; each reader checks the file's
 identity as the index recorded it (size, mtime, ctime, inode) on every (re)open and after every
 read or batch, and holds every sample it returns to the policy's bounds (``max_sample_bytes``,
@@ -16,15 +17,15 @@ their cost does.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any
 
 from ..errors import CorruptPickleError, TruncatedPickleError
 from ..index import DatasetIndex
 from ..io import ByteSource, open_source
+from ..io.handles import ProcessLocal
+from ..io.lru import BudgetCache, CacheStats
 from ..io.options import SourceOptions
 from ..safety.policy import UnpicklePolicy
-from .plan import FORKS
 from .reader import SpanReader
 
 __all__ = ["DEFAULT_MAX_OPEN", "SpanFiles"]
@@ -48,9 +49,18 @@ def _check_size(source: ByteSource, indexed: int) -> None:
         )
 
 
+def _close(reader: SpanReader) -> None:
+    reader.close()
+
+
 class SpanFiles:
     """Per-process span readers for the files of ``index`` found at ``paths``, opened with
-    ``options`` (a URL's storage options and block cache; None for local files)."""
+    ``options`` (a URL's storage options and block cache; None for local files).
+
+    The readers live in a :class:`~pickleshard.io.lru.BudgetCache` of ``max_open`` entries (each
+    reader counts 1), least recently used closed first; :attr:`stats` counts lookups that found
+    a reader (hits) or built one (misses, and ``loads``: readers built in this process).
+    """
 
     def __init__(
         self,
@@ -65,25 +75,44 @@ class SpanFiles:
         self.index = index
         self.paths = paths
         self.policy = policy
-        self.max_open = max_open
+        self._max_open = max_open
         self.options = options  # what the files are opened with (a URL's storage options)
-        self._readers: OrderedDict[int, SpanReader] = OrderedDict()
-        self._gen = FORKS[0]  # the process (fork) whose readers these are
-        self.opened = 0  # readers built in this process (a counter for tests and benchmarks)
+        # a forked child gets its own readers: the parent's (their fds and cached objects) stay
+        # untouched in the parent; pickled, none travel
+        self._readers: ProcessLocal[BudgetCache[int, SpanReader]] = ProcessLocal(
+            self._no_readers, BudgetCache.clear
+        )
         self.verify = True  # readers check framing and identity (off: the cost benchmark only)
-        self._last = -1  # the file read last
+
+    def _no_readers(self) -> BudgetCache[int, SpanReader]:
+        return BudgetCache(self._max_open, dropped=_close)
+
+    @property
+    def max_open(self) -> int:
+        """The most readers open at once in a process; set, it closes the excess at once."""
+        return self._max_open
+
+    @max_open.setter
+    def max_open(self, value: int) -> None:
+        if value < 1:
+            raise ValueError(f"max_open must be >= 1, got {value}")
+        self._max_open = value
+        readers = self._readers.peek()
+        if readers is not None:
+            readers.resize(value)
+
+    @property
+    def stats(self) -> CacheStats:
+        """This process's counters of its readers."""
+        return self._readers.get().stats
 
     def reader(self, pos: int) -> SpanReader:
         """The reader of file ``pos``, built on first use in this process."""
-        if self._gen != FORKS[0]:
-            # The parent's readers (their fds and cached objects) stay untouched in the parent.
-            self._readers, self._gen, self.opened = OrderedDict(), FORKS[0], 0
-        got = self._readers.get(pos)
-        if got is not None:
-            if pos != self._last:  # least recently used first out; a repeat needs no move
-                self._readers.move_to_end(pos)
-                self._last = pos
-            return got
+        readers = self._readers.get()
+        got = readers.get(pos)
+        return got if got is not None else self._open(pos, readers)
+
+    def _open(self, pos: int, readers: BudgetCache[int, SpanReader]) -> SpanReader:
         path = self.paths[pos]
         entry = self.index.files[pos]
         # a local file (decompressed if compressed) or a URL's object
@@ -103,12 +132,7 @@ class SpanFiles:
             source=source,
             bounds=(self.policy.max_sample_bytes, self.policy.max_depth),
         )
-        while len(self._readers) >= self.max_open:
-            _, old = self._readers.popitem(last=False)
-            old.close()
-        self._readers[pos] = reader
-        self._last = pos
-        self.opened += 1
+        readers.put(pos, reader, 1)
         return reader
 
     def one(self, pos: int, item: int, label: int) -> tuple[Any, ...]:
@@ -116,12 +140,10 @@ class SpanFiles:
         policy's bounds, errors naming ``label``: :meth:`reader` and
         :meth:`SpanReader.one <pickleshard.read.SpanReader.one>` in one call (the reader's
         lookup inlined: this runs once per ``ds[i]``)."""
-        reader = self._readers.get(pos) if self._gen == FORKS[0] else None
+        readers = self._readers.get()
+        reader = readers.get(pos)
         if reader is None:
-            reader = self.reader(pos)
-        elif pos != self._last:
-            self._readers.move_to_end(pos)
-            self._last = pos
+            reader = self._open(pos, readers)
         return reader.one(item, label)
 
     def many(self, pos: int, items: list[int], labels: list[int]) -> list[tuple[Any, ...]]:
@@ -131,16 +153,11 @@ class SpanFiles:
         return self.reader(pos).many(items, labels)
 
     def close(self) -> None:
-        if self._gen != FORKS[0]:
-            self._readers, self._gen, self.opened = OrderedDict(), FORKS[0], 0
-        while self._readers:
-            _, reader = self._readers.popitem()
-            reader.close()
+        """Close this process's readers (counters stay); a parent's are left to the parent."""
+        readers = self._readers.peek()
+        if readers is not None:
+            readers.clear()
 
     def __len__(self) -> int:
-        return len(self._readers)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state.update(_readers=OrderedDict(), opened=0, _gen=-1)
-        return state
+        readers = self._readers.peek()
+        return 0 if readers is None else len(readers)

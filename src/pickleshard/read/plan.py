@@ -31,7 +31,8 @@ os.register_at_fork(after_in_child=_forked)
 
 @dataclass
 class ReaderStats:
-    """Counters of a :class:`~pickleshard.read.SpanReader` (per process)."""
+    """Counters of a :class:`~pickleshard.read.SpanReader` (per process); its cache of shared
+    values counts in its own :class:`~pickleshard.io.lru.CacheStats` (``spans.shared.stats``)."""
 
     fast_reads: int = 0
     general_reads: int = 0
@@ -39,9 +40,6 @@ class ReaderStats:
     array_items: int = 0  # samples of per-sample array fields read straight from their payload
     int_items: int = 0  # small ints decoded without an unpickler
     replays: int = 0
-    shared_hits: int = 0
-    shared_misses: int = 0
-    shared_bytes: int = 0
     bytes_read: int = 0
 
 

@@ -15,8 +15,10 @@ A span is unpickled in one of two ways that give the same value:
 External values come from :class:`~pickleshard.picklekit.externals.ExternalMemos` (one per
 sample read: the element that defines one is replayed whole, once, so identity between its
 values holds). Immutable values (str, bytes, numbers, dtypes, classes and functions, tuples of
-these) are kept across reads in a cache of at most ``shared_bytes``; mutable ones are rebuilt
-for every read, so mutating a sample never changes another.
+these) are kept across reads in a :class:`~pickleshard.io.lru.BudgetCache` of ``shared_bytes``
+(each value counted at ``sys.getsizeof``, least recently used out first; a value larger than the
+budget is not kept); mutable ones are rebuilt for every read, so mutating a sample never changes
+another.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import numpy as np
 
 from ..errors import PickleshardError
 from ..io import ByteSource
+from ..io.lru import BudgetCache
 from ..picklekit import opcodes as oc
 from ..picklekit.compiled import CORE
 from ..picklekit.externals import ExternalMemos, MemoShifts
@@ -98,24 +101,23 @@ class SpanFields:
         self.scan, self.source, self.stats = scan, source, stats
         self.encoding, self.errors, self.find_class = encoding, errors, find_class
         self.plain = (encoding, errors) == ("ASCII", "strict")  # pickle.loads' own defaults
-        self.general, self.big, self.shared_budget = general, big, shared_bytes
+        self.general, self.big = general, big
         self.rewrite = _compiled_rewrite() if engine == "compiled" else rewrite_span
         self.bad_span = bad_span
         self.shifts = MemoShifts.of_records(scan.records)
         self.definers = {s: j for j, (s, _, _, _) in enumerate(scan.shared.elements)}
-        self.shared: dict[int, Any] = {}
+        self.shared: BudgetCache[int, Any] = BudgetCache(shared_bytes)  # .stats: its counters
         self.heads: dict[tuple[int, ...], bytes | None] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(shared={}, heads={})
+        state.update(heads={})  # the cache of shared values travels empty
         return state
 
     def reset(self) -> None:
-        """Forget the cached values and prologues (new dicts: a compiled loader built before
-        keeps the old ones)."""
-        self.shared, self.heads = {}, {}
-        self.stats.shared_bytes = 0
+        """Forget the cached values and prologues (new ones: a compiled loader built before
+        keeps the old prologues)."""
+        self.shared, self.heads = BudgetCache(self.shared.budget), {}
 
     # -- entry points ---------------------------------------------------------------------
 
@@ -261,15 +263,12 @@ class SpanFields:
     def _external(self, key: int, memos: ExternalMemos) -> Any:
         value = self.shared.get(key, _MISSING)
         if value is not _MISSING:
-            self.stats.shared_hits += 1
             return value
-        self.stats.shared_misses += 1
         value = memos(key)
         if _immutable(value):
             size = sys.getsizeof(value)
-            if self.stats.shared_bytes + size <= self.shared_budget:
-                self.shared[key] = value
-                self.stats.shared_bytes += size
+            if size <= self.shared.budget:  # held alone, one value would push out all others
+                self.shared.put(key, value, size)
         return value
 
     # -- bytes ------------------------------------------------------------------------------

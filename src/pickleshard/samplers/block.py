@@ -14,9 +14,11 @@
 5. the batches are interleaved in the DataLoader's round-robin order.
 
 So every sample is yielded exactly once per epoch across ranks (plus padding), and each worker
-walks its windows once: with an LRU cache of the worker's budget, it loads each file at most once
-per epoch. Samples of neighbouring windows never mix within a window, which is the price paid for
-that: the shuffle is global over files and local over samples.
+walks its windows once: with a cache of the worker's budget whose eviction policy
+:attr:`~pickleshard.io.lru.Eviction.keeps_recent` (the whole-file cache's LRU does, as FIFO
+would), a window's files, once loaded, stay while the files of earlier windows go, so it loads
+each file at most once per epoch. Samples of neighbouring windows never mix within a window,
+which is the price paid for that: the shuffle is global over files and local over samples.
 """
 
 from __future__ import annotations

@@ -2,25 +2,27 @@
 
 One :class:`CacheBudget` says how many bytes of decoded files a dataset may hold in memory, how
 that total is shared among DataLoader workers, and how a decoded file is sized. The
-:class:`WholeFileCache` of each process enforces its share and counts what it does
-(:class:`CacheStats`); :class:`pickleshard.BlockShuffleSampler` plans its windows with the same
-share, so that a worker's window of files fits its cache and each file loads once per epoch.
+:class:`WholeFileCache` of each process enforces its share (a
+:class:`~pickleshard.io.lru.BudgetCache`, counting what it does in the
+:class:`~pickleshard.io.lru.CacheStats` every cache reports);
+:class:`pickleshard.BlockShuffleSampler` plans its windows with the same share, so that a
+worker's window of files fits its cache and each file loads once per epoch.
 """
 
 from __future__ import annotations
 
-import os
+import functools
 import sys
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from ...io.handles import ProcessLocal
+from ...io.lru import BudgetCache, CacheStats, Eviction, LeastRecentlyUsed
 from ...scan.layouts import DecodedLayout
 
-__all__ = ["CacheBudget", "CacheStats", "WholeFileCache", "estimate_nbytes"]
+__all__ = ["CacheBudget", "WholeFileCache", "estimate_nbytes"]
 
 _SAMPLE = 64
 _ARRAY_HEADER = 112
@@ -112,86 +114,57 @@ class CacheBudget:
         return recorded_nbytes or estimate_nbytes(decoded.columns)
 
 
-@dataclass
-class CacheStats:
-    """Counters of a :class:`WholeFileCache`; ``loads`` counts files actually unpickled."""
-
-    hits: int = 0
-    misses: int = 0
-    loads: int = 0
-    evictions: int = 0
-    bytes_used: int = 0
-    peak_bytes: int = 0
-
-
 class WholeFileCache:
-    """LRU cache of decoded files bounded by ``max_bytes`` (a process's :meth:`CacheBudget.share`).
+    """Decoded files bounded by ``max_bytes`` (a process's :meth:`CacheBudget.share`).
 
-    Holds at most ``max_bytes`` of decoded size (:meth:`CacheBudget.size_of`), except that a
-    single file larger than the budget is still held alone while it is the most recent:
-    resident bytes <= ``max(max_bytes, largest file)``. Before loading a file whose expected
-    size is known, entries are evicted first, so the budget holds during the load too.
-    :attr:`stats` counts hits, misses, loads, evictions and bytes held (now and at the peak).
+    A :class:`~pickleshard.io.lru.BudgetCache` of decoded size (:meth:`CacheBudget.size_of`),
+    least recently used out first unless ``eviction`` names another policy: resident bytes
+    ``<= max(max_bytes, largest file)``, a single file larger than the budget held alone while
+    it is the most recent. Before loading a file whose expected size is known, entries are
+    evicted first, so the budget holds during the load too. :attr:`stats` counts hits, misses,
+    loads (files actually unpickled), evictions and bytes held (now and at the peak).
 
     One cache per process: a forked child (DataLoader worker) starts empty instead of touching
     the parent's objects, which would copy their pages. A worker's loader maps entries shared
-    by all workers (:mod:`pickleshard.read.whole.mapped`), so its share bounds what it maps, not a copy
-    of its own. Thread-safe.
+    by all workers (:mod:`pickleshard.read.whole.mapped`), so its share bounds what it maps, not
+    a copy of its own. Thread-safe: a load holds the cache's lock, so one thread loads a file.
     """
 
-    def __init__(self, max_bytes: int, loader: Callable[[str], DecodedLayout]) -> None:
+    def __init__(
+        self,
+        max_bytes: int,
+        loader: Callable[[str], DecodedLayout],
+        eviction: Callable[[], Eviction[str]] = LeastRecentlyUsed,
+    ) -> None:
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         self.max_bytes = max_bytes
         self._loader = loader
-        self._entries: OrderedDict[str, tuple[DecodedLayout, int]] = OrderedDict()
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
-        self.stats = CacheStats()
+        self._entries: ProcessLocal[BudgetCache[str, DecodedLayout]] = ProcessLocal(
+            functools.partial(BudgetCache, max_bytes, eviction=eviction)
+        )
 
     @property
-    def pid(self) -> int:
-        """The process this cache belongs to (a forked child's first use empties it)."""
-        return self._pid
-
-    def _reset_after_fork(self) -> None:
-        if self._pid != os.getpid():
-            self._pid = os.getpid()
-            self._entries = OrderedDict()
-            self._lock = threading.Lock()
-            self.stats = CacheStats()
-
-    def _evict_for(self, incoming: int) -> None:
-        while self._entries and self.stats.bytes_used + incoming > self.max_bytes:
-            _, (_, size) = self._entries.popitem(last=False)
-            self.stats.bytes_used -= size
-            self.stats.evictions += 1
+    def stats(self) -> CacheStats:
+        """This process's counters."""
+        return self._entries.get().stats
 
     def get(self, path: str, expected_nbytes: int = 0) -> DecodedLayout:
         """Return the decoded file at ``path``, loading it (and evicting LRU entries) on a miss."""
-        self._reset_after_fork()
-        with self._lock:
-            entry = self._entries.get(path)
-            if entry is not None:
-                self._entries.move_to_end(path)
-                self.stats.hits += 1
-                return entry[0]
-            self.stats.misses += 1
-            self._evict_for(expected_nbytes)
+        entries = self._entries.get()
+        with entries.lock:
+            decoded = entries.get(path)
+            if decoded is not None:
+                return decoded
+            entries.make_room(expected_nbytes)
             decoded = self._loader(path)
-            size = CacheBudget.size_of(decoded, expected_nbytes)
-            self.stats.loads += 1
-            self._evict_for(size)
-            self._entries[path] = (decoded, size)
-            self.stats.bytes_used += size
-            self.stats.peak_bytes = max(self.stats.peak_bytes, self.stats.bytes_used)
+            entries.put(path, decoded, CacheBudget.size_of(decoded, expected_nbytes))
             return decoded
 
     def clear(self) -> None:
-        self._reset_after_fork()
-        with self._lock:
-            self._entries.clear()
-            self.stats.bytes_used = 0
+        entries = self._entries.get()
+        with entries.lock:
+            entries.clear()
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._entries.get())
