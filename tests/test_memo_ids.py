@@ -166,7 +166,7 @@ def test_a_memo_id_near_2_32_is_refused_before_any_allocation(tmp_path: Path) ->
         "import resource, sys\n"
         "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
         "from pickleshard.errors import CorruptPickleError\n"
-        "from pickleshard.index import build_index\n"
+        "from pickleshard.indexing import build_index\n"
         "from pickleshard.read.whole.load import load_records\n"
         "for run in (lambda: load_records(sys.argv[1], check_memo=True),\n"
         "            lambda: build_index(sys.argv[2], jobs=1)):\n"

@@ -30,7 +30,7 @@ def test_write_synthetic_moved_out_of_the_top_level_and_still_works_with_a_warni
     from pickleshard.pipelines.synth import write_synthetic
 
     assert "write_synthetic" not in pickleshard.__all__
-    with pytest.warns(DeprecationWarning, match=r"pickleshard\.synth"):
+    with pytest.warns(DeprecationWarning, match=r"pickleshard\.pipelines\.synth"):
         old = pickleshard.write_synthetic
     assert old is write_synthetic
     with pytest.warns(DeprecationWarning, match="write_synthetic"):
