@@ -19,13 +19,13 @@ import numpy as np
 import pytest
 
 from pickleshard.errors import MissingDependencyError, VerifyMismatchError
-from pickleshard.executors.dask import DaskExecutor
-from pickleshard.executors.local import (
+from pickleshard.executors import (
     InlineExecutor,
     ProcessPoolIndexExecutor,
     dask_address,
     resolve_executor,
 )
+from pickleshard.executors.dask import DaskExecutor
 from pickleshard.pipelines.convert.run import convert
 from pickleshard.pipelines.synth import write_synthetic
 from pickleshard.pipelines.verify.run import verify

@@ -19,7 +19,7 @@ import pytest
 from conftest import assert_deep_equal, oracle_samples
 from pickleshard import errors
 from pickleshard.dataset import PickleDataset
-from pickleshard.executors.local import InlineExecutor, ProcessPoolIndexExecutor, local_executor
+from pickleshard.executors import InlineExecutor, ProcessPoolIndexExecutor, local_executor
 from pickleshard.index import DatasetIndex
 from pickleshard.indexing.build import build_index
 from pickleshard.indexing.opening import open_index

@@ -8,7 +8,7 @@ import re
 import sys
 from typing import Any
 
-from ..executors.local import dask_address
+from ..executors import dask_address
 from ..safety.allowlist import available_presets, preset_names
 from ..safety.policy import UnpicklePolicy
 from ..scan.layouts import LAYOUT_CHOICE_HELP, LAYOUT_CHOICES

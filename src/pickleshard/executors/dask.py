@@ -23,6 +23,7 @@ partial output.
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
@@ -30,10 +31,9 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ..errors import ClusterError, ClusterUnreachableError, PickleshardError
-from .local import import_distributed
+from ..errors import ClusterError, ClusterUnreachableError, MissingDependencyError, PickleshardError
 
-__all__ = ["DaskExecutor"]
+__all__ = ["DaskExecutor", "dask_address", "import_distributed"]
 
 R = TypeVar("R")
 
@@ -200,3 +200,44 @@ def _where(client: Any) -> str:
         return str(client.scheduler.address)
     except AttributeError:
         return "the Dask cluster"
+
+
+_DASK_HINT = "the Dask executor"
+
+
+def dask_address(spec: str) -> str | None:
+    """The scheduler address in an executor string (None: start a local cluster).
+
+    ``"dask"`` -> None; ``"dask://HOST:PORT"`` -> ``"tcp://HOST:PORT"``; ``"dask=ADDRESS"`` ->
+    ``ADDRESS`` (``tcp://`` added when it has no scheme). ``ValueError`` for any other string.
+    """
+    text = spec.strip()
+    if text == "dask":
+        return None
+    if text.startswith("dask://"):
+        address = "tcp://" + text[len("dask://") :]
+    elif text.startswith("dask="):
+        address = text[len("dask=") :].strip()
+        if "://" not in address:
+            address = "tcp://" + address
+    else:
+        raise ValueError(
+            f"executor must be 'local', 'dask', 'dask://HOST:PORT' or 'dask=ADDRESS', got {spec!r}"
+        )
+    if address.endswith("://"):
+        raise ValueError(f"executor {spec!r} names no scheduler address")
+    return address
+
+
+def _is_dask_client(spec: object) -> bool:
+    distributed = sys.modules.get("distributed")  # a Client exists only if it was imported
+    return distributed is not None and isinstance(spec, distributed.Client)
+
+
+def import_distributed() -> Any:
+    """The ``distributed`` module, or :class:`MissingDependencyError` with the install hint."""
+    try:
+        import distributed
+    except ImportError:
+        raise MissingDependencyError("distributed", "dask", _DASK_HINT) from None
+    return distributed

@@ -13,26 +13,17 @@ caller. :func:`resolve_executor` turns what a user passes (``None``, ``"local"``
 
 from __future__ import annotations
 
-import os
-import sys
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
-from contextlib import contextmanager
 from multiprocessing import get_all_start_methods, get_context
 from multiprocessing.context import BaseContext
-from typing import Any, Protocol, TypeAlias, TypeVar
-
-from ..errors import MissingDependencyError
+from typing import Any, Protocol, TypeVar
 
 __all__ = [
-    "ExecutorLike",
     "IndexExecutor",
     "InlineExecutor",
     "ProcessPoolIndexExecutor",
-    "dask_address",
-    "executor_session",
     "local_executor",
-    "resolve_executor",
 ]
 
 R = TypeVar("R")
@@ -108,91 +99,3 @@ def local_executor(jobs: int, tasks: int) -> IndexExecutor:
     if jobs <= 1 or tasks <= 1:
         return InlineExecutor()
     return ProcessPoolIndexExecutor(jobs)
-
-
-# A distributed.Client too; typed loosely so that dask stays an optional dependency.
-ExecutorLike: TypeAlias = IndexExecutor | str | Any | None
-
-_DASK_HINT = "the Dask executor"
-
-
-def resolve_executor(spec: ExecutorLike, jobs: int | None, tasks: int) -> IndexExecutor:
-    """The executor ``spec`` names, for ``tasks`` calls with at most ``jobs`` at once (None:
-    one, in this process, locally; the CPU count, at most 8, for a local Dask cluster).
-
-    ``None`` or ``"local"``: :func:`local_executor`. ``"dask"``: a ``LocalCluster`` of ``jobs``
-    worker processes on 127.0.0.1, started for each run and closed after it. ``"dask://HOST:PORT"``
-    or ``"dask=ADDRESS"`` (``tcp://HOST:PORT``, ``HOST:PORT``...): the scheduler there. A
-    ``distributed.Client``: its cluster (left open). An object with :meth:`IndexExecutor.run`:
-    itself. Anything else raises ``ValueError`` (a string) or ``TypeError``.
-    """
-    if spec is None or (isinstance(spec, str) and spec == "local"):
-        return local_executor(jobs if jobs is not None else 1, tasks)
-    if isinstance(spec, str):
-        address = dask_address(spec)
-        from .dask import DaskExecutor
-
-        return DaskExecutor(address, workers=jobs)
-    if _is_dask_client(spec):
-        from .dask import DaskExecutor
-
-        return DaskExecutor(spec)
-    if callable(getattr(spec, "run", None)):
-        return spec
-    raise TypeError(
-        f"executor must be 'local', 'dask', 'dask://HOST:PORT', a distributed.Client or an "
-        f"object with a run(work, tasks) method, got {type(spec).__name__}"
-    )
-
-
-@contextmanager
-def executor_session(spec: ExecutorLike, jobs: int | None) -> Iterator[ExecutorLike]:
-    """``spec`` held open for several runs: a Dask executor (``"dask"``, an address, a
-    ``distributed.Client``) connects, or starts its ``LocalCluster`` of ``jobs`` workers, once
-    for the ``with`` and closes it after; anything else is yielded as it is."""
-    if not (isinstance(spec, str) and spec != "local") and not _is_dask_client(spec):
-        yield spec
-        return
-    workers = jobs if jobs is not None else min(os.cpu_count() or 1, 8)
-    from .dask import DaskExecutor
-
-    with DaskExecutor(dask_address(spec) if isinstance(spec, str) else spec, workers=workers) as ex:
-        yield ex
-
-
-def dask_address(spec: str) -> str | None:
-    """The scheduler address in an executor string (None: start a local cluster).
-
-    ``"dask"`` -> None; ``"dask://HOST:PORT"`` -> ``"tcp://HOST:PORT"``; ``"dask=ADDRESS"`` ->
-    ``ADDRESS`` (``tcp://`` added when it has no scheme). ``ValueError`` for any other string.
-    """
-    text = spec.strip()
-    if text == "dask":
-        return None
-    if text.startswith("dask://"):
-        address = "tcp://" + text[len("dask://") :]
-    elif text.startswith("dask="):
-        address = text[len("dask=") :].strip()
-        if "://" not in address:
-            address = "tcp://" + address
-    else:
-        raise ValueError(
-            f"executor must be 'local', 'dask', 'dask://HOST:PORT' or 'dask=ADDRESS', got {spec!r}"
-        )
-    if address.endswith("://"):
-        raise ValueError(f"executor {spec!r} names no scheduler address")
-    return address
-
-
-def _is_dask_client(spec: object) -> bool:
-    distributed = sys.modules.get("distributed")  # a Client exists only if it was imported
-    return distributed is not None and isinstance(spec, distributed.Client)
-
-
-def import_distributed() -> Any:
-    """The ``distributed`` module, or :class:`MissingDependencyError` with the install hint."""
-    try:
-        import distributed
-    except ImportError:
-        raise MissingDependencyError("distributed", "dask", _DASK_HINT) from None
-    return distributed

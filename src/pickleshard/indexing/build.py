@@ -21,7 +21,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from ..errors import FileProblem, UnsupportedLayoutError
-from ..executors.local import ExecutorLike, IndexExecutor, resolve_executor
+from ..executors import ExecutorLike, IndexExecutor, resolve_executor
 from ..index.files import SkippedFile, skip_record
 from ..index.model import DatasetIndex
 from ..index.ondisk import default_index_path
@@ -158,7 +158,7 @@ def build_index(
     ``skip_bad=True`` every good file is indexed and each bad one is listed in
     :attr:`DatasetIndex.skipped` with its error (nothing is dropped silently).
 
-    ``executor`` runs the per-file work (see :func:`~pickleshard.executors.local.resolve_executor`:
+    ``executor`` runs the per-file work (see :func:`~pickleshard.executors.choose.resolve_executor`:
     ``"dask"``, ``"dask://HOST:PORT"``, a ``distributed.Client``...); by default local
     processes, ``jobs`` of them.
     """

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UnsafePickleError
-from ..executors.local import local_executor
+from ..executors import local_executor
 from ..index.ondisk import default_index_path
 from ..io import open_reader, open_source
 from ..io.listing import ResolvedSource, resolve_source

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..errors import IndexFormatError, StaleIndexError
-from ..executors.local import ExecutorLike
+from ..executors import ExecutorLike
 from ..index.model import DatasetIndex
 from ..index.ondisk import FORMAT_NAME, default_index_path, is_older, read_header
 from ..io.listing import ResolvedSource, Source, resolve_source

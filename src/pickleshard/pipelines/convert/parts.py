@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import UnencodableValueError
-from ...executors.local import ExecutorLike, ProcessPoolIndexExecutor, resolve_executor
+from ...executors import ExecutorLike, ProcessPoolIndexExecutor, resolve_executor
 from ...formats import Format, PartSpec, WriteOptions
 from ...formats.encoding import encode_pss, sample_digest
 from ...formats.files import atomic_write_json
@@ -136,7 +136,7 @@ def run_parts(
     """Write the parts ``todo``, ``jobs`` at a time, marking each done in ``stage`` (and
     advancing the progress ``bar``) as it finishes; the first error cancels the rest.
 
-    ``executor`` (see :func:`~pickleshard.executors.local.resolve_executor`) runs the parts;
+    ``executor`` (see :func:`~pickleshard.executors.choose.resolve_executor`) runs the parts;
     by default this process, or ``jobs`` forked ones that get the job once, at fork."""
     if not todo:
         return

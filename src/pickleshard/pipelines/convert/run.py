@@ -47,7 +47,7 @@ from tqdm.auto import tqdm
 from ..._version import __version__
 from ...dataset import PickleDataset
 from ...errors import OutputExistsError, OutputSpaceError, PickleshardError, UnencodableValueError
-from ...executors.local import ExecutorLike, executor_session
+from ...executors import ExecutorLike, executor_session
 from ...formats import Format, PartResult, PartSpec, WriteOptions, get_format
 from ...formats.arrow.format import with_row_group_rows
 from ...formats.base import DESCRIPTOR_NAME, FORMAT_NAME, FORMAT_VERSION, HASHES_NAME
@@ -289,7 +289,7 @@ def convert(
     conversion. ``row_group_rows`` sets the Parquet/Arrow row-group size (a ``ValueError`` for
     other formats; see :mod:`pickleshard.formats.arrow.format`). ``executor`` runs the parts elsewhere
     (``"dask"``, ``"dask://HOST:PORT"``, a ``distributed.Client``: see
-    :func:`~pickleshard.executors.local.resolve_executor`), with
+    :func:`~pickleshard.executors.choose.resolve_executor`), with
     the same output, byte for byte; its workers must see ``source`` and ``out`` at the same
     paths. ``layout`` is :class:`~pickleshard.PickleDataset`'s (what a file or record is), and
     so are ``storage_options`` (a URL's credentials, endpoint...: they travel to the workers

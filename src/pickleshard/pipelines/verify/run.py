@@ -22,7 +22,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ...errors import VerifyMismatchError
-from ...executors.local import ExecutorLike, resolve_executor
+from ...executors import ExecutorLike, resolve_executor
 from ...formats import open_dataset
 from ...io.listing import Source
 from ...scan.layouts import LayoutChoice
@@ -68,7 +68,7 @@ def verify(
     instead (no source needed; catches corruption since). With ``sample=K`` only K samples,
     drawn without replacement from ``seed``, are checked.
     The samples are checked in up to 64 runs by ``executor`` (see
-    :func:`~pickleshard.executors.local.resolve_executor`; default: this process, or ``jobs``
+    :func:`~pickleshard.executors.choose.resolve_executor`; default: this process, or ``jobs``
     local processes; ``jobs`` also sizes a local Dask cluster), with the same report.
     Raises :class:`~pickleshard.errors.VerifyMismatchError` naming the first sample (in index
     order) whose content differs or cannot be read, or a sample count that differs.
