@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from pickleshard.errors import AlreadyRegisteredError, PickleshardError
-from pickleshard.io import base
-from pickleshard.io.base import open_source, register_source, registered_sources
+from pickleshard.io import base, open_source, register_source, registered_sources
 from pickleshard.io.local import LocalFile
 
 

@@ -4,13 +4,13 @@ from .base import (
     COALESCE_GAP,
     AccessPattern,
     ByteSource,
-    open_source,
     register_source,
     registered_sources,
 )
 from .compressed.source import CompressedSource, decompressing
 from .counters import storage_read_bytes
 from .local import LocalFile
+from .opening import open_source
 from .options import SourceOptions
 from .reader import SourceReader, open_reader
 from .remote.source import FsspecSource

@@ -32,23 +32,21 @@ Contract of every source:
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
 from ..errors import AlreadyRegisteredError
 from .identity import FileIdentity
-from .options import SourceOptions
 
 __all__ = [
     "COALESCE_GAP",
     "AccessPattern",
     "ByteSource",
     "coalesce",
-    "open_source",
     "register_source",
     "registered_sources",
+    "source_opener",
 ]
 
 AccessPattern = Literal["normal", "sequential", "random"]
@@ -189,22 +187,11 @@ def _name_of(opener: Callable[[str], ByteSource]) -> str:
     return f"{module}:{qualname}" if module and qualname else repr(opener)
 
 
+def source_opener(protocol: str) -> Callable[..., ByteSource] | None:
+    """The opener registered for ``protocol`` (``"file"`` for a plain path), if any."""
+    return _REGISTRY.get(protocol)
+
+
 def registered_sources() -> tuple[str, ...]:
     """The protocols :func:`open_source` knows, sorted."""
     return tuple(sorted(_REGISTRY))
-
-
-def open_source(where: str | os.PathLike[str], options: SourceOptions | None = None) -> ByteSource:
-    """The byte source for ``where``: a local path, or a URL whose scheme a source registered,
-    opened with ``options`` (its storage options and block cache; None: fsspec's own
-    configuration and no cache; a local path ignores them); a compressed file (by its magic
-    bytes) comes decompressed (:mod:`pickleshard.io.compressed.source`)."""
-    text = os.fspath(where)
-    scheme, sep, _ = text.partition("://")
-    opener = _REGISTRY.get(scheme if sep else "file")
-    if opener is None:
-        known = ", ".join(f"{p}://" for p in registered_sources())
-        raise ValueError(f"{text}: no byte source for {scheme}:// (known: {known})")
-    from .compressed.source import decompressing  # it builds on this module
-
-    return decompressing(opener(text) if options is None or not sep else opener(text, options))

@@ -31,10 +31,9 @@ import numpy as np
 
 from ...errors import CorruptPickleError, MissingDependencyError, PickleshardError
 from ..base import AccessPattern, ByteSource
-from ..identity import FileIdentity
 from ..local import LocalFile
 from ..reader import open_reader
-from .cachedir import cache_file, write_atomically
+from .cachedir import write_atomically
 from .kinds import FOOTER, ZstdSeekTable, zstd_seek_table
 
 __all__ = [
@@ -44,7 +43,6 @@ __all__ = [
     "XzBlocks",
     "ZstdFrames",
     "damaged",
-    "open_decoder",
     "require",
     "zstd_table",
 ]
@@ -305,28 +303,3 @@ def zstd_table(source: ByteSource) -> ZstdSeekTable | str:
         if span <= source.size:
             tail = source.read_at(source.size - span, span)
     return zstd_seek_table(tail, source.size)
-
-
-def open_decoder(
-    kind: str, source: ByteSource, identity: FileIdentity, folder: Path, cache_bytes: int
-) -> Decoder:
-    """The decoder for ``source``, a ``kind`` file that is ``identity`` now; its seek points or
-    decompressed copy are kept in ``folder``; a copy may take ``cache_bytes`` at most."""
-    from .copy import CachedCopy
-
-    if kind in ("gzip", "bz2"):
-        suffix = "gzidx" if kind == "gzip" else "bz2idx"  # one dot-free word: see cache_file
-        return IndexedStream(kind, source, cache_file(folder, source.name, identity, suffix))
-    if kind == "xz":
-        blocks = XzBlocks(source)
-        if blocks.blocks > 1:
-            return blocks
-        size = blocks.size
-        blocks.close()
-        return CachedCopy(kind, source, identity, folder, cache_bytes, size)
-    table = zstd_table(source)
-    if isinstance(table, ZstdSeekTable):
-        return ZstdFrames(source, table)
-    if table != "no seek table":
-        raise CorruptPickleError(source.name, f"the zstd file ends in {table}")
-    return CachedCopy(kind, source, identity, folder, cache_bytes, None)

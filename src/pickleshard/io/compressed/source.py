@@ -39,8 +39,9 @@ from ..base import AccessPattern, ByteSource, _check_range
 from ..identity import FileIdentity
 from .cachedir import default_cache_dir
 from .copy import DEFAULT_CACHE_BYTES, spill
-from .decoders import Decoder, open_decoder
+from .decoders import Decoder
 from .kinds import SNIFF_BYTES, sniff
+from .opening import open_decoder
 from .units import unit_cache
 
 __all__ = ["CompressedSource", "decompressing"]
