@@ -1,4 +1,4 @@
-"""The fault corpus (:mod:`pickleshard.testing.faults`, issue 12): every hostile size, ``BUILD`` on
+"""The fault corpus (:mod:`corpus.faults`, issue 12): every hostile size, ``BUILD`` on
 a global, trailing bytes, special file, tampered index and file rewritten during an epoch ends in
 the value ``pickle.load`` gives or a package error naming the file, through every entry point;
 never WRONG data, a crash, a hang or a foreign exception. Plus checks that the cases are what
@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from corpus.corpus import Case
+from corpus.corpus_run import fault_counts, fault_table, run_corpus
+from corpus.fault_setup import materialise
+from corpus.fault_worker import ENTRY_POINTS, NOT_OK
+from corpus.faults import TAMPER_KINDS, fault_cases
 from pickleshard import build_index
-from pickleshard.testing.corpus import Case
-from pickleshard.testing.corpus_run import fault_counts, fault_table, run_corpus
-from pickleshard.testing.fault_setup import materialise
-from pickleshard.testing.fault_worker import ENTRY_POINTS, NOT_OK
-from pickleshard.testing.faults import TAMPER_KINDS, fault_cases
 
 HANG_SECONDS = 30  # inspect --strict of the 10**6-deep file: ~7 s alone, more on a busy machine
 

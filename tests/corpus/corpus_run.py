@@ -1,42 +1,50 @@
 """Run the bad-input corpus through every entry point, in subprocesses under resource limits.
 
-:func:`run_corpus` writes each :class:`~pickleshard.testing.corpus.Case` to its own folder, then
-starts worker processes (:mod:`pickleshard.testing.corpus_worker`, which says what each path
+:func:`run_corpus` writes each :class:`~corpus.corpus.Case` to its own folder, then
+starts worker processes (:mod:`corpus.corpus_worker`, which says what each path
 checks) that limit their own memory and CPU time, and gathers their per-case outcomes into a
 :class:`CorpusReport`. A worker that dies on a case (crash, CPU limit, hang past the wall-clock
 limit) makes that case a problem, and a fresh worker goes on with the cases after it.
 
-``suite="faults"`` runs the fault corpus (:mod:`pickleshard.testing.faults`) instead: one run per
-(case, entry point of :data:`~pickleshard.testing.fault_worker.ENTRY_POINTS`), each classified
-by :mod:`pickleshard.testing.fault_worker`; a worker that answers nothing for ``run_seconds`` is
+``suite="faults"`` runs the fault corpus (:mod:`corpus.faults`) instead: one run per
+(case, entry point of :data:`~corpus.fault_worker.ENTRY_POINTS`), each classified
+by :mod:`corpus.fault_worker`; a worker that answers nothing for ``run_seconds`` is
 killed and its run is a HANG, one that dies of another signal a CRASH.
 
-``python -m pickleshard.testing.corpus_run summary`` runs the whole corpus and prints the counts;
-``python -m pickleshard.testing.corpus_run faults [--only TEXT]`` runs the fault corpus and prints
-its outcome table (:func:`fault_table`). Either exits 1 when anything is wrong.
+From ``tests/`` (or with it on ``PYTHONPATH``), ``python -m corpus.corpus_run summary`` runs the
+whole corpus and prints the counts; ``python -m corpus.corpus_run faults [--only TEXT]`` runs the
+fault corpus and prints its outcome table (:func:`fault_table`). Either exits 1 when anything is
+wrong.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import resource
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .corpus import Case
+from .corpus import Case, generate
 from .corpus_worker import ORIGINAL
 from .fault_worker import CLASSES, ENTRY_POINTS, META, NOT_OK, RUN_SECONDS
+from .faults import fault_cases
 
 __all__ = ["CorpusReport", "fault_table", "run_corpus"]
 
 MEMORY_LIMIT = 2 << 30
+# The workers run this package's corpus_worker module: the folder that holds the package (tests/)
+# goes on their path, so they start the same from a clean clone as from an installed tree.
+_PACKAGE = __package__ or "corpus"
+_PACKAGE_HOME = Path(__file__).resolve().parents[_PACKAGE.count(".") + 1]
 FAULT_MEMORY_LIMIT = 6 << 30  # the 1.5 GB amplifiers must really load, to show they are not refused
 
 
@@ -117,11 +125,12 @@ def _run_worker(
         "run_seconds": run_seconds,
     }
     manifest.write_text(json.dumps(spec))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    path = os.pathsep.join(p for p in (os.fspath(_PACKAGE_HOME), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PYTHONPATH": path}
     cmd = [
         sys.executable,
         "-m",
-        "pickleshard.testing.corpus_worker",
+        f"{_PACKAGE}.corpus_worker",
         os.fspath(manifest),
         os.fspath(work / f"out-{tag}.jsonl"),
     ]
@@ -273,7 +282,7 @@ def _collect(
 
 
 def fault_counts(report: CorpusReport) -> Counter[str]:
-    """Runs per class (:data:`~pickleshard.testing.fault_worker.CLASSES`) of a fault run."""
+    """Runs per class (:data:`~corpus.fault_worker.CLASSES`) of a fault run."""
     return Counter(c for per_run in report.outcomes.values() for c in per_run.values())
 
 
@@ -321,16 +330,10 @@ def fault_table(report: CorpusReport, *, verbose: bool = False) -> str:
 
 
 def _summary_main(argv: Sequence[str]) -> int:
-    """``python -m pickleshard.testing.corpus_run summary``: run the whole corpus in a temporary
+    """``python -m corpus.corpus_run summary``: run the whole corpus in a temporary
     folder, print the outcome counts and every problem; exit 1 if there is any.
     ``... faults [--only TEXT]``: the fault corpus (the cases whose name holds TEXT), its table."""
-    import argparse
-    import tempfile
-
-    from .corpus import generate
-    from .faults import fault_cases
-
-    p = argparse.ArgumentParser(prog="python -m pickleshard.testing.corpus_run")
+    p = argparse.ArgumentParser(prog="python -m corpus.corpus_run")
     p.add_argument("suite", nargs="?", choices=("summary", "faults"), default="summary")
     p.add_argument("--only", default="", help="fault cases whose name contains this text")
     p.add_argument("--workers", type=int, default=2)
