@@ -1,8 +1,9 @@
 """The oracle the format tests compare against: ``pickle.load`` of each whole file, and exact
 equality (types, dtypes, shapes, bits).
 
-Also the small builders the kit uses to write source datasets, and :class:`SlowInt`, whose
-unpickling sleeps: it makes a conversion slow enough to be killed in the middle.
+Also the small builders the kit uses to write source datasets; :class:`SlowInt`, whose
+unpickling sleeps; and :class:`GatedInt`, whose unpickling waits for a file to exist: it holds a
+conversion in the middle until the test has killed it.
 """
 
 from __future__ import annotations
@@ -21,10 +22,14 @@ import numpy as np
 from ..errors import FieldLengthMismatchError, UnsupportedLayoutError
 
 __all__ = [
+    "GATED_GLOBAL",
     "SLOW_GLOBAL",
+    "GatedInt",
     "SlowInt",
     "assert_same",
+    "gated_int",
     "oracle_samples",
+    "reference_samples",
     "slow_int",
     "write_files",
 ]
@@ -36,6 +41,36 @@ def slow_int(value: int, seconds: float) -> int:
     """Sleep ``seconds``, then return ``value`` (called by the unpickler for a :class:`SlowInt`)."""
     time.sleep(seconds)
     return value
+
+
+GATED_GLOBAL = "pickleshard.testing.oracle.gated_int"
+GATE_SECONDS = 600.0  # a gate left shut (its test died) fails the unpickling instead of hanging
+
+
+def gated_int(value: int, gate: str) -> int:
+    """Wait until the file ``gate`` exists, then return ``value`` (called by the unpickler for a
+    :class:`GatedInt`)."""
+    deadline = time.monotonic() + GATE_SECONDS
+    while not os.path.exists(gate):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the gate {gate} stayed shut for {GATE_SECONDS:.0f} s")
+        time.sleep(0.01)
+    return value
+
+
+class GatedInt:
+    """Pickles as ``gated_int(value, gate)``: it unpickles to the plain int once the file
+    ``gate`` exists. A test holds a process at a known point this way (no sleep to outrun).
+
+    Loading it needs ``allow_globals=[GATED_GLOBAL]`` (or ``trusted=True``).
+    """
+
+    def __init__(self, value: int, gate: str | os.PathLike[str]) -> None:
+        self.value = value
+        self.gate = os.fspath(gate)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (gated_int, (self.value, self.gate))
 
 
 class SlowInt:
