@@ -1,4 +1,4 @@
-"""The bad-input corpus (:mod:`pickleshard.testing.corpus`): every damaged, hostile or foreign
+"""The bad-input corpus (:mod:`corpus.corpus`): every damaged, hostile or foreign
 file ends in a PickleshardError naming it, or in the value ``pickle.load`` gives, through every
 entry point, in bounded time and memory, without running code; plus regression tests for what
 the corpus found, and the index fingerprint against same-size, same-mtime rewrites."""
@@ -15,14 +15,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from corpus.corpus import Case, generate, opcode_offsets, valid_files
+from corpus.corpus_run import run_corpus
+from corpus.diff import deep_diff
 from pickleshard import build_index, open_index
 from pickleshard.errors import CorruptPickleError, PickleshardError, StaleIndexError
 from pickleshard.read import SpanReader
 from pickleshard.read.whole.load import load_records
 from pickleshard.scan import scan_bytes, scan_file
-from pickleshard.testing.corpus import Case, generate, opcode_offsets, valid_files
-from pickleshard.testing.corpus_run import run_corpus
-from pickleshard.testing.corpus_worker import deep_diff
 from rewrites import big_file, rewrite_keeping_size_and_mtime, sampled_blocks
 
 

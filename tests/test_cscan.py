@@ -5,8 +5,11 @@ message, offset) on damaged ones."""
 from __future__ import annotations
 
 import functools
+import io
 import mmap
+import os
 import pickle
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,9 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from picklegen import build, datasets, dumps, values
+from picklegen import assert_same, build, datasets, dumps, values
 from pickleshard import _cscan
 from pickleshard import scan as scan_module
+from pickleshard.errors import PickleshardError
 from pickleshard.picklekit import walk
 from pickleshard.picklekit.rewrite import rewrite_span as py_rewrite_span
 from pickleshard.picklekit.unpicklers import MemoIdPastSpan
@@ -27,6 +31,7 @@ from pickleshard.read import SpanReader
 from pickleshard.scan import ScanResult, scan_bytes, scan_file
 from pickleshard.scan import fastpath as fastpath_module
 from pickleshard.scan.fastpath import gathered
+from pickleshard.testing.oracle import reference_samples
 
 ENGINES = ("python", "compiled")
 Outcome = tuple[Any, ...]
@@ -69,6 +74,74 @@ def _assert_twins(data: bytes) -> None:
     assert walks[0] == walks[1]
     scans = [_outcome(lambda e=e: scan_bytes(data, "t.pkl", engine=e), _scanned) for e in ENGINES]
     assert scans[0] == scans[1]
+
+
+# The globals the generated values pickle (containers, numbers, text, numpy, torch, fractions,
+# datetimes): damaged bytes may name another global, which neither the oracle nor the reader runs.
+_VALUE_MODULES = frozenset(
+    ("copyreg", "_codecs", "collections", "fractions", "datetime", "numpy", "torch")
+)
+_VALUE_BUILTINS = frozenset(
+    ("set", "frozenset", "bytearray", "bytes", "complex", "list", "tuple", "dict", "int", "float")
+)
+
+
+class _ValueUnpickler(pickle.Unpickler):
+    """``pickle.load`` of the generated values, refusing any other global."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "builtins" and name in _VALUE_BUILTINS:
+            return super().find_class(module, name)
+        if module.partition(".")[0] not in _VALUE_MODULES:
+            raise pickle.UnpicklingError(f"global {module}.{name} is not one the values use")
+        return super().find_class(module, name)
+
+
+def _value_global(module: str, name: str) -> Any:
+    return _ValueUnpickler(io.BytesIO()).find_class(module, name)
+
+
+def _loaded(data: bytes) -> list[Any] | None:
+    """Every pickle of ``data`` by ``pickle.load``, one call per appended pickle; None when
+    any call fails."""
+    fh, objs = io.BytesIO(data), []
+    try:
+        while fh.tell() < len(data):
+            objs.append(_ValueUnpickler(fh).load())
+    except Exception:
+        return None
+    return objs
+
+
+def _assert_reads_as_pickle_load(data: bytes) -> None:
+    """Each engine's scan of ``data`` read back sample by sample against ``pickle.load`` of the
+    whole file: a scan that succeeds reads every sample as ``pickle.load`` gives it (fields and
+    count by the documented layout rules), or, when ``pickle.load`` fails, fails to read one with
+    a package error; a scan that fails raises a package error."""
+    objs = _loaded(data)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.pkl"
+        path.write_bytes(data)
+        for engine in ENGINES:
+            try:
+                scan = scan_file(path, engine=engine)
+            except PickleshardError:
+                continue
+            want = reference_samples(objs, os.fspath(path)) if objs else None
+            if want is not None:
+                assert (scan.fields, scan.num_samples) == (want[0], len(want[1])), engine
+            refused = 0
+            with SpanReader(scan, engine=engine, find_class=_value_global) as reader:
+                for i in range(scan.num_samples):
+                    try:
+                        got = reader.read_sample(i)
+                    except PickleshardError:
+                        assert want is None, f"{engine}: sample {i} refused, pickle.load reads it"
+                        refused += 1
+                        continue
+                    if want is not None:
+                        assert_same(got, want[1][i], _path=f"{engine}: sample {i}")
+            assert want is not None or refused, f"{engine}: every sample reads, pickle.load fails"
 
 
 def test_the_extension_is_built_and_used() -> None:
@@ -124,6 +197,7 @@ def damaged(draw: st.DrawFn) -> bytes:
 @given(data=damaged())
 def test_twins_raise_the_same_errors_on_damaged_bytes(data: bytes) -> None:
     _assert_twins(data)
+    _assert_reads_as_pickle_load(data)
 
 
 @st.composite
@@ -178,6 +252,7 @@ def repeated(draw: st.DrawFn) -> bytes:
 @given(data=repeated())
 def test_twins_agree_on_runs_of_repeated_values(data: bytes) -> None:
     _assert_twins(data)
+    _assert_reads_as_pickle_load(data)
 
 
 def test_the_compiled_walk_replays_runs_instead_of_stepping_through_them() -> None:

@@ -21,7 +21,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from pickleshard.dataset import PickleDataset
 from pickleshard.samplers import BlockShuffleSampler, ShuffleSampler, sampler_state_from_loader
-from resume_checker import (
+from pickleshard.testing.resume import (
     check_loader_resume,
     check_rescaled_resume,
     check_resume,

@@ -276,12 +276,12 @@ def test_transform_applies_in_span_mode(tmp_path: Path) -> None:
 
 
 class _Traced(PickleDataset):
-    """Returns, with each sample's label, the worker's pid and how many readers it built."""
+    """Returns, with each sample, its index, the worker's pid and how many readers it built."""
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         samples = super().__getitems__(indices)
         opened = self.span_files.stats.loads
-        return [(int(i), s[1], os.getpid(), opened) for i, s in zip(indices, samples, strict=True)]
+        return [(int(i), s, os.getpid(), opened) for i, s in zip(indices, samples, strict=True)]
 
 
 def _as_list(batch: list[Any]) -> list[Any]:
@@ -291,7 +291,7 @@ def _as_list(batch: list[Any]) -> list[Any]:
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_forked_dataloader_workers_read_by_span(tmp_path: Path) -> None:
     files = write_synthetic(tmp_path / "data", files=4, per_file=9, shape=(3,), seed=3)
-    labels = [s[1] for s in _expected(files)]
+    want = _expected(files)
     ds = _Traced(tmp_path / "data", mode="span")
     ds[0]  # readers opened in the parent must not be used by the children
     assert len(ds.span_files) == 1
@@ -306,8 +306,8 @@ def test_forked_dataloader_workers_read_by_span(tmp_path: Path) -> None:
     )
     seen, pids = [], set()
     for batch in loader:
-        for i, label, pid, opened in batch:
-            assert label == labels[i]
+        for i, sample, pid, opened in batch:
+            assert_same(sample, want[i], _path=f"worker {pid}: ds[{i}]")  # every field
             assert 1 <= opened <= 4  # each worker built its own readers
             seen.append(i)
             pids.add(pid)

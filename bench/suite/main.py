@@ -150,6 +150,10 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
                 conf["timeout"],
             )
             preps.append({"dataset": data.name, "key": key, **prep_of[key]})
+            if "redone" in prep_of[key]:
+                print(f"   {prep_of[key]['redone']}", flush=True)
+            elif prep_of[key].get("reused"):
+                print(f"   reused: made by this code, {prep_of[key]['code']}", flush=True)
         for w in workers:
             for loader in args.loaders:
                 row_key = PREP_KEY[loader]

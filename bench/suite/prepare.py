@@ -1,7 +1,9 @@
 """Each loader's one-time preparation of a dataset, with the loader's own tool, timed.
 
 A preparation writes into ``DatasetSpec.prepared(key)`` and records ``prep.json`` there
-(seconds, output bytes, the tool) when complete, so a later run reuses it. Loaders that read the
+(seconds, output bytes, the tool, the code version that made it: :func:`code_version`) when
+complete, so a later run of the same code reuses it; a copy made by other code (or with no code
+version recorded) is made again, and the returned record says so (``redone``). Loaders that read the
 same prepared copy share it: ``span`` and ``whole`` the pickleshard index, ``memmap`` and
 ``memmap-plain`` one conversion, and so on. ``naive`` has no preparation: it loads everything
 when the row starts (timed there).
@@ -9,17 +11,20 @@ when the row starts (timed there).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pickle
 import shutil
+import subprocess
 import time
 from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from .plan import DatasetSpec
 
-__all__ = ["PREP_KEY", "prepare", "prepared_info"]
+__all__ = ["PREP_KEY", "code_version", "prepare", "prepared_info"]
 
 #: loader -> the preparation it reads (None: nothing to prepare)
 PREP_KEY: dict[str, str | None] = {
@@ -40,6 +45,34 @@ PREP_KEY: dict[str, str | None] = {
 }
 
 MARKER = "prep.json"
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(REPO), *args], capture_output=True, text=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return done.stdout
+
+
+def code_version() -> str:
+    """The code a preparation is made with: pickleshard's installed version and the repository's
+    ``git describe --always --dirty``; a dirty tree adds a hash of its changes (tracked diffs and
+    untracked files' names), so two different sets of uncommitted edits differ."""
+    try:
+        version = metadata.version("pickleshard")
+    except metadata.PackageNotFoundError:
+        version = "not installed"
+    commit = (_git("describe", "--always", "--dirty") or "no git").strip()
+    if commit.endswith("-dirty"):
+        changes = (_git("diff", "HEAD") or "") + (_git("status", "--porcelain") or "")
+        commit += "." + hashlib.sha256(changes.encode()).hexdigest()[:12]
+    return f"{version} ({commit})"
 
 
 def prepared_info(spec: DatasetSpec, key: str) -> dict[str, Any] | None:
@@ -213,10 +246,18 @@ def _hf(spec: DatasetSpec, out: Path) -> str:
 
 
 def prepare(spec: DatasetSpec, key: str) -> dict[str, Any]:
-    """Build ``key``'s copy of ``spec`` (unless complete) and return its record."""
+    """Build ``key``'s copy of ``spec`` (unless complete and made by this code) and return its
+    record: ``reused`` when an earlier run's copy serves, ``redone`` saying why one was made
+    again (neither is written to ``prep.json``)."""
+    code = code_version()
     done = prepared_info(spec, key)
-    if done is not None:
-        return done
+    if done is not None and done.get("code") == code:
+        return {**done, "reused": True}
+    redone = (
+        None
+        if done is None
+        else f"made again: the earlier copy was made by {done.get('code', 'unrecorded code')}"
+    )
     out = spec.prepared(key)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -237,8 +278,14 @@ def prepare(spec: DatasetSpec, key: str) -> dict[str, Any]:
         raise ValueError(f"no preparation called {key!r}")
     seconds = time.perf_counter() - t0
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    record: dict[str, Any] = {"key": key, "seconds": seconds, "bytes": size, "tool": tool}
+    record: dict[str, Any] = {
+        "key": key,
+        "seconds": seconds,
+        "bytes": size,
+        "tool": tool,
+        "code": code,
+    }
     if key == "index":
         record["decoded_bytes"] = _decoded_bytes(spec, out)
     (out / MARKER).write_text(json.dumps(record))
-    return record
+    return record if redone is None else {**record, "redone": redone}

@@ -187,13 +187,22 @@ def markdown(raw: dict[str, Any], plots: list[str]) -> str:
         if "seconds" in p:
             out.append(
                 f"| {p['dataset']} | {p['key']} | {p['seconds']:.1f} | "
-                f"{p['bytes'] / 1e6:,.1f} | {p['tool']} |"
+                f"{p['bytes'] / 1e6:,.1f} | {p['tool']}{_made_by(p)} |"
             )
         else:
             why = p.get("unavailable") or p.get("error")
             out.append(f"| {p['dataset']} | {p['key']} | — | — | {why} |")
     out += [""] + [f"![{p}]({p})" for p in plots]
     return "\n".join(out) + "\n"
+
+
+def _made_by(prep: dict[str, Any]) -> str:
+    """Which code made a preparation, and whether this run reused or remade it."""
+    if "code" not in prep:
+        return ""
+    how = "; reused from an earlier run" if prep.get("reused") else ""
+    how += f"; {prep['redone']}" if prep.get("redone") else ""
+    return f"; made by pickleshard {prep['code']}{how}"
 
 
 def _plots(raw: dict[str, Any], out: Path, name: str) -> list[str]:

@@ -27,7 +27,7 @@ from ..errors import OutputExistsError, OutputPathError, UnencodableValueError, 
 from ..formats import ConvertedDataset, Format, get_format, open_dataset
 from ..pipelines.convert.run import ConvertReport, convert
 from ..pipelines.verify.run import verify
-from .oracle import SLOW_GLOBAL, SlowInt, assert_same, oracle_samples, write_files
+from .oracle import GATED_GLOBAL, GatedInt, assert_same, oracle_samples, write_files
 
 __all__ = ["DTYPES", "FormatTests"]
 
@@ -74,6 +74,14 @@ def tree_bytes(root: Path) -> dict[str, bytes]:
     return {
         os.path.relpath(p, root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
     }
+
+
+def _parts_done(manifest: Path) -> int:
+    """How many parts a conversion's manifest records as done (0 before it is written)."""
+    try:
+        return len(json.loads(manifest.read_text())["done"])
+    except FileNotFoundError:
+        return 0
 
 
 class FormatTests:
@@ -243,12 +251,15 @@ class FormatTests:
     @pytest.mark.slow
     def test_kill_and_resume_gives_the_uninterrupted_output(self, tmp_path: Path) -> None:
         rng = np.random.default_rng(5)
-        src, out = tmp_path / "src", tmp_path / "out"
-        # each file sleeps 0.3 s while unpickled, so the run can be killed between parts
-        objects = [(_arrays(rng, 4, (2, 3)), [SlowInt(f, 0.3), 1, 2, 3]) for f in range(6)]
-        write_files(src, objects)
-        kwargs: dict[str, Any] = {**self.convert_kwargs, "jobs": 2, "allow_globals": [SLOW_GLOBAL]}
-        self.convert(src, tmp_path / "reference", **kwargs)
+        src, out, gate = tmp_path / "src", tmp_path / "out", tmp_path / "gate"
+        # files 2-5 unpickle only once the gate exists: the killed run finishes parts 0 and 1,
+        # then waits there however slow the machine is, until the test has killed it
+        ys = [[GatedInt(f, gate) if f >= 2 else f, 1, 2, 3] for f in range(6)]
+        write_files(src, [(_arrays(rng, 4, (2, 3)), y) for y in ys])
+        kwargs: dict[str, Any] = {**self.convert_kwargs, "jobs": 2, "allow_globals": [GATED_GLOBAL]}
+        gate.touch()
+        self.convert(src, tmp_path / "reference", **kwargs)  # also indexes src: no decoding later
+        gate.unlink()
         job = pickle.dumps({"to": get_format(self.make_format()), **kwargs})
         args = pickle.dumps((sys.path, job)).hex()
         proc = subprocess.Popen(
@@ -256,14 +267,17 @@ class FormatTests:
             start_new_session=True,
         )
         manifest = tmp_path / ".out.partial" / "manifest.json"
-        deadline = time.monotonic() + 120
-        while proc.poll() is None and time.monotonic() < deadline:
-            if manifest.exists() and len(json.loads(manifest.read_text())["done"]) >= 2:
-                break
-            time.sleep(0.02)
-        os.killpg(proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 300  # a failure's bound only: the wait ends on the event
+        try:
+            while not _parts_done(manifest) >= 2:
+                assert proc.poll() is None, "the conversion ended before it could be killed"
+                assert time.monotonic() < deadline, "parts 0 and 1 were not done in 300 s"
+                time.sleep(0.02)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
         assert proc.wait() == -signal.SIGKILL, "the conversion ended before it could be killed"
         assert not out.exists(), "a killed conversion left a partial output"
+        gate.touch()
         report = self.convert(src, out, **kwargs)
         assert 2 <= report.parts_reused < report.parts
         assert tree_bytes(out) == tree_bytes(tmp_path / "reference")

@@ -1,8 +1,9 @@
 """The oracle the format tests compare against: ``pickle.load`` of each whole file, and exact
 equality (types, dtypes, shapes, bits).
 
-Also the small builders the kit uses to write source datasets, and :class:`SlowInt`, whose
-unpickling sleeps: it makes a conversion slow enough to be killed in the middle.
+Also the small builders the kit uses to write source datasets; :class:`SlowInt`, whose
+unpickling sleeps; and :class:`GatedInt`, whose unpickling waits for a file to exist: it holds a
+conversion in the middle until the test has killed it.
 """
 
 from __future__ import annotations
@@ -18,11 +19,17 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import FieldLengthMismatchError, UnsupportedLayoutError
+
 __all__ = [
+    "GATED_GLOBAL",
     "SLOW_GLOBAL",
+    "GatedInt",
     "SlowInt",
     "assert_same",
+    "gated_int",
     "oracle_samples",
+    "reference_samples",
     "slow_int",
     "write_files",
 ]
@@ -34,6 +41,36 @@ def slow_int(value: int, seconds: float) -> int:
     """Sleep ``seconds``, then return ``value`` (called by the unpickler for a :class:`SlowInt`)."""
     time.sleep(seconds)
     return value
+
+
+GATED_GLOBAL = "pickleshard.testing.oracle.gated_int"
+GATE_SECONDS = 600.0  # a gate left shut (its test died) fails the unpickling instead of hanging
+
+
+def gated_int(value: int, gate: str) -> int:
+    """Wait until the file ``gate`` exists, then return ``value`` (called by the unpickler for a
+    :class:`GatedInt`)."""
+    deadline = time.monotonic() + GATE_SECONDS
+    while not os.path.exists(gate):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the gate {gate} stayed shut for {GATE_SECONDS:.0f} s")
+        time.sleep(0.01)
+    return value
+
+
+class GatedInt:
+    """Pickles as ``gated_int(value, gate)``: it unpickles to the plain int once the file
+    ``gate`` exists. A test holds a process at a known point this way (no sleep to outrun).
+
+    Loading it needs ``allow_globals=[GATED_GLOBAL]`` (or ``trusted=True``).
+    """
+
+    def __init__(self, value: int, gate: str | os.PathLike[str]) -> None:
+        self.value = value
+        self.gate = os.fspath(gate)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (gated_int, (self.value, self.gate))
 
 
 class SlowInt:
@@ -62,39 +99,113 @@ def write_files(folder: Path, objects: Sequence[Any], protocol: int = 5) -> list
     return paths
 
 
-def reference_samples(objs: Sequence[Any], path: str) -> tuple[tuple[str, ...], list[Any]]:
-    """Fields and samples of a file whose ``pickle.load`` calls returned ``objs``, by the rules
-    of :mod:`pickleshard.scan` for appended pickles: one pickle is a layout
-    (:func:`~pickleshard.scan.layouts.decode_layout`); several are chunks when every one is a layout,
-    else one sample each (an exact tuple gives one field per item, an exact dict one per key of
-    the first, anything else the single field ``x``). Independent of
-    :func:`~pickleshard.scan.records.decode_records`, which it checks."""
-    from ..errors import UnsupportedLayoutError
-    from ..scan.layouts import LAYOUT_TABLE, decode_layout, default_field_names
+# The documented layout rules (docs/layouts.md, "What auto infers"), written here from the
+# documentation alone: the oracle must not share the code it checks (scan.layouts, scan.records).
+_MAX_LIST_COLUMNS = 64  # "a short list (at most 64 items) of sequences" is columns
+_MAX_METADATA_TEXT = 4096  # "str/bytes up to 4 KiB" beside a one-pickle dict's columns
 
-    try:
-        decoded = [decode_layout(o, path) for o in objs]
-    except UnsupportedLayoutError:
-        if len(objs) == 1:
-            raise
-        first = objs[0]
-        sample = (
-            "tuple"
-            if type(first) is tuple and first
-            else "dict"
-            if type(first) is dict and first
-            else None
-        )
-        layout = next(
-            (x for x in LAYOUT_TABLE.values() if x.per_pickle and x.sample == sample), None
-        )
-        if layout is None:  # any other object: the single field x
-            return ("x",), [(o,) for o in objs]
-        if layout.keyed:
+
+def _is_sequence(value: Any) -> bool:
+    """A column: a list, a tuple or a numpy array of shape ``(N, ...)``."""
+    return isinstance(value, (list, tuple)) or (isinstance(value, np.ndarray) and value.ndim >= 1)
+
+
+def _is_metadata(value: Any) -> bool:
+    """A small scalar kept as file metadata beside a one-pickle dict's columns."""
+    if type(value) in (str, bytes):
+        return len(value) <= _MAX_METADATA_TEXT
+    return type(value) in (bool, int, float, type(None))
+
+
+def _field_names(keys: Sequence[Any], path: str) -> tuple[str, ...]:
+    """Dict keys as field names: ``bytes`` by their text, anything else by ``str()``."""
+    names = tuple(
+        k.decode("utf-8", "backslashreplace") if isinstance(k, bytes) else str(k) for k in keys
+    )
+    if len(set(names)) < len(names):
+        raise UnsupportedLayoutError(path, f"dict keys {list(keys)} name one field twice")
+    return names
+
+
+def _positional_names(n: int) -> tuple[str, ...]:
+    return tuple(("x", "y")[i] if i < 2 else f"f{i}" for i in range(n))
+
+
+def _columns(
+    fields: tuple[str, ...], columns: Sequence[Any], path: str
+) -> tuple[tuple[str, ...], list[Any]]:
+    lengths = {len(c) for c in columns}
+    if len(lengths) > 1:
+        raise FieldLengthMismatchError(path, f"columns of lengths {sorted(lengths)}")
+    n = lengths.pop()
+    return fields, [tuple(c[i] for c in columns) for i in range(n)]
+
+
+def _split_one(obj: Any, path: str, metadata: bool) -> tuple[tuple[str, ...], list[Any]]:
+    """Fields and samples of one pickle read as a layout: columns of a tuple, a dict (its small
+    scalars are metadata when ``metadata``) or a short list; rows of a list of same-length
+    tuples or of dicts. :class:`UnsupportedLayoutError` for anything else."""
+    if isinstance(obj, dict) and obj:
+        keys = [k for k, v in obj.items() if _is_sequence(v)]
+        if not keys or any(
+            not _is_sequence(v) and not (metadata and _is_metadata(v)) for v in obj.values()
+        ):
+            raise UnsupportedLayoutError(path, "a dict whose values are not all columns")
+        return _columns(_field_names(keys, path), [obj[k] for k in keys], path)
+    if isinstance(obj, tuple) and obj and all(_is_sequence(c) for c in obj):
+        return _columns(_positional_names(len(obj)), obj, path)
+    if isinstance(obj, list) and obj:
+        first = obj[0]
+        if (
+            isinstance(first, tuple)
+            and first
+            and all(isinstance(r, tuple) and len(r) == len(first) for r in obj)
+        ):
+            return _positional_names(len(first)), [tuple(r) for r in obj]
+        if isinstance(first, dict):
+            if not all(isinstance(r, dict) for r in obj):
+                raise UnsupportedLayoutError(path, "a list of dicts and other rows")
             keys = list(first)
-            return tuple(str(k) for k in keys), [tuple(o[k] for k in keys) for o in objs]
-        return default_field_names(len(first)), [tuple(o) for o in objs]
-    return decoded[0].fields, [s for d in decoded for s in zip(*d.columns, strict=True)]
+            if any(k not in r for r in obj for k in keys):
+                raise UnsupportedLayoutError(path, "rows of dicts with different keys")
+            return _field_names(keys, path), [tuple(r[k] for k in keys) for r in obj]
+        if len(obj) <= _MAX_LIST_COLUMNS and all(_is_sequence(c) for c in obj):
+            return _columns(_positional_names(len(obj)), obj, path)
+    raise UnsupportedLayoutError(path, f"a top-level {type(obj).__name__} that is no layout")
+
+
+def _one_sample_each(objs: Sequence[Any], path: str) -> tuple[tuple[str, ...], list[Any]]:
+    """Appended pickles that are not all layouts: one sample per pickle."""
+    first = objs[0]
+    if type(first) is tuple and first:
+        if any(type(o) is not tuple or len(o) != len(first) for o in objs):
+            raise UnsupportedLayoutError(path, "appended samples of different shapes")
+        return _positional_names(len(first)), [tuple(o) for o in objs]
+    if type(first) is dict and first:
+        keys = list(first)
+        if any(type(o) is not dict or any(k not in o for k in keys) for o in objs):
+            raise UnsupportedLayoutError(path, "appended dict samples with different keys")
+        return _field_names(keys, path), [tuple(o[k] for k in keys) for o in objs]
+    return ("x",), [(o,) for o in objs]
+
+
+def reference_samples(objs: Sequence[Any], path: str) -> tuple[tuple[str, ...], list[Any]]:
+    """Fields and samples of a file whose ``pickle.load`` calls returned ``objs``, by the
+    documented ``layout="auto"`` rules (docs/layouts.md), written independently of
+    :mod:`pickleshard.scan`, which it checks: one pickle is a layout (its dict's small scalars are
+    file metadata); several are chunks, samples in file order, when every one is a layout with
+    the same fields, and otherwise one sample each (an exact tuple gives one field per item, an
+    exact dict one per key of the first, anything else the single field ``x``)."""
+    if len(objs) == 1:
+        return _split_one(objs[0], path, metadata=True)
+    try:
+        chunks = [_split_one(o, path, metadata=False) for o in objs]
+    except UnsupportedLayoutError:
+        return _one_sample_each(objs, path)
+    fields = chunks[0][0]
+    if any(f != fields for f, _ in chunks):
+        raise UnsupportedLayoutError(path, "appended chunks with different fields")
+    return fields, [s for _, samples in chunks for s in samples]
 
 
 def oracle_samples(paths: Sequence[str | os.PathLike[str]]) -> list[tuple[Any, ...]]:

@@ -1,6 +1,6 @@
 """The corpus's hand-built opcode streams: lying lengths, re-framed and re-encoded valid files,
 deep nesting and broken stacks (the ``length``, ``frames``, ``reencoded``, ``deep`` and
-``stack`` families of :mod:`pickleshard.testing.corpus`). Each generator yields
+``stack`` families of :mod:`corpus.corpus`). Each generator yields
 ``(name, bytes)``; nothing here unpickles anything.
 """
 

@@ -1,9 +1,9 @@
 """The fault worker: runs one (fault case, entry point) at a time and classifies the outcome.
 
-:func:`pickleshard.testing.corpus_run.run_corpus` (``suite="faults"``) starts it through
-:mod:`pickleshard.testing.corpus_worker`, under the same memory and CPU limits, with one run
+:func:`corpus.corpus_run.run_corpus` (``suite="faults"``) starts it through
+:mod:`corpus.corpus_worker`, under the same memory and CPU limits, with one run
 per ``"<case>::<entry point>"``. Each run gets a fresh folder
-(:func:`~pickleshard.testing.fault_setup.materialise`), has :data:`RUN_SECONDS` of wall clock
+(:func:`~corpus.fault_setup.materialise`), has :data:`RUN_SECONDS` of wall clock
 (``SIGALRM``; the runner kills a worker that does not answer at all), and ends in one class:
 
 ``ok-correct``
@@ -45,7 +45,9 @@ from typing import Any
 
 import numpy as np
 
-from .corpus_worker import deep_diff
+from pickleshard.errors import PickleshardError
+
+from .diff import deep_diff
 from .fault_entries import ENTRIES, CliResult, FaultRun, Samples
 
 __all__ = ["CLASSES", "ENTRY_POINTS", "META", "NOT_OK", "RUN_SECONDS", "FaultWorker"]
@@ -110,8 +112,6 @@ def _classify_cli(run: FaultRun, ep: str, res: CliResult) -> tuple[str, str]:
 
 
 def _classify_exception(run: FaultRun, exc: BaseException) -> tuple[str, str]:
-    from ..errors import PickleshardError
-
     text = str(exc)
     if isinstance(exc, PickleshardError):
         if run.names_file(text):

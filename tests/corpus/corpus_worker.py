@@ -1,7 +1,7 @@
 """The corpus worker: a subprocess that reads case files and reports JSON outcomes per case.
 
-Started by :func:`pickleshard.testing.corpus_run.run_corpus` as ``python -m
-pickleshard.testing.corpus_worker MANIFEST OUT MEMORY CPU``. It imports what it tests, then
+Started by :func:`corpus.corpus_run.run_corpus` as ``python -m corpus.corpus_worker MANIFEST OUT
+MEMORY CPU`` (with ``tests/`` on its path). It imports what it tests, then
 limits itself (``RLIMIT_AS`` to ``MEMORY`` bytes, ``RLIMIT_CPU`` to ``CPU`` more seconds, and
 :data:`CASE_SECONDS` of CPU per path with ``ITIMER_PROF``) and, per case, tries:
 
@@ -35,9 +35,12 @@ kills it is named.
 
 from __future__ import annotations
 
+import bz2
 import dataclasses
+import faulthandler
+import gzip
 import json
-import math
+import lzma
 import os
 import resource
 import signal
@@ -45,65 +48,28 @@ import sys
 import time
 from collections.abc import Callable
 from functools import partial
-from itertools import repeat
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+# Everything a path runs is imported here, before the worker limits its memory and CPU time.
+from pickleshard.dataset import PickleDataset
+from pickleshard.errors import PickleshardError
+from pickleshard.indexing.build import build_index
+from pickleshard.picklekit import walk
+from pickleshard.read import SpanReader
+from pickleshard.read.whole.load import load_records
+from pickleshard.safety.policy import DEFAULT_POLICY
+from pickleshard.scan import scan_file
+from pickleshard.testing.oracle import reference_samples
 
-from ..picklekit.gcpause import paused_gc
-from .oracle import reference_samples
+from .diff import deep_diff
+from .fault_worker import FaultWorker
 
-__all__ = ["CASE_SECONDS", "ORIGINAL", "deep_diff"]
+__all__ = ["CASE_SECONDS", "ORIGINAL"]
 
 ORIGINAL = "original.bin"  # beside a damaged case file: the valid file it was made from
 CASE_SECONDS = 20
 GENERAL_MAX_BYTES = 64 << 10  # the pure-Python span path is slow on the 100k-deep files
-
-
-def deep_diff(got: Any, want: Any) -> str | None:
-    """How ``got`` differs from ``want`` (types, values, array bits), or None; iterative, so
-    100,000 nested lists compare without recursion (the report gives the nesting depth)."""
-    with paused_gc():  # the walk makes no cycles; GC passes over deep values would dominate it
-        return _deep_diff(got, want)
-
-
-def _deep_diff(got: Any, want: Any) -> str | None:
-    todo: list[tuple[Any, Any, int]] = [(got, want, 0)]
-    while todo:
-        g, w, depth = todo.pop()
-        tw = type(w)
-        if type(g) is not tw:
-            return f"depth {depth}: {type(g).__name__} != {tw.__name__}"
-        if tw is list or tw is tuple:
-            if len(g) != len(w):
-                return f"depth {depth}: length {len(g)} != {len(w)}"
-            todo.extend(zip(g, w, repeat(depth + 1)))
-        elif isinstance(w, np.ndarray):
-            if (g.dtype, g.shape) != (w.dtype, w.shape):
-                return f"depth {depth}: array {g.dtype}{g.shape} != {w.dtype}{w.shape}"
-            if w.dtype.hasobject:
-                todo.extend(zip(g.flat, w.flat, repeat(depth + 1)))
-            elif g.tobytes() != w.tobytes():
-                return f"depth {depth}: array bytes differ"
-        elif isinstance(w, (list, tuple)):
-            if len(g) != len(w):
-                return f"depth {depth}: length {len(g)} != {len(w)}"
-            todo.extend(zip(g, w, repeat(depth + 1)))
-        elif isinstance(w, dict):
-            keys_g, keys_w = list(g), list(w)
-            if [type(k) for k in keys_g] != [type(k) for k in keys_w] or keys_g != keys_w:
-                return f"depth {depth}: dict keys differ"
-            todo.extend((g[k], w[k], depth + 1) for k in keys_w)
-        elif isinstance(w, float) and math.isnan(w):
-            if not math.isnan(g):
-                return f"depth {depth}: {g!r} != nan"
-        elif isinstance(w, np.generic):
-            if g.tobytes() != w.tobytes():
-                return f"depth {depth}: {g!r} != {w!r}"
-        elif g != w:
-            return f"depth {depth}: {g!r} != {w!r}"
-    return None
 
 
 class _CaseTimeout(BaseException):
@@ -120,18 +86,12 @@ def _on_alarm(signum: int, frame: Any) -> None:
 
 def _engines() -> list[str]:
     """The scanner engines to try: the pure-Python walker, and the compiled one when built."""
-    from ..picklekit import walk
-
     return ["python"] + (["compiled"] if walk.compiled_walker() is not None else [])
 
 
 def _decompressed(path: str) -> Any:
     """``path`` opened for reading, decompressed by the standard library when its magic says
     gzip, bz2 or xz (pickleshard reads those decompressed; this oracle does not use its code)."""
-    import bz2
-    import gzip
-    import lzma
-
     with open(path, "rb") as fh:
         head = fh.read(6)
     for magic, opener in ((b"\x1f\x8b", gzip.open), (b"BZh", bz2.open), (b"\xfd7zXZ", lzma.open)):
@@ -142,8 +102,6 @@ def _decompressed(path: str) -> Any:
 
 def _reference(path: str) -> tuple[list[Any] | None, str]:
     """Every pickle of ``path`` loaded one after another under the default allowlist."""
-    from ..safety.policy import DEFAULT_POLICY
-
     objs = []
     try:
         with _decompressed(path) as fh:
@@ -167,8 +125,6 @@ class _Worker:
         self.built = False
 
     def run(self, name: str, folder: str, out: Any) -> None:
-        from ..errors import PickleshardError
-
         files = sorted(os.listdir(folder))
         path = os.path.join(folder, next(f for f in files if f != ORIGINAL))
         original = os.path.join(folder, ORIGINAL) if ORIGINAL in files else None
@@ -225,8 +181,6 @@ class _Worker:
         out.flush()
 
     def _load(self, path: str, ref: list[Any] | None) -> str | None:
-        from ..read.whole.load import load_records
-
         got = load_records(path)
         if ref is None:
             return "load_records succeeds, but pickle.load fails"
@@ -235,9 +189,6 @@ class _Worker:
 
     def _scan(self, path: str, ref: list[Any] | None, ref_error: str, engine: str) -> str | None:
         """``engine`` "general": the python scan read by the pure-Python general span path."""
-        from ..read import SpanReader
-        from ..scan import scan_file
-
         general = engine == "general"
         engine = "python" if general else engine
         scan = scan_file(path, engine=engine)
@@ -263,9 +214,6 @@ class _Worker:
     def _stale(self, path: str, original: str, engine: str) -> str | None:
         """Spans of the valid original read from the damaged bytes (a file changed after
         indexing): every sample must read or raise a package error; values are not checked."""
-        from ..read import SpanReader
-        from ..scan import scan_file
-
         with open(original, "rb") as fh:
             key = (engine, fh.read())
         if key not in self._originals:  # a few dozen originals, each damaged many ways
@@ -277,8 +225,6 @@ class _Worker:
         return None
 
     def _index(self, folder: str, ref: list[Any] | None) -> str | None:
-        from ..indexing.build import build_index
-
         self.built = False
         build_index(folder, index=self.index_dir, jobs=1)
         self.built = True  # without unpickling in span mode: a bad payload shows when read
@@ -286,8 +232,6 @@ class _Worker:
 
     def _dataset(self, folder: str, path: str, ref: list[Any] | None, ref_error: str) -> str | None:
         """Every sample through :class:`~pickleshard.PickleDataset` over the index just built."""
-        from ..dataset import PickleDataset
-
         if not self.built:
             raise _NotRun
         ds = PickleDataset(folder, index=self.index_dir, rebuild="never")
@@ -312,20 +256,13 @@ def _limit(memory: int, cpu: int) -> None:
 
 
 def _worker_main(manifest: str, out_path: str, memory: int, cpu: int) -> None:
-    import faulthandler
-
     faulthandler.enable()
     spec = json.loads(Path(manifest).read_text())
     worker: Any
     if spec.get("suite") == "faults":
-        from .fault_worker import FaultWorker
-
         worker = FaultWorker(spec["work_dir"], spec["canary"], spec["run_seconds"])
-        from ..pipelines.verify import run as verification  # noqa: F401 - before the limits
     else:
         worker = _Worker(spec["index_dir"], spec["canary"])
-    from ..read.whole import load as wholefile  # noqa: F401 - imported before the limits
-
     _limit(memory, cpu)
     signal.signal(signal.SIGPROF, _on_alarm)
     with open(out_path, "a") as out:

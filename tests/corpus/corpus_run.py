@@ -1,42 +1,50 @@
 """Run the bad-input corpus through every entry point, in subprocesses under resource limits.
 
-:func:`run_corpus` writes each :class:`~pickleshard.testing.corpus.Case` to its own folder, then
-starts worker processes (:mod:`pickleshard.testing.corpus_worker`, which says what each path
+:func:`run_corpus` writes each :class:`~corpus.corpus.Case` to its own folder, then
+starts worker processes (:mod:`corpus.corpus_worker`, which says what each path
 checks) that limit their own memory and CPU time, and gathers their per-case outcomes into a
 :class:`CorpusReport`. A worker that dies on a case (crash, CPU limit, hang past the wall-clock
 limit) makes that case a problem, and a fresh worker goes on with the cases after it.
 
-``suite="faults"`` runs the fault corpus (:mod:`pickleshard.testing.faults`) instead: one run per
-(case, entry point of :data:`~pickleshard.testing.fault_worker.ENTRY_POINTS`), each classified
-by :mod:`pickleshard.testing.fault_worker`; a worker that answers nothing for ``run_seconds`` is
+``suite="faults"`` runs the fault corpus (:mod:`corpus.faults`) instead: one run per
+(case, entry point of :data:`~corpus.fault_worker.ENTRY_POINTS`), each classified
+by :mod:`corpus.fault_worker`; a worker that answers nothing for ``run_seconds`` is
 killed and its run is a HANG, one that dies of another signal a CRASH.
 
-``python -m pickleshard.testing.corpus_run summary`` runs the whole corpus and prints the counts;
-``python -m pickleshard.testing.corpus_run faults [--only TEXT]`` runs the fault corpus and prints
-its outcome table (:func:`fault_table`). Either exits 1 when anything is wrong.
+From ``tests/`` (or with it on ``PYTHONPATH``), ``python -m corpus.corpus_run summary`` runs the
+whole corpus and prints the counts; ``python -m corpus.corpus_run faults [--only TEXT]`` runs the
+fault corpus and prints its outcome table (:func:`fault_table`). Either exits 1 when anything is
+wrong.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import resource
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .corpus import Case
+from .corpus import Case, generate
 from .corpus_worker import ORIGINAL
 from .fault_worker import CLASSES, ENTRY_POINTS, META, NOT_OK, RUN_SECONDS
+from .faults import fault_cases
 
 __all__ = ["CorpusReport", "fault_table", "run_corpus"]
 
 MEMORY_LIMIT = 2 << 30
+# The workers run this package's corpus_worker module: the folder that holds the package (tests/)
+# goes on their path, so they start the same from a clean clone as from an installed tree.
+_PACKAGE = __package__ or "corpus"
+_PACKAGE_HOME = Path(__file__).resolve().parents[_PACKAGE.count(".") + 1]
 FAULT_MEMORY_LIMIT = 6 << 30  # the 1.5 GB amplifiers must really load, to show they are not refused
 
 
@@ -51,6 +59,7 @@ class CorpusReport:
     details: dict[str, str] = field(default_factory=dict)  # fault runs: what each one ended in
     seconds_by_case: dict[str, float] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    rerun: list[str] = field(default_factory=list)  # fault runs that hung once, run again alone
 
     def counts(self) -> dict[str, Counter[str]]:
         """``{path: Counter(outcome class name)}``."""
@@ -97,35 +106,43 @@ def _write_cases(cases: Sequence[Case], root: Path, faults: bool) -> list[tuple[
     return out
 
 
+@dataclass(frozen=True)
+class _Setup:
+    """What every worker of one corpus run shares."""
+
+    work: Path
+    canary: str
+    memory: int
+    cpu_seconds: int
+    suite: str
+    deadline: float  # perf_counter
+
+
 def _run_worker(
-    todo: list[tuple[str, str]],
-    work: Path,
-    canary: str,
-    memory: int,
-    cpu: int,
-    tag: str,
-    suite: str,
-    run_seconds: float,
+    todo: list[tuple[str, str]], setup: _Setup, tag: str, run_seconds: float
 ) -> subprocess.Popen[bytes]:
+    work = setup.work
     manifest = work / f"manifest-{tag}.json"
     spec = {
         "cases": todo,
         "index_dir": os.fspath(work / f"index-{tag}"),
-        "canary": canary,
-        "suite": suite,
+        "canary": setup.canary,
+        "suite": setup.suite,
         "work_dir": os.fspath(work / f"runs-{tag}"),
         "run_seconds": run_seconds,
     }
     manifest.write_text(json.dumps(spec))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    path = os.pathsep.join(p for p in (os.fspath(_PACKAGE_HOME), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PYTHONPATH": path}
     cmd = [
         sys.executable,
         "-m",
-        "pickleshard.testing.corpus_worker",
+        f"{_PACKAGE}.corpus_worker",
         os.fspath(manifest),
         os.fspath(work / f"out-{tag}.jsonl"),
+        str(setup.memory),
+        str(setup.cpu_seconds),
     ]
-    cmd += [str(memory), str(cpu)]
     return subprocess.Popen(cmd, env=env, stderr=open(work / f"err-{tag}.txt", "ab"))
 
 
@@ -141,22 +158,53 @@ def run_corpus(
     suite: str = "bad-input",
     entry_points: Sequence[str] = ENTRY_POINTS,
     run_seconds: float = RUN_SECONDS,
+    confirm_seconds: float | None = None,
 ) -> CorpusReport:
     """Run ``cases`` in ``workers`` limited subprocesses (files written under ``work``).
 
     ``suite="faults"``: one run per case and entry point of ``entry_points``, each a HANG after
-    ``run_seconds`` of wall clock; a worker silent for twice that plus 30 s is killed.
+    ``run_seconds`` of wall clock; a worker silent for twice that plus 30 s is killed. A run that
+    hangs is run again, alone, with ``confirm_seconds`` (four times ``run_seconds`` unless
+    given), and only its second outcome counts: a HANG hangs twice, with nothing else running;
+    a run that a busy machine slowed past the first limit finishes the second time
+    (:attr:`CorpusReport.rerun` names those runs).
     """
     t0 = time.perf_counter()
     faults = suite == "faults"
     if memory is None:
         memory = FAULT_MEMORY_LIMIT if faults else MEMORY_LIMIT
-    idle = 2 * run_seconds + 30 if faults else None
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     written = _write_cases(cases, Path(work) / "cases", faults)
     report = CorpusReport(cases=len(cases))
     if faults:
         written = [(f"{name}::{ep}", folder) for name, folder in written for ep in entry_points]
+    setup = _Setup(Path(work), canary, memory, cpu_seconds, suite, t0 + wall_seconds)
+    _run_pass(setup, written, workers, run_seconds, "a", report)
+    hung = [(n, f) for n, f in written if "HANG" in report.outcomes.get(n, {}).values()]
+    if faults and hung:
+        report.rerun = [n for n, _ in hung]
+        _forget(report, report.rerun)
+        _run_pass(setup, hung, 1, confirm_seconds or 4 * run_seconds, "b", report)
+    if os.path.exists(canary):
+        report.problems.append(f"the canary file {canary} exists")
+    report.seconds = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    report.cpu_seconds = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return report
+
+
+def _run_pass(
+    setup: _Setup,
+    written: list[tuple[str, str]],
+    workers: int,
+    run_seconds: float,
+    tag: str,
+    report: CorpusReport,
+) -> None:
+    """Run ``written`` (name, folder) in ``workers`` worker queues, a fresh worker after each
+    death, recording into ``report``; what the deadline cuts is a problem, "not run"."""
+    faults = setup.suite == "faults"
+    idle = 2 * run_seconds + 30 if faults else None
     queues = [written[k::workers] for k in range(workers)]
     runs = 0
     while any(queues):
@@ -164,38 +212,29 @@ def run_corpus(
         for k, todo in enumerate(queues):
             if todo:
                 runs += 1
-                procs.append(
-                    (
-                        k,
-                        f"{k}-{runs}",
-                        _run_worker(
-                            todo,
-                            work,
-                            canary,
-                            memory,
-                            cpu_seconds,
-                            f"{k}-{runs}",
-                            suite,
-                            run_seconds,
-                        ),
-                    )
-                )
-        for k, tag, proc in procs:
-            out = work / f"out-{tag}.jsonl"
-            rc, hung = _wait(proc, out, t0 + wall_seconds, idle)
-            queues[k] = _collect(queues[k], out, rc, report, work / f"err-{tag}.txt", hung, faults)
-        if time.perf_counter() - t0 > wall_seconds:
+                name = f"{tag}{k}-{runs}"
+                procs.append((k, name, _run_worker(todo, setup, name, run_seconds)))
+        for k, name, proc in procs:
+            out = setup.work / f"out-{name}.jsonl"
+            rc, hung = _wait(proc, out, setup.deadline, idle)
+            err = setup.work / f"err-{name}.txt"
+            queues[k] = _collect(queues[k], out, rc, report, err, hung, faults)
+        if time.perf_counter() > setup.deadline:
             for todo in queues:
                 report.problems += [
                     f"{name}: not run (corpus wall-clock limit)" for name, _ in todo
                 ]
             break
-    if os.path.exists(canary):
-        report.problems.append(f"the canary file {canary} exists")
-    report.seconds = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    report.cpu_seconds = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-    return report
+
+
+def _forget(report: CorpusReport, names: Sequence[str]) -> None:
+    """Drop what ``report`` holds on the runs ``names`` (before they are run again)."""
+    for name in names:
+        report.outcomes.pop(name, None)
+        report.details.pop(name, None)
+        report.seconds_by_case.pop(name, None)
+    prefixes = tuple(f"{name}: " for name in names)
+    report.problems = [p for p in report.problems if not p.startswith(prefixes)]
 
 
 def _wait(
@@ -273,7 +312,7 @@ def _collect(
 
 
 def fault_counts(report: CorpusReport) -> Counter[str]:
-    """Runs per class (:data:`~pickleshard.testing.fault_worker.CLASSES`) of a fault run."""
+    """Runs per class (:data:`~corpus.fault_worker.CLASSES`) of a fault run."""
     return Counter(c for per_run in report.outcomes.values() for c in per_run.values())
 
 
@@ -309,6 +348,10 @@ def fault_table(report: CorpusReport, *, verbose: bool = False) -> str:
             if any(c[k] for k in NOT_OK)
         )
     )
+    if report.rerun:
+        lines.append(
+            f"  hung once, then run again alone: {len(report.rerun)} ({', '.join(report.rerun)})"
+        )
     lines.append(f"  not ok: {len(bad)}")
     lines += [f"    {p[:600]}" for p in sorted(bad)]
     lines += [f"  other problem: {p}" for p in other]
@@ -321,16 +364,10 @@ def fault_table(report: CorpusReport, *, verbose: bool = False) -> str:
 
 
 def _summary_main(argv: Sequence[str]) -> int:
-    """``python -m pickleshard.testing.corpus_run summary``: run the whole corpus in a temporary
+    """``python -m corpus.corpus_run summary``: run the whole corpus in a temporary
     folder, print the outcome counts and every problem; exit 1 if there is any.
     ``... faults [--only TEXT]``: the fault corpus (the cases whose name holds TEXT), its table."""
-    import argparse
-    import tempfile
-
-    from .corpus import generate
-    from .faults import fault_cases
-
-    p = argparse.ArgumentParser(prog="python -m pickleshard.testing.corpus_run")
+    p = argparse.ArgumentParser(prog="python -m corpus.corpus_run")
     p.add_argument("suite", nargs="?", choices=("summary", "faults"), default="summary")
     p.add_argument("--only", default="", help="fault cases whose name contains this text")
     p.add_argument("--workers", type=int, default=2)

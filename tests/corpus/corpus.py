@@ -27,7 +27,7 @@
 ``foreign``
     empty, text, JSON, zip, gzip, ``.npy``, PNG/ELF headers and binary noise.
 
-Nothing here unpickles anything: :mod:`pickleshard.testing.corpus_run` does, in a subprocess
+Nothing here unpickles anything: :mod:`corpus.corpus_run` does, in a subprocess
 under memory and CPU limits.
 """
 
@@ -60,7 +60,7 @@ class Case:
 
     ``original`` (truncated and bit-flipped cases) is the valid file they were made from: the
     runner also scans it and reads its spans from ``data``, as for a file changed after indexing.
-    The fault corpus (:mod:`pickleshard.testing.faults`) also sets ``expect`` (``"data"``: the
+    The fault corpus (:mod:`corpus.faults`) also sets ``expect`` (``"data"``: the
     value of ``pickle.load`` or a package error is right; ``"refuse"``: only an error is),
     ``setup`` (what the worker makes of the bytes first: a FIFO, a tampered index...) and
     ``extra`` (more files of the case, ``(name, bytes)``).

@@ -2,7 +2,7 @@
 a built-then-tampered index, and the thread that rewrites a file during an epoch.
 
 :func:`materialise` writes a case into a fresh folder (``data.pkl`` plus the case's extra
-files) and applies its ``setup`` (see :mod:`pickleshard.testing.faults`). Each tamper edits
+files) and applies its ``setup`` (see :mod:`corpus.faults`). Each tamper edits
 what :mod:`pickleshard.index` stores in ``.pickleshard/`` (the header ``index.json``, its files
 table and scan meta, and the span ``.npy`` arrays), as an attacker shipping a dataset with its
 index could.
@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from pickleshard.index import fingerprint
+from pickleshard.indexing.build import build_index
 
 from .faults import REWRITE_NEW, _good_layout
 
@@ -44,8 +47,6 @@ def materialise(case_dir: Path, meta: dict[str, Any], run_dir: Path) -> Path:
         if name != REWRITE_NEW:  # the rewrite's second version stays with the case
             shutil.copyfile(case_dir / name, data / name)
     if setup.startswith("tamper:") or setup == "rewrite":
-        from ..indexing.build import build_index
-
         build_index(data, jobs=1)
     if setup.startswith("tamper:"):
         _TAMPERS[setup.split(":", 1)[1]](data, data / ".pickleshard")
@@ -166,8 +167,6 @@ def _edit_shape_keeping_index(data: Path, index: Path) -> None:
     """The shape of one raw-read sample (the third array) edited in the data file, from (2, 3)
     to (3, 2), and the index's size, times, inode and fingerprint of that file refreshed, as
     someone editing data and index together would: the index still says (2, 3)."""
-    from ..index import fingerprint
-
     path = data / DATA_NAME
     raw = bytearray(path.read_bytes())
     shape = b"K\x02K\x03\x86"

@@ -1,9 +1,9 @@
 """The fault worker's entry points: one run's folders and oracle, and each way of reading them.
 
 :class:`FaultRun` materialises a fault case into a fresh folder
-(:func:`~pickleshard.testing.fault_setup.materialise`) and holds what its samples are checked
+(:func:`~corpus.fault_setup.materialise`) and holds what its samples are checked
 against: :func:`pickle.load` of the files (both versions for a file rewritten during the epoch).
-:data:`ENTRIES` maps each entry point of :mod:`pickleshard.testing.fault_worker` to what it runs:
+:data:`ENTRIES` maps each entry point of :mod:`corpus.fault_worker` to what it runs:
 a dataset read (the samples it returned, by index) or a CLI command (a :class:`CliResult`, with
 the samples its output holds read back). Classifying the outcome is the worker's.
 """
@@ -21,9 +21,14 @@ from typing import Any
 
 import numpy as np
 
+from pickleshard.cli import main as cli_main
+from pickleshard.dataset import PickleDataset
+from pickleshard.formats import open_dataset
+from pickleshard.safety.policy import DEFAULT_POLICY
+from pickleshard.testing.oracle import reference_samples
+
 from .fault_setup import DATA_NAME, Rewriter, materialise
 from .faults import REWRITE_NEW
-from .oracle import reference_samples
 
 __all__ = ["ENTRIES", "REWRITE_EPOCHS", "CliResult", "FaultRun", "Samples"]
 
@@ -101,8 +106,6 @@ def _oracle(data: Path) -> list[Any]:
 
 
 def _dataset(run: FaultRun, mode: str) -> Samples:
-    from ..dataset import PickleDataset
-
     ds = PickleDataset(run.data, mode=mode, jobs=1)  # type: ignore[arg-type]
     run.begin()
     got: Samples = []
@@ -112,8 +115,6 @@ def _dataset(run: FaultRun, mode: str) -> Samples:
 
 
 def _getitems(run: FaultRun) -> Samples:
-    from ..dataset import PickleDataset
-
     ds = PickleDataset(run.data, jobs=1)
     order = run.order(len(ds))
     run.begin()
@@ -125,8 +126,6 @@ def _getitems(run: FaultRun) -> Samples:
 
 def _loader(run: FaultRun, workers: int) -> Samples:
     from torch.utils.data import DataLoader
-
-    from ..dataset import PickleDataset
 
     ds = PickleDataset(run.data, jobs=1)
     order = run.order(len(ds))
@@ -163,27 +162,21 @@ class CliResult:
 
 def _cli(argv: Sequence[str]) -> CliResult:
     """``pickleshard ARGV`` in this process; an exception escaping it propagates (a traceback)."""
-    from ..cli import main
-
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            rc = main(list(argv))
+            rc = cli_main(list(argv))
         except SystemExit as exc:  # argparse
             rc = exc.code if isinstance(exc.code, int) else 2
     return CliResult(rc, out.getvalue(), err.getvalue())
 
 
 def _read_converted(out: Path) -> Samples:
-    from ..formats import open_dataset
-
     ds = open_dataset(out, shuffle=False)
     return [(i, ds[i]) for i in range(len(ds))]
 
 
 def _read_split(run: FaultRun) -> Samples:
-    from ..safety.policy import DEFAULT_POLICY
-
     manifest = json.loads((run.out / "pickleshard-split.json").read_text())
     chunks = [c if isinstance(c, str) else c["name"] for c in manifest["chunks"]]
     samples: list[Any] = []

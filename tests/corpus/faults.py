@@ -1,14 +1,14 @@
 """The fault corpus (issue 12): hostile sizes, ``BUILD`` on allowlisted globals, trailing bytes,
 special files, a tampered index and a file rewritten during an epoch, generated, not stored.
 
-:func:`fault_cases` yields :class:`~pickleshard.testing.corpus.Case` records that
-:func:`pickleshard.testing.corpus_run.run_corpus` (``suite="faults"``) runs through every entry
-point of :data:`pickleshard.testing.fault_worker.ENTRY_POINTS`. A case's ``expect`` says what
+:func:`fault_cases` yields :class:`~corpus.corpus.Case` records that
+:func:`corpus.corpus_run.run_corpus` (``suite="faults"``) runs through every entry
+point of :data:`corpus.fault_worker.ENTRY_POINTS`. A case's ``expect`` says what
 a correct outcome is: ``"data"`` (legitimate data: the value :func:`pickle.load` gives, or a
 package error naming the file) or ``"refuse"`` (an abuse or a file that is no dataset: only a
 package error naming the file is right; returning samples, or ``inspect --strict`` passing, is
 WRONG). ``setup`` says what the worker makes of the bytes before the entry point runs
-(:mod:`pickleshard.testing.fault_setup`). Families (``Case.family``):
+(:mod:`corpus.fault_setup`). Families (``Case.family``):
 
 ``sizes``
     a few bytes that the allowlist turns into a huge object (``bytearray(1_500_000_000)``,
