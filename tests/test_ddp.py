@@ -19,7 +19,7 @@ import pytest
 
 from pickleshard.dataset import PickleDataset
 from pickleshard.samplers import BlockShuffleSampler, ShuffleSampler
-from resume_checker import write_id_files
+from pickleshard.testing.resume import write_id_files
 
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_train.py"
 SIZES = [7, 12, 1, 9, 11]  # 40 samples: 20 per rank, no padding

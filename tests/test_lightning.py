@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from pickleshard import PickleDataset
 from pickleshard.samplers import ShuffleSampler
-from resume_checker import write_id_files
+from pickleshard.testing.resume import write_id_files
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::UserWarning",  # Lightning's advice on num_workers and logging, irrelevant here

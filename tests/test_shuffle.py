@@ -17,7 +17,7 @@ from pickleshard.samplers.shuffle import (
     ShuffleSampler,
     sampler_state_from_loader,
 )
-from resume_checker import check_resume
+from pickleshard.testing.resume import check_resume
 
 
 class Sized:
