@@ -39,6 +39,7 @@ from typing import IO, Any, Generic, TypeVar
 
 import numpy as np
 
+from ..io.atomic import atomic_path
 from ..io.handles import ProcessLocal
 from ..samplers import distributed_rank_and_world
 from .base import (
@@ -203,9 +204,8 @@ def _link_or_copy(src: Path, dst: Path) -> None:
     try:
         os.link(src, dst)
     except OSError:
-        tmp = dst.with_name(f"{dst.name}.tmp-{os.getpid()}")
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, dst)
+        with atomic_path(dst) as tmp:
+            shutil.copyfile(src, tmp)
 
 
 def cut_runs(
