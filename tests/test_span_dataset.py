@@ -256,9 +256,10 @@ def test_open_readers_are_bounded_least_recently_used_closed_first(tmp_path: Pat
         assert len(ds.span_files) <= 2
     s = ds.span_files.stats
     assert (s.hits, s.misses, s.loads, s.evictions, s.entries) == (2, 3, 3, 1, 2)
-    assert first.source._fd != -1  # still open: used since file 1's was
+    assert first.source._file.opened  # still open: used since file 1's was
     ds.span_files.max_open = 1  # closes the excess at once
-    assert (len(ds.span_files), first.source._fd) == (1, -1)
+    assert len(ds.span_files) == 1
+    assert not first.source._file.opened
     assert_same(ds[1], want[1])
     with pytest.raises(ValueError, match="max_open must be >= 1"):
         ds.span_files.max_open = 0
