@@ -479,7 +479,7 @@ def test_a_file_refused_on_open_is_refused_again(tmp_path: Path) -> None:
     for _ in range(2):
         with pytest.raises(FileChangedError, match="mtime"):
             reader.read_sample(0)
-    assert reader.source._fd == -1  # not left open
+    assert not reader.source._file.opened  # not left open
 
 
 def test_whole_mode_refuses_a_file_rewritten_after_it_was_indexed(tmp_path: Path) -> None:

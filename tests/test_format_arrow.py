@@ -58,11 +58,17 @@ def test_parquet_row_groups_are_cached_within_budget(tmp_path: Path) -> None:
     assert isinstance(ds, TableDataset)
     for i in range(10):
         assert_same(ds[i], want[i], f"sample {i}")
-    assert (ds._cache.misses, ds._cache.hits) == (3, 7)  # each group decoded once
+    assert (ds._table.get().cache.misses, ds._table.get().cache.hits) == (
+        3,
+        7,
+    )  # each group decoded once
     small = TableDataset(ds.root, ds.descriptor, cache_bytes=1)
     for i in (0, 1, 0):
         small[i]
-    assert (small._cache.misses, small._cache.held) == (3, 0)  # over budget: never kept
+    assert (small._table.get().cache.misses, small._table.get().cache.held) == (
+        3,
+        0,
+    )  # over budget: never kept
 
 
 def test_a_batch_reads_cached_row_groups_before_it_evicts_them(tmp_path: Path) -> None:
@@ -71,14 +77,17 @@ def test_a_batch_reads_cached_row_groups_before_it_evicts_them(tmp_path: Path) -
     probe = open_dataset(tmp_path / "out")
     assert isinstance(probe, TableDataset)
     probe[0]
-    per_group = probe._cache.held
+    per_group = probe._table.get().cache.held
     # room for 3 of the 5 groups: a batch over all of them, twice
     ds = TableDataset(probe.root, probe.descriptor, cache_bytes=3 * per_group + per_group // 2)
     everything = list(range(10))
     ds.__getitems__(everything)
-    assert (ds._cache.hits, ds._cache.misses) == (0, 5)
+    assert (ds._table.get().cache.hits, ds._table.get().cache.misses) == (0, 5)
     got = ds.__getitems__(everything)
-    assert (ds._cache.hits, ds._cache.misses) == (3, 7)  # groups 2-4 were still held
+    assert (ds._table.get().cache.hits, ds._table.get().cache.misses) == (
+        3,
+        7,
+    )  # groups 2-4 were still held
     for i, sample in enumerate(got):
         assert_same(sample, want[i], f"sample {i}")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+from collections.abc import Callable
 
 import pytest
 
@@ -66,3 +67,60 @@ def test_pickled_it_carries_no_value() -> None:
     copy = pickle.loads(pickle.dumps(h))
     assert not copy.opened
     assert copy.get() == []
+
+
+def test_dropping_it_closes_what_this_process_opened() -> None:
+    o = Opener()
+    h = ProcessLocal(o.open, o.close)
+    h.get()
+    del h
+    assert o.closed == [1]
+    unopened = ProcessLocal(o.open, o.close)
+    del unopened
+    assert o.closed == [1]
+
+
+def _in_child(report: Callable[[], list[int]]) -> list[int]:
+    """What ``report()`` returns in a forked child (sent back through a pipe)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.write(w, pickle.dumps(report()))
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        got: list[int] = pickle.loads(f.read())
+    os.waitpid(pid, 0)
+    return got
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_dropping_it_closes_nothing() -> None:
+    o = Opener()
+    h = ProcessLocal(o.open, o.close)
+    h.get()
+
+    def report() -> list[int]:
+        nonlocal h
+        del h
+        return list(o.closed)
+
+    assert _in_child(report) == []
+    assert h.get() == 1
+    assert o.closed == []
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_close_inherited_closes_the_parents_value_in_the_child_at_the_fork() -> None:
+    o = Opener()
+    h = ProcessLocal(o.open, o.close, close_inherited=True)
+    plain = ProcessLocal(o.open, o.close)
+    assert (h.get(), plain.get()) == (1, 2)
+    # in the child, before it touches either: the inherited value of h (only) is closed
+    child = _in_child(lambda: [*o.closed, int(h.opened), h.get(), *o.closed])
+    assert child == [1, 0, 3, 1]
+    assert o.closed == []  # the parent's own stays open
+    assert (h.get(), plain.get()) == (1, 2)
+    assert pickle.loads(pickle.dumps(h)).__getstate__()["close_inherited"] is True

@@ -123,7 +123,7 @@ def test_a_sample_the_compiled_test_cannot_decide_goes_to_the_reference(tmp_path
 
 def test_python_paths_check_bounds_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _objects(tmp_path / "d", big=7)
-    monkeypatch.setattr(SpanReader, "_make_loader", lambda self: None)  # no compiled reads
+    monkeypatch.setattr(SpanReader, "_make_loader", lambda self, fd: None)  # no compiled reads
     ds = PickleDataset(tmp_path / "d", mode="span", max_sample_bytes=1000)
     assert ds[6][1] == 6
     reader = ds.span_files.reader(0)

@@ -179,7 +179,7 @@ def test_getitems_reads_each_file_in_offset_order(
 
     class Spy:  # samples read by one compiled call (once a reader has its plan)
         def __init__(self, reader: SpanReader) -> None:
-            self.reader, self.loader = reader, reader._loader
+            self.reader, self.loader = reader, reader._here.get().loader
 
         def __getattr__(self, name: str) -> Any:
             return getattr(self.loader, name)
@@ -206,14 +206,14 @@ def test_getitems_reads_each_file_in_offset_order(
         with monkeypatch.context() as m:
             ds = PickleDataset(tmp_path / "data", mode="span")
             if attempt == "python path":  # no compiled loader: every sample read by _execute
-                m.setattr(SpanReader, "_make_loader", lambda self: None)
+                m.setattr(SpanReader, "_make_loader", lambda self, fd: None)
             else:
                 ds.__getitems__(indices)  # settles each file's plan (given to its loader)
                 for pos in range(3):
                     reader = ds.span_files.reader(pos)
                     assert reader.plan is not None
                     assert reader.plan.compiled
-                    m.setattr(reader, "_loader", Spy(reader))
+                    m.setattr(reader._here.get(), "loader", Spy(reader))
             reads.clear()
             batch = ds.__getitems__(indices)
         visited = [name for k, (name, _) in enumerate(reads) if k == 0 or reads[k - 1][0] != name]
@@ -241,7 +241,7 @@ def test_span_reads_go_through_a_local_file_advised_random(tmp_path: Path) -> No
     assert reader.source.pattern == "random"
     assert reader.source.name == str(files[1])
     ds.span_files.close()
-    assert reader.source._fd == -1
+    assert not reader.source._file.opened
     assert_same(ds[7], want[7])  # reopened on the next read
 
 
@@ -256,9 +256,10 @@ def test_open_readers_are_bounded_least_recently_used_closed_first(tmp_path: Pat
         assert len(ds.span_files) <= 2
     s = ds.span_files.stats
     assert (s.hits, s.misses, s.loads, s.evictions, s.entries) == (2, 3, 3, 1, 2)
-    assert first.source._fd != -1  # still open: used since file 1's was
+    assert first.source._file.opened  # still open: used since file 1's was
     ds.span_files.max_open = 1  # closes the excess at once
-    assert (len(ds.span_files), first.source._fd) == (1, -1)
+    assert len(ds.span_files) == 1
+    assert not first.source._file.opened
     assert_same(ds[1], want[1])
     with pytest.raises(ValueError, match="max_open must be >= 1"):
         ds.span_files.max_open = 0

@@ -254,7 +254,7 @@ def test_rewrite_counts_the_opcodes_that_name_a_global(tmp_path: Path) -> None:
 def _loader_calls(reader: SpanReader, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Record what the reader's compiled lone-span read answers, call by call."""
     reader.read_sample(0)  # opens the file: the loader exists from then on
-    loader, answers = reader._loader, []
+    loader, answers = reader._here.get().loader, []
     assert loader is not None
 
     class Spy:  # records the answers of load (one span) and load_sample (a whole sample)
@@ -274,7 +274,7 @@ def _loader_calls(reader: SpanReader, monkeypatch: pytest.MonkeyPatch) -> list[A
 
             return call
 
-    monkeypatch.setattr(reader, "_loader", Spy())
+    monkeypatch.setattr(reader._here.get(), "loader", Spy())
     return answers
 
 
@@ -291,7 +291,7 @@ def test_compiled_lone_span_reads_equal_the_python_ones(
     path.write_bytes(pickle.dumps((xs, list(range(9))), protocol=5))
     scan = scan_file(path)
     pure = SpanReader(scan, engine="python", find_class=None)
-    assert pure._loader is None
+    assert pure._here.get().loader is None
     fast = SpanReader(scan, find_class=None)
     answers = _loader_calls(fast, monkeypatch)
     for _ in range(2):
@@ -336,7 +336,7 @@ def test_compiled_lone_span_reads_name_damaged_bytes(tmp_path: Path) -> None:
     reader = SpanReader(scan)
     for i in range(6):
         reader.read_sample(i)
-    assert reader._loader is not None
+    assert reader._here.get().loader is not None
     start, end = int(scan.starts[3, 0]), int(scan.ends[3, 0])
     raw = bytearray(path.read_bytes())
     raw[start : end - 1] = b"\xff" * (end - 1 - start)  # same size: unknown opcodes

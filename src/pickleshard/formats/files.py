@@ -1,7 +1,7 @@
-"""File plumbing shared by the formats: atomic writes, a streaming ``.npy`` writer, raw copies.
+"""File plumbing shared by the formats: atomic JSON, a streaming ``.npy`` writer, raw copies.
 
 Every final file is written under a temporary name in the same directory and renamed into
-place, so a file that exists under its final name is complete. Copies stream through a buffer of
+place (:mod:`pickleshard.io.atomic`), so a file that exists under its final name is complete. Copies stream through a buffer of
 :data:`COPY_CHUNK` bytes: memory does not grow with the data.
 """
 
@@ -15,11 +15,12 @@ from typing import IO, Any
 
 import numpy as np
 
+from ..io.atomic import AtomicWrite, write_bytes_atomic
+
 __all__ = [
     "COPY_CHUNK",
     "NO_SPACE",
     "NpyWriter",
-    "atomic_write_bytes",
     "atomic_write_json",
     "copy_bytes",
     "iter_raw_chunks",
@@ -29,21 +30,10 @@ COPY_CHUNK = 8 << 20
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # the errnos of a full file system or quota
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename."""
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a full disk leaves no half file behind
-        raise
-
-
 def atomic_write_json(path: Path, obj: Any) -> None:
-    """Write ``obj`` as indented JSON (keys in insertion order, so output is reproducible)."""
-    atomic_write_bytes(path, (json.dumps(obj, indent=1) + "\n").encode())
+    """Write ``obj`` as indented JSON (keys in insertion order, so output is reproducible),
+    atomically."""
+    write_bytes_atomic(path, (json.dumps(obj, indent=1) + "\n").encode())
 
 
 def copy_bytes(src: Path, dst: IO[bytes], offset: int = 0, length: int | None = None) -> int:
@@ -107,8 +97,8 @@ class NpyWriter:
         self.shape = tuple(int(n) for n in shape)
         self.expected = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
         self.written = 0
-        self._tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-        self.fh: IO[bytes] = open(self._tmp, "wb")  # noqa: SIM115 - closed in close()/abort()
+        self._write = AtomicWrite(path)
+        self.fh: IO[bytes] = open(self._write.tmp, "wb")  # noqa: SIM115 - closed in close()/abort()
         header = {
             "descr": np.lib.format.dtype_to_descr(self.dtype),
             "fortran_order": False,
@@ -135,12 +125,12 @@ class NpyWriter:
     def close(self) -> None:
         self.fh.close()
         if self.written != self.expected:
-            os.unlink(self._tmp)
+            self._write.abort()
             raise ValueError(
                 f"{self.path}: wrote {self.written} data bytes, expected {self.expected}"
             )
-        os.replace(self._tmp, self.path)
+        self._write.commit()
 
     def abort(self) -> None:
         self.fh.close()
-        self._tmp.unlink(missing_ok=True)
+        self._write.abort()

@@ -40,6 +40,7 @@ from types import ModuleType
 from typing import IO, Any
 
 from ..errors import MissingDependencyError, OutputPathError
+from ..io.handles import ProcessLocal
 from .base import (
     ConvertedDataset,
     Format,
@@ -244,7 +245,17 @@ def _put(env: Any, lmdb: ModuleType, batch: list[tuple[bytes, bytes]]) -> None:
             env.set_mapsize(int(env.info()["map_size"]) * 2)
 
 
-_ENVS: dict[str, tuple[int, tuple[int, int], Any]] = {}
+def _close_envs(envs: dict[str, tuple[tuple[int, int], Any]]) -> None:
+    for _, env in envs.values():
+        env.close()
+
+
+# This process's read-only environments by folder, with the (device, inode) of the data.mdb they
+# opened: lmdb opens a file once per process, and refuses to open one that an environment it
+# knows of still holds; a forked child knows its parent's, so it closes them at the fork.
+_ENVS: ProcessLocal[dict[str, tuple[tuple[int, int], Any]]] = ProcessLocal(
+    dict, _close_envs, close_inherited=True
+)
 
 # LMDB's two meta pages (pages 0 and 1): after the 16-byte page header, u32 magic and version;
 # the page size in the free DB's md_pad at byte 40; the last page used at 136, the txn id at 144.
@@ -287,13 +298,15 @@ def _read_env(root: Path, fail: Any) -> Any:
         st = os.stat(os.path.join(key, "data.mdb"))
     except OSError as exc:
         raise fail(f"cannot open data.mdb: {exc.strerror or exc}") from None
-    held = _ENVS.get(key)
+    envs = _ENVS.get()
+    held = envs.get(key)
     if held is not None:
-        if held[0] == os.getpid() and held[1] == (st.st_dev, st.st_ino):
-            return held[2]
-        # Inherited through fork (a DataLoader worker), or the files were replaced: lmdb refuses
-        # to open files that an environment it knows of still holds, so let that one go first.
-        held[2].close()
+        if held[0] == (st.st_dev, st.st_ino):
+            return held[1]
+        # The files were replaced: lmdb refuses to open files that an environment it knows of
+        # still holds, so let that one go first.
+        del envs[key]
+        held[1].close()
     short = _cut_short(os.path.join(key, "data.mdb"), st.st_size)
     if short:
         raise fail(short)
@@ -302,7 +315,7 @@ def _read_env(root: Path, fail: Any) -> Any:
         env = lmdb.open(key, subdir=True, readonly=True, lock=False, readahead=False, meminit=False)
     except lmdb.Error as exc:
         raise fail(f"cannot open the LMDB environment: {exc}") from None
-    _ENVS[key] = (os.getpid(), (st.st_dev, st.st_ino), env)
+    envs[key] = ((st.st_dev, st.st_ino), env)
     return env
 
 
@@ -311,21 +324,16 @@ class LmdbDataset(ConvertedDataset):
 
     def __init__(self, root: Path, descriptor: dict[str, Any]) -> None:
         super().__init__(root, descriptor)
-        self._pid = -1
-        self._env: Any = None
-        self._txn: Any = None
-        self._open()
+        # this process's read transaction (its environment is _ENVS', shared by every reader)
+        self._txn: ProcessLocal[Any] = ProcessLocal(self._begin)
+        self._txn.get()
 
-    def _open(self) -> Any:
-        if self._pid != os.getpid():
-            self._env = _read_env(self.root, self._corrupt)
-            self._txn = self._env.begin(buffers=True)
-            self._pid = os.getpid()
-        return self._txn
+    def _begin(self) -> Any:
+        return _read_env(self.root, self._corrupt).begin(buffers=True)
 
     def _get(self, i: int) -> Sample:
         try:
-            value = self._open().get(sample_key(i))
+            value = self._txn.get().get(sample_key(i))
         except import_lmdb().Error as exc:  # e.g. the files were replaced and reopened elsewhere
             raise self._corrupt(f"cannot read from the LMDB environment: {exc}", i) from None
         if value is None:

@@ -26,18 +26,21 @@ Through ``index.npy`` it also supports ``ds[i]`` and ``__getitems__``.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
 import shutil
 import sys
 import tarfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any, Generic, TypeVar
 
 import numpy as np
 
+from ..io.atomic import atomic_path
+from ..io.handles import ProcessLocal
 from ..samplers import distributed_rank_and_world
 from .base import (
     ConvertedDataset,
@@ -201,9 +204,8 @@ def _link_or_copy(src: Path, dst: Path) -> None:
     try:
         os.link(src, dst)
     except OSError:
-        tmp = dst.with_name(f"{dst.name}.tmp-{os.getpid()}")
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, dst)
+        with atomic_path(dst) as tmp:
+            shutil.copyfile(src, tmp)
 
 
 def cut_runs(
@@ -248,19 +250,18 @@ class WebDatasetReader(ConvertedDataset, _IterableBase[Sample]):
             raise self._corrupt(f"cannot open index.npy: {exc}") from None
         if len(self.index) != len(self) or int(self.shard_starts[-1]) != len(self):
             raise self._corrupt("index.npy and the shard list do not match the sample count")
-        self._fds: dict[int, int] = {}
-        self._pid = os.getpid()
+        # this process's descriptors of the shards it read, by shard
+        self._fds: ProcessLocal[dict[int, int]] = ProcessLocal(dict, _close_fds)
 
     # ---- random access ------------------------------------------------------------------------
 
     def _fd(self, shard: int) -> int:
-        if self._pid != os.getpid():
-            self._fds, self._pid = {}, os.getpid()
-        fd = self._fds.get(shard)
+        fds = self._fds.get()
+        fd = fds.get(shard)
         if fd is None:
             path = self.root / self.shards[shard]["name"]
             try:
-                fd = self._fds[shard] = os.open(path, os.O_RDONLY)
+                fd = fds[shard] = os.open(path, os.O_RDONLY)
             except OSError as exc:
                 raise self._corrupt(f"cannot open shard {path.name}: {exc.strerror}") from None
         return fd
@@ -362,16 +363,11 @@ class WebDatasetReader(ConvertedDataset, _IterableBase[Sample]):
         # Reopened by path in spawned workers: index.npy is mapped again, never copied.
         return (_reopen, (self.root, self.descriptor, self.options, self.epoch))
 
-    def __del__(
-        self, _getpid: Callable[[], int] = os.getpid, _close: Callable[[int], None] = os.close
-    ) -> None:
-        # os's functions bound at definition: at interpreter exit module globals may be None
-        if getattr(self, "_pid", None) == _getpid():
-            for fd in getattr(self, "_fds", {}).values():
-                try:  # noqa: SIM105 - contextlib too may be None by then
-                    _close(fd)
-                except OSError:
-                    pass
+
+def _close_fds(fds: dict[int, int]) -> None:
+    for fd in fds.values():
+        with contextlib.suppress(OSError):  # one that fails leaves the others to close
+            os.close(fd)
 
 
 def _reopen(

@@ -30,6 +30,7 @@ from ..errors import UnsafePickleError
 from ..executors import local_executor
 from ..index.ondisk import default_index_path
 from ..io import open_reader, open_source
+from ..io.atomic import write_bytes_atomic
 from ..io.listing import ResolvedSource, resolve_source
 from ..io.options import SourceOptions
 from ..producers.joblibfile import WRAPPER, _Structure, joblib_kind
@@ -146,9 +147,7 @@ def _load_cache(path: Path) -> dict[str, Any]:
 def _save_cache(path: Path, files: dict[str, Any]) -> None:
     with contextlib.suppress(OSError):  # a read-only dataset: audited again next time
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"version": _CACHE_VERSION, "files": files}))
-        os.replace(tmp, path)
+        write_bytes_atomic(path, json.dumps({"version": _CACHE_VERSION, "files": files}).encode())
 
 
 def _stamp(path: Path) -> list[int] | None:

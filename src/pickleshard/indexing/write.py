@@ -34,6 +34,7 @@ from ..index.ondisk import (
     SPAN_ARRAYS,
     read_header,
 )
+from ..io.atomic import write_bytes_atomic
 from ..io.listing import ResolvedSource
 from ..io.remote.listing import without_credentials
 from .describe import Described, staged_name
@@ -179,9 +180,7 @@ def write_index(
         "files": [asdict(e) for e in final],
         "skipped": sorted(skipped, key=lambda s: str(s["path"])),
     }
-    tmp = index_dir / f"index.json.tmp-{token}"
-    tmp.write_text(json.dumps(header, indent=1))
-    os.replace(tmp, index_dir / "index.json")
+    write_bytes_atomic(index_dir / "index.json", json.dumps(header, indent=1).encode())
     for name in old:
         if name not in names.values():
             (index_dir / name).unlink(missing_ok=True)

@@ -11,7 +11,9 @@ call per read.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import weakref
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -22,9 +24,14 @@ T = TypeVar("T")
 # _FORKS[0] counts the forks that led to this process (0 in a process that was not forked).
 _FORKS = [0]
 
+# The values a forked child must close at the fork, not merely drop (see ``close_inherited``).
+_CLOSE_IN_CHILD: weakref.WeakSet[ProcessLocal[Any]] = weakref.WeakSet()
+
 
 def _forked() -> None:
     _FORKS[0] += 1
+    for local in list(_CLOSE_IN_CHILD):
+        local._close_inherited()
 
 
 os.register_at_fork(after_in_child=_forked)
@@ -40,15 +47,29 @@ class ProcessLocal(Generic[T]):
 
     :meth:`get` opens it on first use and again after a fork (the inherited value is dropped,
     not closed: it belongs to the parent); :meth:`close` calls ``close(value)`` only in the
-    process that opened it. Pickled (to a spawned worker or a Dask task) it carries ``open`` and
-    ``close`` and no value: the receiver opens its own.
+    process that opened it, and so does dropping the last reference to the ProcessLocal. With
+    ``close_inherited=True`` a forked child instead calls ``close`` on the value it inherited,
+    at the fork: for a value the child must not even hold (a decoder whose threads stayed in
+    the parent aborts the child's interpreter at exit; py-lmdb refuses to open an environment
+    that the process still holds, and a child holds its parent's). Pickled (to a spawned worker
+    or a Dask task) it carries ``open`` and ``close`` and no value: the receiver opens its own.
+
+    ``open`` should not refer to the object holding the ProcessLocal when ``close`` is given:
+    the reference cycle would delay the close on drop until the cyclic garbage collector runs.
     """
 
-    __slots__ = ("_close", "_generation", "_open", "_value")
+    __slots__ = ("__weakref__", "_close", "_generation", "_inherit", "_open", "_value")
 
-    def __init__(self, open: Callable[[], T], close: Callable[[T], None] | None = None) -> None:
+    def __init__(
+        self,
+        open: Callable[[], T],
+        close: Callable[[T], None] | None = None,
+        *,
+        close_inherited: bool = False,
+    ) -> None:
         self._open = open
         self._close = close
+        self._inherit = close_inherited
         self._value: T | None = None
         self._generation = -1  # no value opened yet
 
@@ -58,6 +79,8 @@ class ProcessLocal(Generic[T]):
             self._value, self._generation = None, -1  # a parent's value: not ours to use or close
             value = self._open()
             self._value, self._generation = value, _FORKS[0]
+            if self._inherit:
+                _CLOSE_IN_CHILD.add(self)
             return value
         return self._value  # type: ignore[return-value]  # set with the generation
 
@@ -77,8 +100,26 @@ class ProcessLocal(Generic[T]):
         if mine and value is not None and self._close is not None:
             self._close(value)
 
+    def _close_inherited(self) -> None:
+        """In a forked child, at the fork: close the parent's value (errors are the parent's)."""
+        value, self._value, self._generation = self._value, None, -1
+        if value is not None and self._close is not None:
+            with contextlib.suppress(Exception):
+                self._close(value)
+
+    def __del__(self) -> None:
+        # closed here only if this process opened it; try, not contextlib: at interpreter exit
+        # module globals may be gone, and there is no one left to tell of an error
+        try:
+            if self._generation >= 0:
+                self.close()
+        except Exception:
+            pass
+
     def __getstate__(self) -> dict[str, Any]:
-        return {"open": self._open, "close": self._close}
+        return {"open": self._open, "close": self._close, "close_inherited": self._inherit}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["open"], state["close"])  # type: ignore[misc]
+        self.__init__(  # type: ignore[misc]
+            state["open"], state["close"], close_inherited=state.get("close_inherited", False)
+        )

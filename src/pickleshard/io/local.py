@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Callable
 from typing import Any
 
 from ..errors import UnreadableFileError
 from .base import AccessPattern, ByteSource, _check_range, register_source
+from .handles import ProcessLocal
 from .identity import FileIdentity
 
 __all__ = ["LocalFile"]
@@ -32,6 +32,46 @@ _MADVICE = {
 }
 
 
+class _OpenFile:
+    """One process's descriptor of a :class:`LocalFile`, its size then, and its map once made."""
+
+    __slots__ = ("fd", "map", "size")
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd, self.size = fd, size
+        self.map: Any | None = None
+
+    def close(self) -> None:
+        if self.map is not None:
+            self.map.close()
+            self.map = None
+        os.close(self.fd)
+
+
+class _Opener:
+    """Opens a :class:`LocalFile`'s descriptor, advised with the file's current pattern (a
+    callable apart from the LocalFile, so that the descriptor closes as soon as the file is
+    dropped, with no reference cycle to wait for)."""
+
+    __slots__ = ("name", "pattern")
+
+    def __init__(self, name: str, pattern: AccessPattern) -> None:
+        self.name, self.pattern = name, pattern
+
+    def __call__(self) -> _OpenFile:
+        try:
+            fd = os.open(self.name, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            raise UnreadableFileError(self.name, f"cannot open: {exc.strerror or exc}") from None
+        try:
+            opened = _OpenFile(fd, os.fstat(fd).st_size)
+        except OSError as exc:
+            os.close(fd)
+            raise UnreadableFileError(self.name, f"cannot stat: {exc.strerror or exc}") from None
+        _fadvise(opened, self.pattern)
+        return opened
+
+
 class LocalFile(ByteSource):
     """A regular local file read by ``pread``. The descriptor opens on first use in each
     process (so a LocalFile pickled into a DataLoader worker opens its own) and its size is
@@ -41,61 +81,31 @@ class LocalFile(ByteSource):
 
     def __init__(self, path: str | os.PathLike[str], pattern: AccessPattern = "normal") -> None:
         self.name = os.fspath(path)
-        self.pattern: AccessPattern = pattern
-        self._fd = -1
-        self._pid = -1
-        self._size = -1
-        self._map: Any | None = None
+        self._opener = _Opener(self.name, pattern)
+        self._file = ProcessLocal(self._opener, _OpenFile.close)
+
+    @property
+    def pattern(self) -> AccessPattern:
+        """How the file will be read (the advice given to its descriptor and map)."""
+        return self._opener.pattern
 
     # -- the descriptor -------------------------------------------------------------------
     def fileno(self) -> int:
         """This process's descriptor, opened (and advised) on first use."""
-        if self._pid != os.getpid():
-            self._fd, self._map = -1, None  # inherited across a fork: not ours to use or close
-            try:
-                fd = os.open(self.name, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            except OSError as exc:
-                raise UnreadableFileError(
-                    self.name, f"cannot open: {exc.strerror or exc}"
-                ) from None
-            try:
-                self._size = os.fstat(fd).st_size
-            except OSError as exc:
-                os.close(fd)
-                raise UnreadableFileError(
-                    self.name, f"cannot stat: {exc.strerror or exc}"
-                ) from None
-            self._fd, self._pid = fd, os.getpid()
-            self._fadvise(self.pattern)
-        return self._fd
+        return self._file.get().fd
 
     @property
     def size(self) -> int:
-        self.fileno()
-        return self._size
+        return self._file.get().size
 
     def close(self) -> None:
-        if self._map is not None:
-            self._map.close()
-            self._map = None
-        if self._fd >= 0 and self._pid == os.getpid():
-            os.close(self._fd)
-        self._fd, self._pid = -1, -1
+        self._file.close()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"name": self.name, "pattern": self.pattern}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["name"], state["pattern"])  # type: ignore[misc]
-
-    def __del__(self, _getpid: Callable[[], int] = os.getpid) -> None:
-        # os.getpid bound at definition: at interpreter exit module globals (os, contextlib) may
-        # be None; nothing to report to then
-        if self._fd >= 0 and self._pid == _getpid():
-            try:  # noqa: SIM105
-                self.close()
-            except Exception:
-                pass
 
     # -- reads ------------------------------------------------------------------------------
     def readinto_at(self, offset: int, view: memoryview) -> int:
@@ -116,14 +126,14 @@ class LocalFile(ByteSource):
 
     def read_at(self, offset: int, n: int) -> bytes:
         _check_range(offset, n)
-        fd = self.fileno()
+        opened = self._file.get()
         try:
-            data = os.pread(fd, n, offset)
+            data = os.pread(opened.fd, n, offset)
         except OSError as exc:
             raise UnreadableFileError(
                 self.name, f"cannot read: {exc.strerror or exc}", offset=offset
             ) from None
-        if len(data) < n and offset + len(data) < self._size:  # a short read mid-file: go on
+        if len(data) < n and offset + len(data) < opened.size:  # a short read mid-file: go on
             return data + self.read_at(offset + len(data), n - len(data))
         return data
 
@@ -137,39 +147,42 @@ class LocalFile(ByteSource):
 
     # -- advice and mapping -------------------------------------------------------------------
     def advise(self, pattern: AccessPattern) -> None:
-        self.pattern = pattern
-        if self._pid == os.getpid():
-            self._fadvise(pattern)
-            self._madvise(pattern)
-
-    def _fadvise(self, pattern: AccessPattern) -> None:
-        advice = _FADVICE[pattern]
-        if advice is not None and self._fd >= 0:
-            os.posix_fadvise(self._fd, 0, 0, advice)
-
-    def _madvise(self, pattern: AccessPattern) -> None:
-        advice = _MADVICE[pattern]
-        if advice is not None and self._map is not None:
-            self._map.madvise(advice)
+        self._opener.pattern = pattern  # what a descriptor opened later is advised
+        opened = self._file.peek()
+        if opened is not None:
+            _fadvise(opened, pattern)
+            _madvise(opened, pattern)
 
     def map(self) -> Any:
         """A read-only mmap of the whole file (``b""`` for an empty one), advised like the
         descriptor; kept until :meth:`close`."""
-        fd = self.fileno()
-        if self._map is None:
-            if self._size == 0:
+        opened = self._file.get()
+        if opened.map is None:
+            if opened.size == 0:
                 return b""
             try:
-                self._map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+                opened.map = mmap.mmap(opened.fd, 0, access=mmap.ACCESS_READ)
             except (OSError, ValueError) as exc:
                 raise UnreadableFileError(self.name, f"cannot map: {exc}") from None
-            self._madvise(self.pattern)
-        return self._map
+            _madvise(opened, self.pattern)
+        return opened.map
 
     def evict(self) -> None:
         """Drop the file's pages from the page cache (``POSIX_FADV_DONTNEED``): what a cold
         measurement does before each run."""
         os.posix_fadvise(self.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def _fadvise(opened: _OpenFile, pattern: AccessPattern) -> None:
+    advice = _FADVICE[pattern]
+    if advice is not None:
+        os.posix_fadvise(opened.fd, 0, 0, advice)
+
+
+def _madvise(opened: _OpenFile, pattern: AccessPattern) -> None:
+    advice = _MADVICE[pattern]
+    if advice is not None and opened.map is not None:
+        opened.map.madvise(advice)
 
 
 register_source("file", LocalFile)

@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ..io.atomic import atomic_file
+
 __all__ = ["write_synthetic"]
 
 Kind = Literal["arrays", "objects"]
@@ -65,9 +67,7 @@ def write_synthetic(
             raise ValueError(f"kind must be 'arrays' or 'objects', got {kind!r}")
         ys = rng.integers(0, num_classes, size=per_file).tolist()
         path = out_dir / f"{prefix}-{f:05d}.pkl"
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as fh:
+        with atomic_file(path) as fh:
             pickle.dump((xs, ys), fh, protocol=protocol)
-        os.replace(tmp, path)
         paths.append(path)
     return paths

@@ -9,24 +9,12 @@ executes the plan, with no decision left in the hot loop.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["FORKS", "INT", "ITEM", "ROW", "SPAN", "FieldReader", "ReadPlan", "ReaderStats"]
+__all__ = ["INT", "ITEM", "ROW", "SPAN", "FieldReader", "ReadPlan", "ReaderStats"]
 
 SPAN, ROW, ITEM, INT = range(4)  # how a field is read (the compiled loader's H_* values)
-
-# FORKS[0] counts the forks that led to this process: a reader compares it (a list read, not
-# a getpid() call per sample) to know whether what it opened is still its own.
-FORKS = [0]
-
-
-def _forked() -> None:
-    FORKS[0] += 1
-
-
-os.register_at_fork(after_in_child=_forked)
 
 
 @dataclass

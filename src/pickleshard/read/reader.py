@@ -38,6 +38,7 @@ import numpy as np
 
 from ..errors import PickleshardError, TruncatedPickleError
 from ..io import ByteSource, open_source
+from ..io.handles import ProcessLocal
 from ..io.identity import FileIdentity
 from ..picklekit.rewrite import BIG, FindClass
 from ..picklekit.unpicklers import MemoIdPastSpan
@@ -47,13 +48,23 @@ from ..safety.policy import AllowlistFindClass
 from ..scan import ScanResult
 from .failures import changed, damaged, named, past_span
 from .items import ArrayItems
-from .plan import FORKS, INT, ITEM, ReaderStats, ReadPlan
+from .plan import INT, ITEM, ReaderStats, ReadPlan
 from .planner import compile_plan, make_loader, settle_plan
 from .spans import SLOW, SpanFields
 
 __all__ = ["BATCH_READ_MIN", "SpanReader"]
 
 BATCH_READ_MIN = 16  # samples of one file that many() reads field by field (fewer: one by one)
+
+
+class _Opened:
+    """A reader's file as one process opened it: the source's descriptor (-1: none, a remote
+    or compressed source) and the compiled loader reading it (None: the Python path)."""
+
+    __slots__ = ("fd", "loader")
+
+    def __init__(self, fd: int, loader: Any) -> None:
+        self.fd, self.loader = fd, loader
 
 
 class SpanReader:
@@ -129,10 +140,8 @@ class SpanReader:
             bad_span=self._bad_span,
         )
         self._n = scan.num_samples
-        self._gen = -1  # FORKS[0] when this process opened the file (-1: not open here)
-        self._fd = -1  # the source's descriptor in this process (for the compiled reads)
+        self._here = ProcessLocal(self._open)  # the file as this process opened it
         self._plan: ReadPlan | None = None
-        self._loader: Any = None  # the compiled reads (_cscan.SpanLoader), per process
 
     @property
     def plan(self) -> ReadPlan | None:
@@ -143,7 +152,7 @@ class SpanReader:
 
     def close(self) -> None:
         self.source.close()
-        self._gen, self._fd = -1, -1
+        self._here.close()
 
     def __enter__(self) -> SpanReader:
         return self
@@ -153,26 +162,26 @@ class SpanReader:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_gen=-1, _fd=-1, _plan=None, _loader=None)
+        state.update(_plan=None)  # the ProcessLocal travels without its value
         return state
 
-    def _open(self) -> None:
-        """This process's view of the file: opened (its identity checked), caches emptied,
-        the compiled loader built (and given the plan when there is one)."""
+    def _open(self) -> _Opened:
+        """This process's view of the file (what :attr:`_here` holds): opened (its identity
+        checked), caches emptied, the compiled loader built (and given the plan when there is
+        one)."""
         self.spans.reset()
-        self._loader, self._gen = None, -1
         fd = self.source.fileno()  # opens it: an UnreadableFileError names the file
-        self._fd = -1 if fd is None else fd
+        fd = -1 if fd is None else fd
         if self.verify:  # a file replaced or rewritten since the scan is refused on open
             try:
                 self._check_opened()
             except PickleshardError:
-                self.close()  # and checked again on the next open
+                self.source.close()  # and checked again on the next open
                 raise
-        self._gen = FORKS[0]
-        self._loader = self._make_loader()
+        loader = self._make_loader(fd)
         if self._plan is not None and self._plan.compiled:
-            self._plan = compile_plan(self._plan, self._loader, self.scan, self.spans.definers)
+            self._plan = compile_plan(self._plan, loader, self.scan, self.spans.definers)
+        return _Opened(fd, loader)
 
     def _check_opened(self) -> None:
         now = self.source.identity()
@@ -189,8 +198,7 @@ class SpanReader:
     def read_raw(self, offset: int, n: int) -> bytes:
         """Up to ``n`` bytes at ``offset`` (the file opened with its identity checked): bytes
         used raw (an array row's) are checked after the reads by :meth:`check_identity`."""
-        if self._gen != FORKS[0]:
-            self._open()
+        self._here.get()
         data = self.source.read_at(offset, n)
         self.stats.bytes_read += len(data)
         return data
@@ -200,8 +208,7 @@ class SpanReader:
         indexed (nothing unless ``verify``): after raw reads, a write that raced them has
         stamped the file by now."""
         if self.verify:
-            if self._gen != FORKS[0]:
-                self._open()
+            self._here.get()
             self._check_same(samples)
 
     def _check_same(self, samples: Sequence[int] | None) -> None:
@@ -209,9 +216,10 @@ class SpanReader:
         if what is not None:
             raise changed(self.path, what, None, samples)
 
-    def _make_loader(self) -> Any:
-        """This process's compiled loader, or None (see :func:`make_loader`)."""
-        if self.engine != "compiled" or self.general or self._fd < 0:
+    def _make_loader(self, fd: int) -> Any:
+        """This process's compiled loader of descriptor ``fd``, or None (see
+        :func:`make_loader`)."""
+        if self.engine != "compiled" or self.general or fd < 0:
             return None
         identity = self.identity if self.verify else None
         bounded = None
@@ -241,7 +249,7 @@ class SpanReader:
         if not isinstance(exc, MemoIdPastSpan):
             return damaged(self.path, start, exc)
         # a file rewritten since its scan is the likelier cause, but only its identity can say
-        mine = self._gen == FORKS[0]
+        mine = self._here.opened
         what = self.identity.differs_from(self.source.identity()) if self.verify and mine else None
         return past_span(self.path, exc, label, what)
 
@@ -251,7 +259,7 @@ class SpanReader:
         plan = settle_plan(
             self.scan, self.source, self.stats, self.spans, self.verify, self.general
         )
-        return compile_plan(plan, self._loader, self.scan, self.spans.definers)
+        return compile_plan(plan, self._here.get().loader, self.scan, self.spans.definers)
 
     # -- reads ----------------------------------------------------------------------------------
 
@@ -291,14 +299,13 @@ class SpanReader:
     def one(self, i: int, label: int) -> tuple[Any, ...]:
         """Sample ``i`` (in range: the caller checked), errors naming ``label``; the file's
         identity is checked after the reads."""
-        if self._gen != FORKS[0]:
-            self._open()
+        here = self._here.get()
         plan = self._plan
         if plan is None:
             plan = self._plan = self._settle()
         if plan.compiled:
             try:
-                got = self._loader.load_sample(self._fd, i, self.verify, label)
+                got = here.loader.load_sample(here.fd, i, self.verify, label)
             except PickleshardError as exc:
                 raise named(exc, label) from None
             except Exception as exc:  # bad bytes make the unpickler raise many types
@@ -323,20 +330,19 @@ class SpanReader:
         block (each sample gets a view of its row), small ints come from the decoded column."""
         if not items:
             return []
-        if self._gen != FORKS[0]:
-            self._open()
+        here = self._here.get()
         plan = self._plan
         if plan is None:
             plan = self._plan = self._settle()
-        if self._fd < 0:  # no descriptor (remote): the batch's ranges go out together
+        if here.fd < 0:  # no descriptor (remote): the batch's ranges go out together
             try:
                 self.source.prefetch(self._ranges(plan, items))
             except PickleshardError as exc:  # named by the sample whose bytes it was reading
                 at = getattr(exc, "offset", None)
                 raise named(exc, self._label_at(at, items, labels)) from None
         if len(items) < BATCH_READ_MIN or not plan.by_field:
-            return self._each(plan, items, labels)
-        out = self._by_field(plan, items, labels)
+            return self._each(here, plan, items, labels)
+        out = self._by_field(here.loader, plan, items, labels)
         if self.verify:  # after the reads: a write that raced them has stamped the file by now
             self._check_same(labels)
         return self._bounded(out, labels)
@@ -357,7 +363,8 @@ class SpanReader:
         return labels[int(hits[0])] if len(hits) else None
 
     def _execute(self, plan: ReadPlan, i: int, label: int) -> tuple[Any, ...]:
-        """Sample ``i`` read by ``plan`` in Python (the reference of the compiled reads)."""
+        """Sample ``i`` read by ``plan`` in Python (the reference of the compiled reads), the
+        file open in this process."""
         scan = self.scan
         starts = scan.starts[i].tolist()
         out: list[Any] = [None] * len(starts)
@@ -370,25 +377,28 @@ class SpanReader:
                 else:
                     out[f] = reader.one(i, s, int(scan.ends[i, f]), label)
             if spans:
-                self.spans.many(out, i, starts, spans, label, self._loader)
+                self.spans.many(out, i, starts, spans, label, self._here.get().loader)
         except PickleshardError as exc:
             raise named(exc, label) from None
         return tuple(out)
 
-    def _each(self, plan: ReadPlan, items: list[int], labels: list[int]) -> list[tuple[Any, ...]]:
+    def _each(
+        self, here: _Opened, plan: ReadPlan, items: list[int], labels: list[int]
+    ) -> list[tuple[Any, ...]]:
         """Samples ``items`` one by one: by one compiled call when the plan is compiled, else
         by :meth:`_execute` each; the identity checked once after."""
         if plan.compiled:
+            loader = here.loader
             try:  # the compiled read checks the file's identity after the batch
-                return self._loader.load_samples(  # type: ignore[no-any-return]
-                    self._fd, items, labels, self._fallback
+                return loader.load_samples(  # type: ignore[no-any-return]
+                    here.fd, items, labels, self._fallback
                 )
             except PickleshardError as exc:
-                raise named(exc, labels[self._loader.at]) from None
+                raise named(exc, labels[loader.at]) from None
             except Exception as exc:  # bad bytes make the unpickler raise many types
                 if plan.span_field < 0:  # only the span can meet bad bytes
                     raise
-                at = self._loader.at
+                at = loader.at
                 start = int(self.scan.starts[items[at], plan.span_field])
                 raise self._bad_span(start, exc, labels[at]) from None
         got = [self._execute(plan, i, label) for i, label in zip(items, labels, strict=True)]
@@ -402,12 +412,13 @@ class SpanReader:
         return self._execute(self._plan, i, label)
 
     def _by_field(
-        self, plan: ReadPlan, items: list[int], labels: list[int]
+        self, loader: Any, plan: ReadPlan, items: list[int], labels: list[int]
     ) -> list[tuple[Any, ...]]:
-        """:meth:`many` of a batch, field by field (see there); samples that a field cannot
-        read from its payloads are read by :meth:`_execute`."""
+        """:meth:`many` of a batch, field by field (see there), with this process's compiled
+        ``loader`` (or None); samples that a field cannot read from its payloads are read by
+        :meth:`_execute`."""
         cols: list[list[Any] | None] = [
-            None if reader is None else reader.many(items, labels, self._loader)
+            None if reader is None else reader.many(items, labels, loader)
             for reader in plan.readers
         ]
         whole = [
@@ -428,7 +439,7 @@ class SpanReader:
             row = [None if c is None else c[k] for c in cols]
             if starts_l is not None:
                 try:
-                    self.spans.many(row, i, starts_l[k], spans, label, self._loader)
+                    self.spans.many(row, i, starts_l[k], spans, label, loader)
                 except PickleshardError as exc:
                     raise named(exc, label) from None
             out[k] = tuple(row)

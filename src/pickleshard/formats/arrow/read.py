@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import ConvertedDatasetError
+from ...io.handles import ProcessLocal
 from ..base import ConvertedDataset, Sample
 from .columntypes import arrow_type
 from .values import from_arrow, is_stacked, rows_of_view, stacked_view
@@ -76,6 +77,16 @@ class _Group:
         self.views: dict[int, np.ndarray[Any, Any]] = {}
 
 
+class _OpenTable:
+    """One process's view of the file: the Parquet file (or the Arrow stream's record batches,
+    views of its mapping), its row-group cache and the groups made so far."""
+
+    def __init__(self, file: Any, batches: list[Any], cache_bytes: int) -> None:
+        self.file, self.batches = file, batches
+        self.cache = RowGroupCache(cache_bytes)
+        self.groups: dict[int, _Group] = {}
+
+
 class TableDataset(ConvertedDataset):
     """Reads a Parquet or Arrow conversion (module docstring)."""
 
@@ -88,32 +99,27 @@ class TableDataset(ConvertedDataset):
         self.parquet = self.path.suffix == ".parquet"
         self.rows = max(1, int(descriptor.get("row_group_rows", 1)))
         self._entries: list[dict[str, Any]] = descriptor["fields"]
-        self._pid = -1
-        self._open()
+        self._table = ProcessLocal(self._open)  # each process opens (and checks) its own
+        self._table.get()
 
     # ---- opening ------------------------------------------------------------------------------
 
-    def _open(self) -> None:
-        if self._pid == os.getpid():
-            return
+    def _open(self) -> _OpenTable:
         import pyarrow as pa
 
         try:
             if self.parquet:
                 import pyarrow.parquet as pq
 
-                self._file: Any = pq.ParquetFile(self.path, memory_map=True)
-                schema = self._file.schema_arrow
-                sizes = [
-                    self._file.metadata.row_group(k).num_rows
-                    for k in range(self._file.num_row_groups)
-                ]
-                self._batches: list[Any] = []
+                file: Any = pq.ParquetFile(self.path, memory_map=True)
+                schema = file.schema_arrow
+                sizes = [file.metadata.row_group(k).num_rows for k in range(file.num_row_groups)]
+                batches: list[Any] = []
             else:
-                self._file = pa.ipc.open_stream(pa.memory_map(os.fspath(self.path)))
-                schema = self._file.schema
-                self._batches = list(self._file)
-                sizes = [b.num_rows for b in self._batches]
+                file = pa.ipc.open_stream(pa.memory_map(os.fspath(self.path)))
+                schema = file.schema
+                batches = list(file)
+                sizes = [b.num_rows for b in batches]
         except (OSError, pa.ArrowException) as exc:
             raise self._corrupt(f"cannot open {self.path.name}: {exc}") from None
         try:
@@ -122,9 +128,7 @@ class TableDataset(ConvertedDataset):
             if isinstance(exc, ConvertedDatasetError):
                 raise
             raise self._corrupt(f"the descriptor's field entries are damaged: {exc!r}") from None
-        self._cache = RowGroupCache(self.cache_bytes)
-        self._groups: dict[int, _Group] = {}
-        self._pid = os.getpid()
+        return _OpenTable(file, batches, self.cache_bytes)
 
     def _check_file(self, schema: Any, sizes: list[int]) -> None:
         names = schema.names
@@ -152,22 +156,22 @@ class TableDataset(ConvertedDataset):
 
     def _group(self, k: int) -> _Group:
         """Row group ``k``: its columns as Arrow arrays."""
-        self._open()
+        table = self._table.get()
         if not self.parquet:
-            group = self._groups.get(k)
+            group = table.groups.get(k)
             if group is None:  # views of the mapping: nothing is copied, nothing to bound
-                group = self._groups[k] = _Group(list(self._batches[k].columns))
+                group = table.groups[k] = _Group(list(table.batches[k].columns))
             return group
-        found = self._cache.get(k)
+        found = table.cache.get(k)
         if found is None:
             import pyarrow as pa
 
             try:
-                table = self._file.read_row_group(k, use_threads=False)
+                read = table.file.read_row_group(k, use_threads=False)
             except (OSError, pa.ArrowException) as exc:
                 raise self._corrupt(f"cannot read row group {k}: {exc}", k * self.rows) from None
-            found = [_Group([c.combine_chunks() for c in table.columns])]
-            self._cache.put(k, found, int(table.nbytes))
+            found = [_Group([c.combine_chunks() for c in read.columns])]
+            table.cache.put(k, found, int(read.nbytes))
         return found[0]  # type: ignore[no-any-return]
 
     # ---- reading ------------------------------------------------------------------------------
@@ -210,10 +214,11 @@ class TableDataset(ConvertedDataset):
         order = np.argsort(groups, kind="stable")
         bounds = np.flatnonzero(np.diff(groups[order])) + 1
         runs = np.split(order, bounds) if len(order) else []
-        if self.parquet and self._pid == os.getpid():
+        if self.parquet:
             # Cached groups first: in group order, an LRU smaller than the groups a batch
             # touches would evict each group just before the next batch asks for it again.
-            runs.sort(key=lambda run: int(groups[run[0]]) not in self._cache)
+            cache = self._table.get().cache
+            runs.sort(key=lambda run: int(groups[run[0]]) not in cache)
         for run in runs:
             k = int(groups[run[0]])
             values = self._rows(k, idx[run] - k * self.rows)

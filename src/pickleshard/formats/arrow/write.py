@@ -16,13 +16,13 @@ Memory: one row group of every field (``row_group_rows`` samples) plus read buff
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ...io.atomic import atomic_path
 from ..base import PartResult, PartSpec, PartWriter, Sample, WriteOptions
 from ..columns import ColumnWriter, iter_segment
 from ..files import iter_raw_chunks
@@ -219,21 +219,15 @@ def write_table_file(
     meta = {"format": "pickleshard", "version": 1, "fields": entries}
     schema = pa.schema(schema_fields, metadata={METADATA_KEY: json.dumps(meta).encode()})
     dictionary = [e["column"] for e in entries if e["type"] is not None and e["type"]["t"] == "str"]
-    final = staging / name
-    tmp = final.with_name(f"{name}.tmp-{os.getpid()}")
-    writer = sink(tmp, schema, dictionary)
     groups = 0
-    try:
+    with atomic_path(staging / name) as tmp:
+        writer = sink(tmp, schema, dictionary)
         streams = [_field_chunks(e["type"], k, parts, rows) for k, e in enumerate(entries)]
         for arrays in zip(*streams, strict=True):
             columns = [a for field in arrays for a in field]
             writer.write_batch(pa.record_batch(columns, schema=schema), rows)
             groups += 1
         writer.close()
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, final)
     return {
         "fields": entries,
         "file": name,

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from ..atomic import atomic_file
 from ..identity import FileIdentity
 
 __all__ = ["CACHE_SUBDIR", "cache_file", "default_cache_dir", "write_atomically"]
@@ -74,15 +75,8 @@ def write_atomically(target: Path, write: Callable[[BinaryIO], None]) -> None:
     """Call ``write`` on a new temporary file next to ``target``, then rename it to ``target``
     and delete the files of earlier identities; on any error the temporary file is removed
     and the error raised."""
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            write(fh)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
+    with atomic_file(target) as fh:
+        write(fh)
     for old in _stale_siblings(target):
         with contextlib.suppress(OSError):
             old.unlink()

@@ -21,7 +21,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import importlib
-import os
 import weakref
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -108,27 +107,6 @@ class Decoder(ABC):
         """How the decompressed bytes will be read (only a cached copy's storage cares)."""
 
 
-def _close_in(pid: int, fh: Any) -> None:
-    if os.getpid() == pid:  # a child closed its inherited copy when it was forked
-        fh.close()
-
-
-# The decoders that run threads (rapidgzip's, indexed_bzip2's): a forked child closes its copies
-# at once (their threads stayed in the parent; one left open aborts the child's interpreter at
-# exit), and opens its own on its first read.
-_THREADED: weakref.WeakSet[IndexedStream] = weakref.WeakSet()
-
-
-def _close_inherited() -> None:
-    for stream in list(_THREADED):
-        with contextlib.suppress(Exception):
-            stream.close()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_close_inherited)
-
-
 class IndexedStream(Decoder):
     """gzip or bz2 read through its library's seek points, kept in ``points``."""
 
@@ -144,8 +122,10 @@ class IndexedStream(Decoder):
                 self._f = lib.IndexedBzip2File(target, parallelization=1)
         except Exception as exc:
             raise damaged(kind, self.name, exc) from None
-        weakref.finalize(self, _close_in, os.getpid(), self._f)
-        _THREADED.add(self)
+        # closed when dropped, and at exit (its threads must stop before the interpreter does);
+        # a forked child's copy is closed at the fork by the source holding it (a second close
+        # does nothing)
+        weakref.finalize(self, self._f.close)
         self.how = "seek points loaded" if self._load(points) else "seek points built"
         if self.how == "seek points built":
             self._build(points)

@@ -36,6 +36,7 @@ from typing import Any
 
 from ...errors import CorruptPickleError, PickleshardError, UnreadableFileError
 from ..base import AccessPattern, ByteSource, _check_range
+from ..handles import ProcessLocal
 from ..identity import FileIdentity
 from .cachedir import default_cache_dir
 from .copy import DEFAULT_CACHE_BYTES, spill
@@ -68,28 +69,22 @@ class CompressedSource(ByteSource):
         self.inner, self.kind, self.name = inner, kind, inner.name
         self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
         self.cache_bytes = cache_bytes
-        self._decoder: Decoder | None = None
-        self._pid = -1
-        self._opened: FileIdentity | None = None  # the compressed file's, at the decoder's open
         self._lock = threading.Lock()
-        self._key: tuple[object, ...] = ()  # the decoded units' key: the file as opened
-        self._spilled: Any = None  # map()'s decoded temporary file, in this process
+        # A forked child closes the decoder it inherited at the fork: the threads of rapidgzip's
+        # and indexed_bzip2's stayed in the parent, and one left open aborts the child at exit.
+        # (opened by a function of the source's settings, not a method: no reference cycle, so
+        # the decoder closes as soon as the source is dropped)
+        self._here = ProcessLocal(
+            partial(_open_decoding, inner, kind, self.cache_dir, cache_bytes),
+            _Decoding.close,
+            close_inherited=True,
+        )
 
     def _folder(self) -> Path:
-        return Path(self.cache_dir) if self.cache_dir else default_cache_dir(self.name)
+        return _folder(self.cache_dir, self.name)
 
     def _open(self) -> Decoder:
-        if self._pid != os.getpid() or self._decoder is None:
-            # a forked child's copy of the parent's decoder was closed at the fork (see
-            # compressed_decoders); its spilled map stays the parent's
-            self._decoder, self._spilled = None, None
-            now = self.inner.identity()
-            self._decoder = open_decoder(
-                self.kind, self.inner, now, self._folder(), self.cache_bytes
-            )
-            self._opened, self._pid = now, os.getpid()
-            self._key = (self.name, now.size, now.mtime_ns, now.ctime_ns, now.ino)
-        return self._decoder
+        return self._here.get().decoder
 
     @property
     def how(self) -> str:
@@ -128,7 +123,8 @@ class CompressedSource(ByteSource):
             pos = offset + done
             k = bisect.bisect_right(units, pos) - 1
             lo, hi = units[k], units[k + 1] if k + 1 < len(units) else decoder.size
-            data = unit_cache().get((self._key, lo), partial(self._decode, decoder, lo, hi))
+            key = (self._here.get().key, lo)
+            data = unit_cache().get(key, partial(self._decode, decoder, lo, hi))
             m = min(n - done, hi - pos)
             view[done : done + m] = data[pos - lo : pos - lo + m]
             done += m
@@ -148,9 +144,9 @@ class CompressedSource(ByteSource):
         """The decompressed size and the compressed file's mtime, ctime and inode. After a
         rewrite of the compressed file, its new decompressed size (decoded again to learn it; a
         rewrite that no longer decodes reports its compressed size)."""
-        self._open()
+        opened = self._here.get().opened
         now = self.inner.identity()
-        size = self.size if now == self._opened else self._size_of_rewrite(now)
+        size = self.size if now == opened else self._size_of_rewrite(now)
         return FileIdentity(size, now.mtime_ns, now.ctime_ns, now.ino)
 
     def _size_of_rewrite(self, now: FileIdentity) -> int:
@@ -165,31 +161,27 @@ class CompressedSource(ByteSource):
         return decoder.size
 
     def close(self) -> None:
-        if self._spilled is not None and self._pid == os.getpid() and self._spilled != b"":
-            self._spilled.close()
-        self._spilled = None
-        if self._decoder is not None and self._pid == os.getpid():
-            self._decoder.close()
-        self._decoder, self._pid, self._opened = None, -1, None
+        self._here.close()
         self.inner.close()
 
     def advise(self, pattern: AccessPattern) -> None:
         self.inner.advise(pattern)
-        if self._decoder is not None and self._pid == os.getpid():
-            self._decoder.advise(pattern)
+        here = self._here.peek()
+        if here is not None:
+            here.decoder.advise(pattern)
 
     def map(self) -> Any:
         """The decompressed bytes, mapped: the decompressed copy's mmap (xz and zstd without
         seek points), or else a temporary file decoded in full on the first call, in this
         process (what a scan walks: it reads every byte anyway; this keeps them out of the
         process's memory). Kept until :meth:`close`."""
-        decoder = self._open()
-        mapped = decoder.map()
+        here = self._here.get()
+        mapped = here.decoder.map()
         if mapped is None:
-            if self._spilled is None:
+            if here.spilled is None:
                 with self._lock:
-                    self._spilled = spill(decoder, self._folder())
-            mapped = self._spilled
+                    here.spilled = spill(here.decoder, self._folder())
+            mapped = here.spilled
         return mapped
 
     def __getstate__(self) -> dict[str, Any]:
@@ -210,6 +202,36 @@ class CompressedSource(ByteSource):
 
     def __repr__(self) -> str:
         return f"CompressedSource({self.kind}, {self.name!r})"
+
+
+class _Decoding:
+    """One process's decoding of a :class:`CompressedSource`: its decoder, the compressed
+    file's identity when it opened (and so the key of its decoded units), and the temporary file :meth:`CompressedSource.map`
+    decoded in full (None until then)."""
+
+    __slots__ = ("decoder", "key", "opened", "spilled")
+
+    def __init__(self, decoder: Decoder, opened: FileIdentity, key: tuple[object, ...]) -> None:
+        self.decoder, self.opened, self.key = decoder, opened, key
+        self.spilled: Any = None
+
+    def close(self) -> None:
+        if self.spilled is not None and self.spilled != b"":
+            self.spilled.close()
+        self.spilled = None
+        self.decoder.close()
+
+
+def _folder(cache_dir: str | None, name: str) -> Path:
+    return Path(cache_dir) if cache_dir else default_cache_dir(name)
+
+
+def _open_decoding(
+    inner: ByteSource, kind: str, cache_dir: str | None, cache_bytes: int
+) -> _Decoding:
+    now = inner.identity()
+    decoder = open_decoder(kind, inner, now, _folder(cache_dir, inner.name), cache_bytes)
+    return _Decoding(decoder, now, (inner.name, now.size, now.mtime_ns, now.ctime_ns, now.ino))
 
 
 def decompressing(source: ByteSource) -> ByteSource:

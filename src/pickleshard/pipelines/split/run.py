@@ -55,7 +55,8 @@ from ...errors import (
     PickleshardError,
     UnreadableFileError,
 )
-from ...formats.files import NO_SPACE, atomic_write_bytes
+from ...formats.files import NO_SPACE
+from ...io.atomic import TMP_MARK, atomic_file, write_bytes_atomic
 from ...io.listing import check_regular_file
 from ...safety.policy import UnpicklePolicy
 from ...scan import ScanResult
@@ -113,7 +114,7 @@ def _identity(path: Path, max_bytes: int | None, max_samples: int | None) -> dic
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:
-    atomic_write_bytes(path, json.dumps(obj, indent=1).encode())
+    write_bytes_atomic(path, json.dumps(obj, indent=1).encode())
 
 
 def _chunk_names(stem: str, count: int) -> list[str]:
@@ -273,18 +274,10 @@ def _out_of_space(out: Path, exc: OSError) -> OutputSpaceError:
 
 
 def _write_one(final: Path, src: SampleSource, shape: ChunkShape, a: int, b: int) -> int:
-    for stale in final.parent.glob(f"{final.name}.tmp-*"):
+    for stale in final.parent.glob(f"{final.name}{TMP_MARK}*"):
         stale.unlink(missing_ok=True)  # left by a killed run
-    tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb", buffering=1 << 20) as fh:
-            write_chunk(fh, src, shape, a, b)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_file(final, fsync=True, buffering=1 << 20) as fh:
+        write_chunk(fh, src, shape, a, b)
     return final.stat().st_size
 
 
