@@ -124,3 +124,40 @@ def test_close_inherited_closes_the_parents_value_in_the_child_at_the_fork() -> 
     assert o.closed == []  # the parent's own stays open
     assert (h.get(), plain.get()) == (1, 2)
     assert pickle.loads(pickle.dumps(h)).__getstate__()["close_inherited"] is True
+
+
+class _Finalized:
+    """Writes ``b"x"`` to ``fd`` when finalized."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __del__(self) -> None:
+        os.write(self.fd, b"x")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_never_finalizes_the_parents_value() -> None:
+    """Dropping an inherited client in the child would run its finalizer there (an HTTP
+    session closing connections the parent still uses): the child keeps it referenced."""
+    import gc
+
+    r, w = os.pipe()
+    h = ProcessLocal(lambda: _Finalized(w))
+    h.get()
+    pid = os.fork()
+    if pid == 0:
+        h.get()  # the child's own value
+        gc.collect()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    os.set_blocking(r, False)
+    try:
+        got = os.read(r, 16)
+    except BlockingIOError:
+        got = b""
+    assert got == b""  # nothing was finalized in the child
+    h.close()  # the parent's own value, finalized here: the pipe is still open for it
+    gc.collect()
+    os.close(r)
+    os.close(w)

@@ -28,6 +28,12 @@ _FORKS = [0]
 _CLOSE_IN_CHILD: weakref.WeakSet[ProcessLocal[Any]] = weakref.WeakSet()
 
 
+# Values a forked child inherited and replaced, kept referenced: dropping them would run their
+# finalizers in the child (an HTTP client's session closing connections it shares with the
+# parent), which is the parent's business.
+_INHERITED: list[Any] = []
+
+
 def _forked() -> None:
     _FORKS[0] += 1
     for local in list(_CLOSE_IN_CHILD):
@@ -45,8 +51,8 @@ def fork_generation() -> int:
 class ProcessLocal(Generic[T]):
     """``open()``'s value, once per process.
 
-    :meth:`get` opens it on first use and again after a fork (the inherited value is dropped,
-    not closed: it belongs to the parent); :meth:`close` calls ``close(value)`` only in the
+    :meth:`get` opens it on first use and again after a fork (the inherited value is kept
+    referenced, never closed nor finalized in the child: it belongs to the parent); :meth:`close` calls ``close(value)`` only in the
     process that opened it, and so does dropping the last reference to the ProcessLocal. With
     ``close_inherited=True`` a forked child instead calls ``close`` on the value it inherited,
     at the fork: for a value the child must not even hold (a decoder whose threads stayed in
@@ -76,7 +82,9 @@ class ProcessLocal(Generic[T]):
     def get(self) -> T:
         """This process's value, opened now if it has none."""
         if self._generation != _FORKS[0]:
-            self._value, self._generation = None, -1  # a parent's value: not ours to use or close
+            if self._value is not None:  # a parent's value: not ours to use, close or finalize
+                _INHERITED.append(self._value)
+            self._value, self._generation = None, -1
             value = self._open()
             self._value, self._generation = value, _FORKS[0]
             if self._inherit:

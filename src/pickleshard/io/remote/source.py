@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 
 from ...errors import MissingDependencyError, RemoteStorageError, UnreadableFileError
 from ..base import COALESCE_GAP, ByteSource, _check_range, coalesce, register_source
+from ..handles import ProcessLocal
 from ..identity import FileIdentity
 from ..options import SourceOptions
 
@@ -46,7 +47,8 @@ PROTOCOLS = ("s3", "s3a", "gs", "gcs", "http", "https", "memory", "az", "abfs", 
 
 T = TypeVar("T")
 
-_FILESYSTEMS: dict[tuple[int, str, str], Any] = {}  # (pid, protocol, token of options) -> fs
+# this process's filesystems: (protocol, token of options) -> fs; a forked child makes its own
+_FILESYSTEMS: ProcessLocal[dict[tuple[str, str], Any]] = ProcessLocal(dict)
 _FS_LOCK = threading.Lock()
 RETRIES = 5  # tries after the first, by default
 BACKOFF = 0.1  # seconds before the first retry, doubled each time
@@ -75,12 +77,13 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tu
     fsspec = _fsspec()
     protocol = url.partition("://")[0]
     opts = dict(storage_options or {})
-    key = (os.getpid(), protocol, fsspec.utils.tokenize(protocol, opts))
+    key = (protocol, fsspec.utils.tokenize(protocol, opts))
     with _FS_LOCK:
-        fs = _FILESYSTEMS.get(key)
+        held = _FILESYSTEMS.get()
+        fs = held.get(key)
         if fs is None:
-            if len(_FILESYSTEMS) > 64:  # stale entries of forked parents and old options
-                _FILESYSTEMS.clear()
+            if len(held) > 64:  # options no source uses any more
+                held.clear()
             try:
                 cls = fsspec.get_filesystem_class(protocol)
             except ImportError as exc:
@@ -88,7 +91,7 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tu
                     str(exc.name or protocol), protocol, f"reading {protocol}:// URLs"
                 ) from None
             fs = cls(**opts, skip_instance_cache=True)
-            _FILESYSTEMS[key] = fs
+            held[key] = fs
     return fs, fs._strip_protocol(url)
 
 
@@ -135,7 +138,7 @@ class FsspecSource(ByteSource):
         self.options = options if options is not None else SourceOptions()
         self.retries, self.backoff, self.identity_ttl = retries, backoff, identity_ttl
         self.counters = RemoteCounters()
-        self._pid = -1
+        self._connection = ProcessLocal(self._connect)  # this process's filesystem and path
         self._fs: Any = None
         self._path = ""
         self._opened: FileIdentity | None = None
@@ -143,10 +146,13 @@ class FsspecSource(ByteSource):
         self._staged: list[tuple[int, bytes]] = []  # the last prefetch's blocks, by offset
 
     # -- the filesystem and the object's metadata --------------------------------------------
+    def _connect(self) -> tuple[Any, str]:
+        return filesystem(self.url, self.options.storage_options)
+
     def _open(self) -> None:
-        if self._pid != os.getpid():  # a new process (or closed): its own filesystem
-            self._fs, self._path = filesystem(self.url, self.options.storage_options)
-            self._pid, self._seen, self._staged = os.getpid(), None, []
+        if not self._connection.opened:  # a new process (or closed): its own filesystem
+            self._fs, self._path = self._connection.get()
+            self._seen, self._staged = None, []
             self.counters = RemoteCounters()
             self._opened = self._stat()
 
@@ -177,7 +183,8 @@ class FsspecSource(ByteSource):
         return self._stat()
 
     def close(self) -> None:
-        self._pid, self._fs, self._opened, self._seen = -1, None, None, None
+        self._connection.close()
+        self._fs, self._opened, self._seen = None, None, None
         self._staged = []
 
     def __getstate__(self) -> dict[str, Any]:
@@ -291,7 +298,7 @@ class FsspecSource(ByteSource):
         """Bytes of ``spans`` (clipped to the object), through the block cache if one is set."""
         size = self.size
         spans = [(min(lo, size), min(hi, size)) for lo, hi in spans]
-        if self._staged and self._pid == os.getpid() and len(spans) == 1:
+        if self._staged and self._connection.opened and len(spans) == 1:
             staged = self._from_staged(*spans[0])
             if staged is not None:
                 return [staged]
