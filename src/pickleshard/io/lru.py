@@ -177,6 +177,7 @@ class BudgetCache(Generic[K, V]):
         self._budget = budget
         self._policy = eviction
         self.eviction = eviction()
+        self._used = self.eviction.used  # bound once: a hit is on every ds[i]'s path
         self.stats = CacheStats()
         self.lock = threading.Lock()
         self._dropped = dropped
@@ -203,11 +204,12 @@ class BudgetCache(Generic[K, V]):
     def get(self, key: K, default: object = None) -> object:
         """The value held for ``key`` (a hit), else ``default`` (a miss)."""
         entry = self._entries.get(key)
+        stats = self.stats
         if entry is None:
-            self.stats.misses += 1
+            stats.misses += 1
             return default
-        self.stats.hits += 1
-        self.eviction.used(key)
+        stats.hits += 1
+        self._used(key)
         return entry[0]
 
     def put(self, key: K, value: V, nbytes: int) -> None:
