@@ -32,7 +32,7 @@ from pickleshard.mixing import (
     SourceExhaustedError,
     apportion,
 )
-from pickleshard.samplers import sampler_state_from_loader
+from pickleshard.samplers import ShuffleSampler, sampler_state_from_loader
 from pickleshard.testing.resume import (
     check_loader_resume,
     check_rescaled_resume,
@@ -151,7 +151,9 @@ def test_policies_differ_after_exhaustion_and_stop_raises(sources: list[PickleDa
     with pytest.raises(SourceExhaustedError, match=r"source 0 \(60 samples, 20 drawn per epoch\)"):
         stop.set_epoch(3)
     with pytest.raises(PickleshardError, match="fills epochs 0 to 2"):
-        stop[(4 + 1) * len(stop)]  # an index stamped with epoch 4
+        stop.resolve(4, [0])
+    with pytest.raises(SourceExhaustedError, match="fills epochs 0 to 2"):
+        MixSampler(stop).set_epoch(3)
     with pytest.raises(SourceExhaustedError, match="cannot fill one epoch"):
         MixedDataset(sources, [61, 1, 1], policy="stop")
     repeat = MixedDataset(sources, [120, 0, 0], policy="repeat", seed=1)
@@ -170,7 +172,7 @@ def test_an_epoch_is_deterministic_for_a_seed_and_epoch(sources: list[PickleData
     for mix in (a, b, c):
         mix.set_epoch(3)
     assert ids_of(a, range(100)) == ids_of(b, range(100)) != ids_of(c, range(100))
-    assert ids_of(a, [4 * 100 + i for i in range(100)]) == ids_of(a, range(100)), "stamped"
+    assert ids_of(a, a.resolve(3, range(100))) == ids_of(a, range(100)), "resolved"
 
 
 # Fields, transforms, tags, batches.
@@ -223,7 +225,7 @@ def test_getitems_equals_getitem_and_reads_each_source_once(
 
     mix = MixedDataset([Spy(d, s) for s, d in enumerate(sources)], WEIGHTS, epoch_size=100)
     mix.set_epoch(1)
-    batch = [5, 99, 0, 42, 7, 63, 2 * 100 + 8, 18]
+    batch = [5, 99, 0, 42, 7, 63, 100 + 61, 18]  # 161: resolved, sample 1 of source 1
     got = mix.__getitems__(batch)
     assert calls == [0, 1, 2], "one call per source"
     one_by_one = [mix[i] for i in batch]
@@ -251,7 +253,8 @@ def test_dataloader_epochs_with_two_persistent_workers_equal_the_oracle(
     folders: list[Path],
 ) -> None:
     """Persistent workers keep the copy of the mix they started with: each epoch is still the
-    stated one, since the sampler's indices carry their epoch."""
+    stated one (ShuffleSampler's positions, the mix's epoch), since MixSampler's indices are
+    resolved for the epoch of its pass."""
     mix = MixedDataset(
         [PickleDataset(f) for f in folders], WEIGHTS, epoch_size=100, tag=True, seed=11
     )
@@ -265,7 +268,9 @@ def test_dataloader_epochs_with_two_persistent_workers_equal_the_oracle(
             for xb, yb, sb in loader
             for x, y, s in zip(xb, yb, sb, strict=True)
         ]
-        src, smp = mix.locate(list(sampler))
+        positions = ShuffleSampler(mix, seed=4)  # the same shuffle of the epoch's positions
+        positions.set_epoch(epoch)
+        src, smp = mix.locate(list(positions))  # positions of the epoch mix.set_epoch set
         expected = []
         for s, k in zip(src.tolist(), smp.tolist(), strict=True):
             x, y = truth[s][k]
@@ -273,17 +278,15 @@ def test_dataloader_epochs_with_two_persistent_workers_equal_the_oracle(
         assert got == expected, f"epoch {epoch}"
 
 
-def _as_positions(sampler: MixSampler) -> Any:
-    """A view of ``sampler`` yielding positions in ``[0, epoch_size)``, checking the epoch each
-    index carries is the pass's (for the rescaled checker, which counts positions)."""
+def _as_samples(sampler: MixSampler) -> Any:
+    """A view of ``sampler`` yielding each resolved index's place among the sources' samples,
+    for the rescaled checker, which counts ``[0, n)``: with one pass over each source an epoch
+    (the default weights), an epoch holds each sample once."""
     n = len(sampler.mix)
 
     class View:
         def __iter__(self) -> Any:
-            for i in sampler:
-                epoch = i // n - 1
-                assert epoch == sampler.state_dict()["epoch"], "the index carries its epoch"
-                yield i % n
+            return (i - n for i in sampler)
 
         def __getattr__(self, name: str) -> Any:
             return getattr(sampler, name)
@@ -309,10 +312,17 @@ def test_mix_sampler_passes_the_resume_checker(
     )
 
     def make(rank: int, world_size: int, workers: int) -> Any:
-        return _as_positions(MixSampler(make_mix(), seed=9, rank=rank, world_size=world_size))
+        mix = MixedDataset([list(range(n)) for n in SIZES], seed=3)  # one pass over each
+        return _as_samples(MixSampler(mix, seed=9, rank=rank, world_size=world_size))
 
     check_rescaled_resume(
-        make, 100, before=(world, 0), after=(4 - world, 0), stops=stops, rescales=True, epoch=epoch
+        make,
+        sum(SIZES),
+        before=(world, 0),
+        after=(4 - world, 0),
+        stops=stops,
+        rescales=True,
+        epoch=epoch,
     )
 
 
@@ -411,12 +421,16 @@ def test_exported_lazily_from_the_top_level() -> None:
     assert pickleshard.MixSampler is MixSampler
 
 
-def test_plain_indices_follow_set_epoch_and_stamped_ones_their_own(
+def test_plain_indices_follow_set_epoch_and_resolved_ones_name_their_sample(
     sources: list[PickleDataset],
 ) -> None:
     mix = MixedDataset(sources, WEIGHTS, epoch_size=100, seed=1)
     mix.set_epoch(2)
     epoch2 = ids_of(mix, range(100))
+    resolved = mix.resolve(2, range(100))
     mix.set_epoch(0)
-    assert ids_of(mix, [300 + i for i in range(100)]) == epoch2
+    assert ids_of(mix, resolved) == epoch2
     assert ids_of(mix, range(100)) != epoch2
+    assert ids_of(mix, [100, 100 + 60, 100 + 95, 100 + 119]) == [0, 1000, 2000, 2024]
+    with pytest.raises(IndexError, match="out of range"):
+        mix[100 + 120]

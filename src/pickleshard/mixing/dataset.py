@@ -6,11 +6,12 @@ The sources are duck-typed (``__len__``, ``__getitem__``, optionally ``__getitem
 neither ``dataset`` nor ``formats``. Which sample sits at each position of an epoch is
 :class:`~pickleshard.mixing.plan.MixPlan`'s arithmetic.
 
-An index names its epoch: ``i`` in ``[0, epoch_size)`` is position ``i`` of the epoch set by
-:meth:`MixedDataset.set_epoch`; ``(epoch + 1) * epoch_size + position`` is that position of
-``epoch`` whatever the epoch set. :class:`~pickleshard.mixing.sampler.MixSampler` yields the second
-form, so DataLoader workers (persistent or not) and a resumed pass read the epoch the sampler's
-pass is in, never a stale copy's.
+An index is one of two kinds. ``i`` in ``[0, epoch_size)`` is position ``i`` of the epoch set by
+:meth:`MixedDataset.set_epoch`. ``epoch_size + j`` is *resolved*: sample ``j`` of the sources laid
+end to end, whatever the epoch set (:meth:`MixedDataset.resolve` makes them).
+:class:`~pickleshard.mixing.sampler.MixSampler` yields resolved indices, computed in chunks for
+the epoch its pass is in: DataLoader workers (persistent or not) and a resumed pass read that
+epoch's mix, never a stale copy's, and a batch costs them no Feistel evaluation.
 """
 
 from __future__ import annotations
@@ -83,8 +84,8 @@ class MixedDataset(_DatasetBase[Any]):
     sample's source index to each sample tuple (``(x, y, source)``).
 
     ``ds[i]``/``__getitems__`` read position ``i`` of the epoch set by :meth:`set_epoch`
-    (default 0), or of epoch ``i // epoch_size - 1`` for ``i >= epoch_size`` (what
-    :class:`~pickleshard.mixing.sampler.MixSampler` yields). ``__getitems__`` groups a batch by
+    (default 0), or for ``i >= epoch_size`` the resolved index's sample (what
+    :class:`~pickleshard.mixing.sampler.MixSampler` yields; see the module docstring). ``__getitems__`` groups a batch by
     source and reads each with one ``__getitems__`` call. :meth:`locate` says which source and
     sample each position holds.
     """
@@ -108,6 +109,8 @@ class MixedDataset(_DatasetBase[Any]):
         if len(self.transforms) != len(sizes):
             raise ValueError(f"{len(sizes)} datasets but {len(self.transforms)} transforms")
         self.plan = MixPlan(sizes, _counts(sizes, weights, epoch_size), policy, seed)
+        self._firsts = np.cumsum([0, *sizes[:-1]], dtype=np.int64)  # the sources end to end
+        self._total = sum(sizes)
         self.tag = tag
         self.fields = self._check_fields()
         self.epoch = 0
@@ -149,26 +152,36 @@ class MixedDataset(_DatasetBase[Any]):
     def __len__(self) -> int:
         return self.plan.epoch_size
 
+    def resolve(self, epoch: int, positions: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The resolved indices (see the class docstring) of ``positions`` of ``epoch``: each
+        names its source and sample whatever the epoch set later. Raises as :meth:`set_epoch`
+        for an epoch the ``"stop"`` policy cannot fill."""
+        self.plan.check_epoch(epoch)
+        sources, samples = self.plan.locate(epoch, positions)
+        resolved: np.ndarray = self.plan.epoch_size + self._firsts[sources] + samples
+        return resolved
+
     def locate(self, indices: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(sources, samples)`` as int64 arrays: the source and its sample index that each of
         ``indices`` reads (indices as in ``ds[i]``)."""
         wanted = np.asarray(indices, dtype=np.int64).reshape(-1)
-        sources = np.empty_like(wanted)
-        samples = np.empty_like(wanted)
-        if not len(wanted):
-            return sources, samples
-        if int(wanted.min()) < 0:
-            bad = int(wanted[np.flatnonzero(wanted < 0)[0]])
-            raise IndexError(f"sample index {bad} out of range for a mix (indices are >= 0)")
         n = self.plan.epoch_size
-        epochs, positions = np.divmod(wanted, n)
-        epochs -= 1  # a stamped index is (epoch + 1) * n + position
-        epochs[wanted < n] = self.epoch
-        for e in np.unique(epochs).tolist():
-            here = epochs == e
-            if e != self.epoch:
-                self.plan.check_epoch(e)
-            sources[here], samples[here] = self.plan.locate(e, positions[here])
+        if len(wanted) and (int(wanted.min()) < 0 or int(wanted.max()) >= n + self._total):
+            bad = wanted[(wanted < 0) | (wanted >= n + self._total)]
+            raise IndexError(
+                f"sample index {int(bad[0])} out of range for a mix of {n} positions and "
+                f"{self._total} resolved indices (0 <= i < {n + self._total})"
+            )
+        resolved = wanted >= n
+        if resolved.all():  # what MixSampler yields: no shuffle to compute here
+            flat = wanted - n
+            sources = np.searchsorted(self._firsts, flat, side="right") - 1
+            return sources, flat - self._firsts[sources]
+        sources, samples = self.plan.locate(self.epoch, np.where(resolved, 0, wanted))
+        if resolved.any():
+            flat = wanted[resolved] - n
+            sources[resolved] = np.searchsorted(self._firsts, flat, side="right") - 1
+            samples[resolved] = flat - self._firsts[sources[resolved]]
         return sources, samples
 
     def _finish(self, source: int, sample: Any) -> Any:

@@ -1,20 +1,23 @@
-"""``MixSampler``: a :class:`~pickleshard.samplers.ShuffleSampler` whose indices name their epoch.
+"""``MixSampler``: a :class:`~pickleshard.samplers.ShuffleSampler` whose indices are resolved.
 
 The order, the split across ranks, ``state_dict``/``load_state_dict`` and resuming on another
 world size or worker count are ShuffleSampler's, unchanged: the sampler shuffles the positions
-``[0, epoch_size)`` of the mix's epoch exactly once per epoch. What it adds is the epoch: each
-index it yields is ``(epoch + 1) * epoch_size + position``, ``epoch`` being that of the pass
-that yields it (a loaded state's, else the one :meth:`set_epoch` set), and
-:class:`~pickleshard.mixing.dataset.MixedDataset` reads the epoch from the index.
+``[0, epoch_size)`` of the mix's epoch exactly once per epoch. What it adds: each chunk of
+positions it takes is resolved (:meth:`MixedDataset.resolve
+<pickleshard.mixing.dataset.MixedDataset.resolve>`) for the epoch of the pass that yields it (a
+loaded state's, else the one :meth:`set_epoch` set) into indices that name their source and
+sample, and those are what it yields.
 
-Why not ``mix.set_epoch`` alone: DataLoader workers hold copies of the mix made when the
-loader's iterator starts (forked, or pickled), before the sampler's pass has chosen its epoch,
-and persistent workers keep theirs across epochs; a resumed pass runs the loaded state's epoch,
-not the one set. An index that carries its epoch is right in every copy.
+Why: DataLoader workers hold copies of the mix made when the loader's iterator starts (forked,
+or pickled), before the sampler's pass has chosen its epoch, and persistent workers keep theirs
+across epochs; a resumed pass runs the loaded state's epoch, not the one set. A resolved index
+is right in every copy. And the mix's arithmetic (two Feistel evaluations) runs here on chunks
+of ``chunk_size`` positions, not on every batch in a worker.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,6 +45,6 @@ class MixSampler(ShuffleSampler):
         super().set_epoch(epoch)
 
     def _stream(self, state: dict[str, Any]) -> Iterator[int]:
-        stamp = (state["epoch"] + 1) * self.num_samples_total
-        for position in super()._stream(state):
-            yield stamp + position
+        positions = super()._stream(state)
+        while chunk := list(itertools.islice(positions, self.chunk_size)):
+            yield from self.mix.resolve(state["epoch"], chunk).tolist()
