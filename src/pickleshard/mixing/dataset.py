@@ -16,6 +16,7 @@ epoch's mix, never a stale copy's, and a batch costs them no Feistel evaluation.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -202,14 +203,23 @@ class MixedDataset(_DatasetBase[Any]):
         ``ds[i]`` one by one when it has none)."""
         sources, samples = self.locate(indices)
         out: list[Any] = [None] * len(sources)
-        for s in np.unique(sources).tolist():
-            where = np.flatnonzero(sources == s).tolist()
+        order = np.argsort(sources, kind="stable")  # by source, request order within one
+        bounds = np.searchsorted(sources[order], np.arange(len(self.datasets) + 1)).tolist()
+        plain = not self.tag
+        for s, (a, b) in enumerate(itertools.pairwise(bounds)):
+            if a == b:
+                continue
+            where = order[a:b]
             wanted = samples[where].tolist()
             source = self.datasets[s]
             many = getattr(source, "__getitems__", None)
             got = many(wanted) if many is not None else [source[i] for i in wanted]
-            for k, sample in zip(where, got, strict=True):
-                out[k] = self._finish(s, sample)
+            if plain and self.transforms[s] is None:
+                for k, sample in zip(where.tolist(), got, strict=True):
+                    out[k] = sample
+            else:
+                for k, sample in zip(where.tolist(), got, strict=True):
+                    out[k] = self._finish(s, sample)
         return out
 
     def __repr__(self) -> str:

@@ -15,7 +15,9 @@ position)`` in numpy, O(1) memory per sample.
    so a source's order continues from one epoch to the next. Draw ``g`` falls in pass
    ``g // n`` over the source (``n`` samples) at offset ``g % n``; each pass is a Feistel
    permutation of ``[0, n)`` keyed by ``(seed, source, pass)``, so no sample repeats within a
-   source before it is exhausted. What happens after the first pass is the policy:
+   source before it is exhausted. (When an epoch draws whole passes of a source, ``counts[s]``
+   a multiple of ``n``, every pass lies in one epoch and the position shuffle alone places its
+   samples at random: the pass is taken in sample order, saving a permutation per sample.) What happens after the first pass is the policy:
 
    - ``"repeat"``: the next pass, a fresh permutation: every sample once per pass;
    - ``"resample"``: samples drawn uniformly with replacement (a keyed hash of ``g``);
@@ -151,6 +153,10 @@ class MixPlan:
                 out[here] = (
                     _keyed_hash(draws[here], self._source_seeds[source]) % np.uint64(n)
                 ).astype(np.int64)
+            elif self.counts[source] % n == 0:
+                # The epoch draws whole passes: the position shuffle already puts each of the
+                # pass's samples at a random place, and a second permutation would only cost.
+                out[here] = offsets[here]
             else:
                 out[here] = self._perm(source, n, self._source_seeds[source], p)(offsets[here])
         return out
