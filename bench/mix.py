@@ -6,7 +6,8 @@ the single dataset reads the very same bytes from the same page cache. The rows:
 
 - **one**: ``PickleDataset(all)`` with ``ShuffleSampler``;
 - **mix**: ``MixedDataset([PickleDataset(a), PickleDataset(b)])``, default weights (in proportion
-  to the sizes, epoch size their total: one pass over each) with ``MixSampler``.
+  to the sizes, epoch size their total: one pass over each) with ``MixSampler`` (the mix's own
+  shuffled order, resolved in the main process in chunks).
 
 Both go through the same loop, ``DataLoader(ds, batch_size=64, sampler=..., num_workers=W)``,
 each batch consumed as ``float(xb.sum())``, one shuffled epoch after one untimed warm-up epoch

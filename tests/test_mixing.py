@@ -32,7 +32,7 @@ from pickleshard.mixing import (
     SourceExhaustedError,
     apportion,
 )
-from pickleshard.samplers import ShuffleSampler, sampler_state_from_loader
+from pickleshard.samplers import sampler_state_from_loader
 from pickleshard.testing.resume import (
     check_loader_resume,
     check_rescaled_resume,
@@ -253,7 +253,7 @@ def test_dataloader_epochs_with_two_persistent_workers_equal_the_oracle(
     folders: list[Path],
 ) -> None:
     """Persistent workers keep the copy of the mix they started with: each epoch is still the
-    stated one (ShuffleSampler's positions, the mix's epoch), since MixSampler's indices are
+    stated one (the mix's positions in order, of the epoch set), since MixSampler's indices are
     resolved for the epoch of its pass."""
     mix = MixedDataset(
         [PickleDataset(f) for f in folders], WEIGHTS, epoch_size=100, tag=True, seed=11
@@ -268,9 +268,7 @@ def test_dataloader_epochs_with_two_persistent_workers_equal_the_oracle(
             for xb, yb, sb in loader
             for x, y, s in zip(xb, yb, sb, strict=True)
         ]
-        positions = ShuffleSampler(mix, seed=4)  # the same shuffle of the epoch's positions
-        positions.set_epoch(epoch)
-        src, smp = mix.locate(list(positions))  # positions of the epoch mix.set_epoch set
+        src, smp = mix.locate(range(len(mix)))  # the epoch's positions in the mix's order
         expected = []
         for s, k in zip(src.tolist(), smp.tolist(), strict=True):
             x, y = truth[s][k]
@@ -300,20 +298,25 @@ def _as_samples(sampler: MixSampler) -> Any:
     stops=st.lists(st.integers(0, 110), min_size=1, max_size=4),
     world=st.integers(1, 3),
     weights=st.lists(st.integers(1, 9), min_size=3, max_size=3),
+    shuffle=st.booleans(),
 )
 def test_mix_sampler_passes_the_resume_checker(
-    epoch: int, stops: list[int], world: int, weights: list[int]
+    epoch: int, stops: list[int], world: int, weights: list[int], shuffle: bool
 ) -> None:
     def make_mix() -> MixedDataset:
         return MixedDataset([list(range(n)) for n in SIZES], weights, epoch_size=100, seed=3)
 
     check_resume(
-        lambda: MixSampler(make_mix(), seed=9, rank=world - 1, world_size=world), stops, epoch
+        lambda: MixSampler(make_mix(), seed=9, rank=world - 1, world_size=world, shuffle=shuffle),
+        stops,
+        epoch,
     )
 
     def make(rank: int, world_size: int, workers: int) -> Any:
         mix = MixedDataset([list(range(n)) for n in SIZES], seed=3)  # one pass over each
-        return _as_samples(MixSampler(mix, seed=9, rank=rank, world_size=world_size))
+        return _as_samples(
+            MixSampler(mix, seed=9, rank=rank, world_size=world_size, shuffle=shuffle)
+        )
 
     check_rescaled_resume(
         make,
@@ -364,6 +367,7 @@ def test_stateful_dataloader_resumes_the_mix_across_epochs(
     worlds=st.tuples(st.integers(1, 3), st.integers(1, 3)),
     workers=st.tuples(st.sampled_from([0, 1, 2]), st.sampled_from([0, 1, 2])),
     steps=st.integers(0, 12),
+    shuffle=st.booleans(),
 )
 def test_a_mixed_epoch_resumes_on_other_ranks_and_workers(
     even_folders: list[Path],
@@ -372,6 +376,7 @@ def test_a_mixed_epoch_resumes_on_other_ranks_and_workers(
     worlds: tuple[int, int],
     workers: tuple[int, int],
     steps: int,
+    shuffle: bool,
 ) -> None:
     """``W`` ranks take ``steps`` batches of epoch ``epoch``; the state resumes it on ``W'`` ranks
     with other worker counts. Same world: each rank's sequence is its uninterrupted one. Any
@@ -380,7 +385,7 @@ def test_a_mixed_epoch_resumes_on_other_ranks_and_workers(
     n = len(mix)
 
     def loader(rank: int, world: int, num_workers: int) -> StatefulDataLoader:
-        sampler = MixSampler(mix, seed=2, rank=rank, world_size=world)
+        sampler = MixSampler(mix, seed=2, rank=rank, world_size=world, shuffle=shuffle)
         sampler.set_epoch(epoch)
         return StatefulDataLoader(
             mix, batch_size=batch_size, sampler=sampler, num_workers=num_workers

@@ -1,8 +1,9 @@
 """``MixSampler``: a :class:`~pickleshard.samplers.ShuffleSampler` whose indices are resolved.
 
-The order, the split across ranks, ``state_dict``/``load_state_dict`` and resuming on another
-world size or worker count are ShuffleSampler's, unchanged: the sampler shuffles the positions
-``[0, epoch_size)`` of the mix's epoch exactly once per epoch. What it adds: each chunk of
+The split across ranks, ``state_dict``/``load_state_dict`` and resuming on another world size or
+worker count are ShuffleSampler's, unchanged: the sampler takes the positions ``[0, epoch_size)``
+of the mix's epoch exactly once per epoch (in the mix's own shuffled order unless
+``shuffle=True``). What it adds: each chunk of
 positions it takes is resolved (:meth:`MixedDataset.resolve
 <pickleshard.mixing.dataset.MixedDataset.resolve>`) for the epoch of the pass that yields it (a
 loaded state's, else the one :meth:`set_epoch` set) into indices that name their source and
@@ -28,16 +29,21 @@ __all__ = ["MixSampler"]
 
 
 class MixSampler(ShuffleSampler):
-    """Every position of ``mix``'s epoch once per epoch, shuffled and split across ranks.
+    """Every position of ``mix``'s epoch once per epoch, in the mix's order, split across ranks.
 
-    Takes ShuffleSampler's keyword arguments (``seed``, ``rank``, ``world_size``,
-    ``drop_last``, ``shuffle``, ``chunk_size``) and its state; :meth:`set_epoch` also sets
-    the mix's epoch (for ``mix[i]`` with ``i < epoch_size`` in this process), and raises as
-    ``mix.set_epoch`` does for an epoch the ``"stop"`` policy cannot fill.
+    The mix is already shuffled (its positions are a Feistel permutation keyed by the mix's
+    ``seed`` and the epoch), so by default the sampler adds no shuffle of its own
+    (``shuffle=False``): rank ``r`` of ``W`` takes positions ``r, r + W, ...`` of the mix's
+    order. ``shuffle=True`` permutes the positions again with the sampler's ``seed``, at the cost
+    of a second Feistel evaluation per sample. The other keyword arguments (``seed``, ``rank``,
+    ``world_size``, ``drop_last``, ``chunk_size``) and the state are ShuffleSampler's.
+    :meth:`set_epoch` also sets the mix's epoch (for ``mix[i]`` with ``i < epoch_size`` in this
+    process), and raises as ``mix.set_epoch`` does for an epoch the ``"stop"`` policy cannot
+    fill.
     """
 
-    def __init__(self, mix: MixedDataset, **kwargs: Any) -> None:
-        super().__init__(mix, **kwargs)
+    def __init__(self, mix: MixedDataset, *, shuffle: bool = False, **kwargs: Any) -> None:
+        super().__init__(mix, shuffle=shuffle, **kwargs)
         self.mix = mix
 
     def set_epoch(self, epoch: int) -> None:
