@@ -439,3 +439,33 @@ def test_plain_indices_follow_set_epoch_and_resolved_ones_name_their_sample(
     assert ids_of(mix, [100, 100 + 60, 100 + 95, 100 + 119]) == [0, 1000, 2000, 2024]
     with pytest.raises(IndexError, match="out of range"):
         mix[100 + 120]
+
+
+def test_a_mix_pickles_with_its_state_and_reads_the_same(sources: list[PickleDataset]) -> None:
+    mix = MixedDataset(sources, WEIGHTS, epoch_size=100, seed=4, tag=True)
+    mix.set_epoch(3)
+    mix.locate(range(100))  # fills the Feistel cache, which does not travel
+    copy = pickle.loads(pickle.dumps(mix))
+    assert copy.epoch == 3
+    assert ids_of(copy, range(100)) == ids_of(mix, range(100))
+
+
+def test_bad_arguments_say_what_was_expected(sources: list[PickleDataset]) -> None:
+    with pytest.raises(ValueError, match="at least one dataset"):
+        MixedDataset([])
+    with pytest.raises(ValueError, match="3 datasets but 2 weights"):
+        MixedDataset(sources, [0.5, 0.5])
+    with pytest.raises(ValueError, match="positive sum"):
+        MixedDataset(sources, [0.0, 0.0, 0.0])
+    with pytest.raises(ValueError, match="policy must be one of stop, repeat, resample"):
+        MixedDataset(sources, policy="cycle")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="3 datasets but 1 transforms"):
+        MixedDataset(sources, transforms=[None])
+    with pytest.raises(ValueError, match="source 1 is empty"):
+        MixedDataset([[1, 2], []], [1, 1])
+
+
+def test_untupled_samples_are_tagged_as_pairs() -> None:
+    mix = MixedDataset([["a", "b"], ["c"]], tag=True)
+    assert sorted(mix.__getitems__([0, 1, 2])) == [("a", 0), ("b", 0), ("c", 1)]
+    assert mix.fields is None  # lists have no fields
