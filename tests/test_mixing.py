@@ -232,8 +232,9 @@ def test_getitems_equals_getitem_and_reads_each_source_once(
     for g, o in zip(got, one_by_one, strict=True):
         assert int(g[1]) == int(o[1])
         assert np.array_equal(g[0], o[0])
-    with pytest.raises(IndexError):
-        mix[-1]
+    assert int(mix[-1][1]) == int(mix[99][1])
+    with pytest.raises(IndexError, match="sample index -101 out of range"):
+        mix[-101]
 
 
 def test_mixes_a_pickle_dataset_with_a_converted_one(tmp_path: Path) -> None:

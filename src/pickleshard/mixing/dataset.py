@@ -165,13 +165,14 @@ class MixedDataset(_DatasetBase[Any]):
     def locate(self, indices: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(sources, samples)`` as int64 arrays: the source and its sample index that each of
         ``indices`` reads (indices as in ``ds[i]``)."""
-        wanted = np.asarray(indices, dtype=np.int64).reshape(-1)
+        given = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = self.plan.epoch_size
+        wanted = np.where(given < 0, given + n, given)  # -1: the epoch's last position
         if len(wanted) and (int(wanted.min()) < 0 or int(wanted.max()) >= n + self._total):
-            bad = wanted[(wanted < 0) | (wanted >= n + self._total)]
+            bad = given[(wanted < 0) | (wanted >= n + self._total)]
             raise IndexError(
                 f"sample index {int(bad[0])} out of range for a mix of {n} positions and "
-                f"{self._total} resolved indices (0 <= i < {n + self._total})"
+                f"{self._total} resolved indices ({-n} <= i < {n + self._total})"
             )
         resolved = wanted >= n
         if resolved.all():  # what MixSampler yields: no shuffle to compute here
