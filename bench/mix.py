@@ -86,7 +86,7 @@ def _row(kind: str, folders: list[Path], workers: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench mix", description=__doc__.split("\n")[0])
     parser.add_argument("--files", type=int, default=4, help="files per source")
-    parser.add_argument("--per-file", type=int, default=2500)
+    parser.add_argument("--per-file", type=int, default=5000)
     parser.add_argument("--workers", default="0,2", help="DataLoader num_workers, e.g. 0,2")
     parser.add_argument("--quick", action="store_true", help="a tiny smoke run")
     parser.add_argument("--data", type=Path, default=HERE / "data", help="where datasets live")

@@ -102,6 +102,7 @@ def test_counts_from_proportions_absolute_counts_and_sizes(sources: list[PickleD
     assert MixedDataset(sources, WEIGHTS, epoch_size=100).counts == [50, 30, 20]
     absolute = MixedDataset(sources, [7, 5, 3])
     assert (absolute.counts, len(absolute)) == ([7, 5, 3], 15)
+    assert MixedDataset(sources, np.array([7, 5, 3])).counts == [7, 5, 3]
     assert MixedDataset(sources).counts == list(SIZES)  # default: one pass over each
     assert MixedDataset(sources, [2, 1, 1], epoch_size=8).counts == [4, 2, 2]  # ints as weights
 

@@ -49,7 +49,8 @@ def _counts(
         weights = list(sizes)
     if len(weights) != len(sizes):
         raise ValueError(f"{len(sizes)} datasets but {len(weights)} weights")
-    if epoch_size is None and all(type(w) is int for w in weights):  # absolute counts
+    integral = all(isinstance(w, int | np.integer) and not isinstance(w, bool) for w in weights)
+    if epoch_size is None and integral:  # absolute counts
         return apportion(weights, sum(int(w) for w in weights))
     total = sum(sizes) if epoch_size is None else epoch_size
     if total < 1:
@@ -65,7 +66,7 @@ def _fields(source: Any) -> tuple[str, ...] | None:
 class MixedDataset(_DatasetBase[Any]):
     """``datasets`` mixed into epochs of ``epoch_size`` samples, in ``weights``' proportions.
 
-    ``weights``: one per dataset. Python ints without ``epoch_size`` are absolute counts per
+    ``weights``: one per dataset. Integers without ``epoch_size`` are absolute counts per
     epoch (``epoch_size`` is their sum); otherwise they are proportions, ``epoch_size`` apportioned by the
     largest remainder method, so each epoch draws exactly :attr:`counts` samples from each
     source. Default: in proportion to the datasets' sizes, ``epoch_size`` their total (one pass
