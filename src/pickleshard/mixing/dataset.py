@@ -17,7 +17,7 @@ epoch's mix, never a stale copy's, and a batch costs them no Feistel evaluation.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -33,6 +33,7 @@ from .plan import MixPlan, Policy, apportion
 __all__ = ["MixedDataset", "Source"]
 
 Transform = Callable[[Any], Any]
+_FEW_SOURCES = 8  # up to this many, a batch is split by a mask per source, else by one sort
 
 
 class Source(Protocol):
@@ -167,19 +168,20 @@ class MixedDataset(_DatasetBase[Any]):
         """``(sources, samples)`` as int64 arrays: the source and its sample index that each of
         ``indices`` reads (indices as in ``ds[i]``)."""
         given = np.asarray(indices, dtype=np.int64).reshape(-1)
-        n = self.plan.epoch_size
+        n, top = self.plan.epoch_size, self.plan.epoch_size + self._total
+        if len(given) and int(given.min()) >= n and int(given.max()) < top:
+            # All resolved, what MixSampler yields: no shuffle to compute, one lookup per batch.
+            flat = given - n
+            found = np.searchsorted(self._firsts, flat, side="right") - 1
+            return found, flat - self._firsts[found]
         wanted = np.where(given < 0, given + n, given)  # -1: the epoch's last position
-        if len(wanted) and (int(wanted.min()) < 0 or int(wanted.max()) >= n + self._total):
-            bad = given[(wanted < 0) | (wanted >= n + self._total)]
+        if len(wanted) and (int(wanted.min()) < 0 or int(wanted.max()) >= top):
+            bad = given[(wanted < 0) | (wanted >= top)]
             raise IndexError(
                 f"sample index {int(bad[0])} out of range for a mix of {n} positions and "
-                f"{self._total} resolved indices ({-n} <= i < {n + self._total})"
+                f"{self._total} resolved indices ({-n} <= i < {top})"
             )
         resolved = wanted >= n
-        if resolved.all():  # what MixSampler yields: no shuffle to compute here
-            flat = wanted - n
-            sources = np.searchsorted(self._firsts, flat, side="right") - 1
-            return sources, flat - self._firsts[sources]
         sources, samples = self.plan.locate(self.epoch, np.where(resolved, 0, wanted))
         if resolved.any():
             flat = wanted[resolved] - n
@@ -200,18 +202,28 @@ class MixedDataset(_DatasetBase[Any]):
         s = int(sources[0])
         return self._finish(s, self.datasets[s][int(samples[0])])
 
+    def _by_source(self, sources: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+        """``(source, where)`` for each source in ``sources``, ``where`` its places in order."""
+        count = len(self.datasets)
+        if count <= _FEW_SOURCES:  # a mask per source: cheaper than a sort for a few
+            for s in range(count):
+                where = np.flatnonzero(sources == s)
+                if len(where):
+                    yield s, where
+            return
+        order = np.argsort(sources, kind="stable")  # by source, request order within one
+        bounds = np.searchsorted(sources[order], np.arange(count + 1)).tolist()
+        for s, (a, b) in enumerate(itertools.pairwise(bounds)):
+            if a < b:
+                yield s, order[a:b]
+
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """A batch in request order, each source read with one ``__getitems__`` call (or its
         ``ds[i]`` one by one when it has none)."""
         sources, samples = self.locate(indices)
         out: list[Any] = [None] * len(sources)
-        order = np.argsort(sources, kind="stable")  # by source, request order within one
-        bounds = np.searchsorted(sources[order], np.arange(len(self.datasets) + 1)).tolist()
         plain = not self.tag
-        for s, (a, b) in enumerate(itertools.pairwise(bounds)):
-            if a == b:
-                continue
-            where = order[a:b]
+        for s, where in self._by_source(sources):
             wanted = samples[where].tolist()
             source = self.datasets[s]
             many = getattr(source, "__getitems__", None)
