@@ -22,6 +22,8 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
 from ..samplers import ShuffleSampler
 from .dataset import MixedDataset
 
@@ -52,5 +54,8 @@ class MixSampler(ShuffleSampler):
 
     def _stream(self, state: dict[str, Any]) -> Iterator[int]:
         positions = super()._stream(state)
-        while chunk := list(itertools.islice(positions, self.chunk_size)):
+        while True:
+            chunk = np.fromiter(itertools.islice(positions, self.chunk_size), dtype=np.int64)
+            if not len(chunk):
+                return
             yield from self.mix.resolve(state["epoch"], chunk).tolist()
