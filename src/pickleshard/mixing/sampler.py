@@ -18,13 +18,12 @@ of ``chunk_size`` positions, not on every batch in a worker.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from ..samplers import ShuffleSampler
+from ..samplers import FeistelPermutation, ShuffleSampler
 from .dataset import MixedDataset
 
 __all__ = ["MixSampler"]
@@ -53,9 +52,14 @@ class MixSampler(ShuffleSampler):
         super().set_epoch(epoch)
 
     def _stream(self, state: dict[str, Any]) -> Iterator[int]:
-        positions = super()._stream(state)
-        while True:
-            chunk = np.fromiter(itertools.islice(positions, self.chunk_size), dtype=np.int64)
-            if not len(chunk):
-                return
-            yield from self.mix.resolve(state["epoch"], chunk).tolist()
+        # ShuffleSampler._stream's positions (the same split and state arithmetic, which the
+        # inherited _state_after counts), each chunk resolved before it is handed out: done on
+        # the chunk's array, not through the parent's generator, as this runs once per sample.
+        n, start, epoch = self.num_samples_total, state["samples_seen"], state["epoch"]
+        count = self._rank_count(start)
+        perm = FeistelPermutation(n, state["seed"], epoch) if self.shuffle and n else None
+        for first in range(0, count, self.chunk_size):
+            j = np.arange(first, min(count, first + self.chunk_size), dtype=np.int64)
+            positions = (start + self.rank + j * self.world_size) % n
+            chunk = positions if perm is None else perm(positions)
+            yield from self.mix.resolve(epoch, chunk).tolist()
