@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 import pickle
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -471,3 +473,15 @@ def test_untupled_samples_are_tagged_as_pairs() -> None:
     mix = MixedDataset([["a", "b"], ["c"]], tag=True)
     assert sorted(mix.__getitems__([0, 1, 2])) == [("a", 0), ("b", 0), ("c", 1)]
     assert mix.fields is None  # lists have no fields
+
+
+@pytest.mark.slow
+def test_the_mix_benchmark_runs_and_reports_a_ratio(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, "-m", "bench", "mix", "--quick", "--workers", "0", "--rounds", "1"]
+    cmd += ["--data", str(tmp_path / "data"), "--out", str(tmp_path)]
+    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = (tmp_path / "issue29-mix-quick.md").read_text()
+    assert "| 0 |" in report
+    assert "Target mix / one >= 0.95x" in report
