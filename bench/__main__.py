@@ -3,6 +3,7 @@
 ``python -m bench scan ...`` runs ``bench.scan`` instead (index build: scanner vs unpickling),
 ``python -m bench compressed ...`` runs ``bench.compressed`` (compressed pickles read in place),
 ``python -m bench span ...`` runs ``bench.span`` (shuffled epochs by span vs numpy memmap),
+``python -m bench mix ...`` runs ``bench.mix`` (a MixedDataset of two sources vs one dataset),
 ``python -m bench remote ...`` runs ``bench.remote`` (a shuffled epoch from S3 by byte range),
 ``python -m bench index-open ...`` runs ``bench.index_open`` (the cost of validating an index),
 ``python -m bench first-epoch ...`` runs ``bench.first_epoch`` (whole-file first epoch vs folk),
@@ -225,6 +226,10 @@ def main(argv: list[str] | None = None) -> int:
         from .compressed import main as compressed_main
 
         return compressed_main(given[1:])
+    if given[:1] == ["mix"]:  # `python -m bench mix ...`
+        from .mix import main as mix_main
+
+        return mix_main(given[1:])
     if given[:1] == ["span"]:  # `python -m bench span ...`
         from .span import main as span_main
 

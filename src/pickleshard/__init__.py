@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from .dataset import DEFAULT_CACHE_BYTES, PickleDataset
     from .formats import open_dataset
     from .inspect import FileReport, inspect_file
+    from .mixing import MixedDataset, MixSampler
     from .pipelines.convert import ConvertReport, convert
     from .pipelines.split import SplitReport, split
     from .pipelines.verify import VerifyReport, verify
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
 _LAZY = {
     "DEFAULT_CACHE_BYTES": "dataset",
     "PickleDataset": "dataset",
+    "MixedDataset": "mixing",
+    "MixSampler": "mixing",
     "BlockShuffleSampler": "samplers",
     "ShuffleSampler": "samplers",
     "sampler_state_from_loader": "samplers",
@@ -65,6 +68,8 @@ __all__ = [
     "ConvertReport",
     "DatasetIndex",
     "FileReport",
+    "MixSampler",
+    "MixedDataset",
     "PickleDataset",
     "PickleshardError",
     "ShuffleSampler",
