@@ -1,7 +1,7 @@
 """The mix's errors, both :class:`~pickleshard.errors.PickleshardError` and ``ValueError``.
 
-They live beside the mix rather than in ``pickleshard.errors`` only because that module is
-another part's to edit; they derive from the one root, so ``except PickleshardError`` sees them.
+They live beside the mix (``pickleshard.errors`` is at its line budget); they derive from the one
+root, so ``except PickleshardError`` sees them.
 """
 
 from __future__ import annotations
