@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..samplers import FeistelPermutation
+from ..samplers.shuffle import FeistelPermutation, splitmix64
 from .errors import SourceExhaustedError
 
 __all__ = ["POLICIES", "MixPlan", "Policy", "apportion"]
@@ -42,9 +42,6 @@ __all__ = ["POLICIES", "MixPlan", "Policy", "apportion"]
 Policy = Literal["stop", "repeat", "resample"]
 POLICIES: tuple[Policy, ...] = ("stop", "repeat", "resample")
 _CACHED_PERMUTATIONS = 256  # Feistel keys per process: a batch touches one or two per source
-_M1 = np.uint64(0x9E3779B97F4A7C15)
-_M2 = np.uint64(0xBF58476D1CE4E5B9)
-_M3 = np.uint64(0x94D049BB133111EB)
 
 
 def apportion(weights: Sequence[float], total: int) -> list[int]:
@@ -77,15 +74,8 @@ def _derived_seed(*words: int) -> int:
 
 
 def _keyed_hash(values: np.ndarray, key: int) -> np.ndarray:
-    # splitmix64's finaliser of (value + key): the resample policy's draws with replacement.
-    z = (values.astype(np.uint64) + np.uint64(key)) * _M1
-    z ^= z >> np.uint64(30)
-    z *= _M2
-    z ^= z >> np.uint64(27)
-    z *= _M3
-    z ^= z >> np.uint64(31)
-    out: np.ndarray = z
-    return out
+    # the resample policy's draws with replacement: splitmix64 of (value + key)
+    return splitmix64(values.astype(np.uint64) + np.uint64(key))
 
 
 class MixPlan:

@@ -29,13 +29,25 @@ import numpy as np
 
 from .base import POSITION_KEYS, ResumableSampler
 
-__all__ = ["FeistelPermutation", "ShuffleSampler", "sampler_state_from_loader"]
+__all__ = ["FeistelPermutation", "ShuffleSampler", "sampler_state_from_loader", "splitmix64"]
 
 ROUNDS = 6
 STATE_KEYS = frozenset(POSITION_KEYS)
 _M1 = np.uint64(0x9E3779B97F4A7C15)
 _M2 = np.uint64(0xBF58476D1CE4E5B9)
 _M3 = np.uint64(0x94D049BB133111EB)
+
+
+def splitmix64(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser of the uint64 values ``z``: every output bit depends on every
+    input bit (the Feistel rounds' mixing function, and any other keyed hash of indices)."""
+    z = z * _M1
+    z ^= z >> np.uint64(30)
+    z *= _M2
+    z ^= z >> np.uint64(27)
+    z *= _M3
+    z ^= z >> np.uint64(31)
+    return z
 
 
 class FeistelPermutation:
@@ -56,14 +68,7 @@ class FeistelPermutation:
         self._keys = np.random.SeedSequence([seed, epoch]).generate_state(ROUNDS, dtype=np.uint64)
 
     def _round(self, right: np.ndarray, key: np.uint64) -> np.ndarray:
-        # splitmix64's finaliser of (right ^ key): every output bit depends on every input bit.
-        z = (right ^ key) * _M1
-        z ^= z >> np.uint64(30)
-        z *= _M2
-        z ^= z >> np.uint64(27)
-        z *= _M3
-        z ^= z >> np.uint64(31)
-        out: np.ndarray = z & self._mask
+        out: np.ndarray = splitmix64(right ^ key) & self._mask
         return out
 
     def _encrypt(self, x: np.ndarray) -> np.ndarray:
