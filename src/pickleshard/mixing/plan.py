@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ..io.lru import BudgetCache
 from ..samplers.shuffle import FeistelPermutation, splitmix64
 from .errors import SourceExhaustedError
 
@@ -41,7 +42,7 @@ __all__ = ["POLICIES", "MixPlan", "Policy", "apportion"]
 
 Policy = Literal["stop", "repeat", "resample"]
 POLICIES: tuple[Policy, ...] = ("stop", "repeat", "resample")
-_CACHED_PERMUTATIONS = 256  # Feistel keys per process: a batch touches one or two per source
+_CACHED_PERMUTATIONS = 256  # Feistel keys held: a batch touches one or two per source
 
 
 def apportion(weights: Sequence[float], total: int) -> list[int]:
@@ -107,7 +108,10 @@ class MixPlan:
         self._starts = self._ends - np.asarray(self.counts, dtype=np.int64)
         self._position_seed = _derived_seed(seed, 0x6D6978)
         self._source_seeds = [_derived_seed(seed, 0x737263, s) for s in range(len(sizes))]
-        self._perms: dict[tuple[int, int], FeistelPermutation] = {}
+        # pickled without entries: a worker makes its own keys (cheap)
+        self._perms: BudgetCache[tuple[int, int], FeistelPermutation] = BudgetCache(
+            _CACHED_PERMUTATIONS
+        )
 
     def epochs_available(self, source: int) -> int | None:
         """How many epochs the ``"stop"`` policy can fill from ``source`` (None: no limit)."""
@@ -127,9 +131,8 @@ class MixPlan:
         # key: -1 for the position shuffle, else the source; round_: the epoch, else the pass
         found = self._perms.get((key, round_))
         if found is None:
-            if len(self._perms) >= _CACHED_PERMUTATIONS:
-                self._perms.clear()
-            found = self._perms[(key, round_)] = FeistelPermutation(n, seed, round_)
+            found = FeistelPermutation(n, seed, round_)
+            self._perms.put((key, round_), found, 1)  # each counts 1: the budget is a count
         return found
 
     def _samples(self, source: int, draws: np.ndarray) -> np.ndarray:
@@ -164,8 +167,3 @@ class MixPlan:
             here = sources == s
             samples[here] = self._samples(s, draws[here])
         return sources, samples
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_perms"] = {}  # keys are cheap to remake; a worker builds its own
-        return state
