@@ -27,7 +27,7 @@ from .indexing.opening import Rebuild, open_index
 from .io.handles import ProcessLocal
 from .io.listing import Source
 from .io.lru import CacheStats
-from .io.options import SourceOptions
+from .io.options import SourceOptions, source_options
 from .read import SpanFiles
 from .read.whole.cache import CacheBudget, WholeFileCache
 from .read.whole.load import load_layout
@@ -136,7 +136,7 @@ class PickleDataset(_DatasetBase[Any]):
         block_cache_bytes: int | None = None,
     ) -> None:
         # what a URL's objects are opened with (s3://...: see docs/remote.md); pickled with us
-        self.source_options = _source_options(storage_options, block_cache_bytes)
+        self.source_options = source_options(storage_options, block_cache_bytes) or SourceOptions()
         self.budget = CacheBudget(cache_bytes)  # ValueError if negative
         if mode not in ("auto", "span", "whole"):
             raise ValueError(f"mode must be 'auto', 'span' or 'whole', got {mode!r}")
@@ -357,16 +357,3 @@ class PickleDataset(_DatasetBase[Any]):
             f"samples={len(self)}, fields={self.fields}, mode={self.mode!r}, "
             f"span_files={sum(self._is_span)})"
         )
-
-
-def _source_options(
-    given: Mapping[str, Any] | SourceOptions | None, block_cache_bytes: int | None
-) -> SourceOptions:
-    if not isinstance(given, SourceOptions):
-        return SourceOptions(given, block_cache_bytes=block_cache_bytes)
-    if block_cache_bytes is not None:
-        raise ValueError(
-            "block_cache_bytes goes with storage_options as a mapping; a SourceOptions "
-            "brings its own block cache (SourceOptions(..., block_cache_bytes=...))"
-        )
-    return given

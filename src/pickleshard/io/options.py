@@ -61,9 +61,20 @@ class SourceOptions:
         )
 
 
-def source_options(given: Mapping[str, Any] | SourceOptions | None) -> SourceOptions | None:
+def source_options(
+    given: Mapping[str, Any] | SourceOptions | None, block_cache_bytes: int | None = None
+) -> SourceOptions | None:
     """What a public function's ``storage_options`` argument means: a mapping of fsspec
-    options is wrapped (no block cache), :class:`SourceOptions` and None are taken as they are."""
-    if given is None or isinstance(given, SourceOptions):
+    options is wrapped (with a block cache of ``block_cache_bytes`` when given),
+    :class:`SourceOptions` is taken as it is (it brings its own block cache: a
+    ``block_cache_bytes`` beside it is a ``ValueError``), None without a cache is None."""
+    if isinstance(given, SourceOptions):
+        if block_cache_bytes is not None:
+            raise ValueError(
+                "block_cache_bytes goes with storage_options as a mapping; a SourceOptions "
+                "brings its own block cache (SourceOptions(..., block_cache_bytes=...))"
+            )
         return given
-    return SourceOptions(given)
+    if given is None and block_cache_bytes is None:
+        return None
+    return SourceOptions(given, block_cache_bytes=block_cache_bytes)
