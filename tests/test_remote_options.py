@@ -27,6 +27,7 @@ pytest.importorskip("moto.server")
 from pickleshard import PickleDataset, build_index
 from pickleshard.errors import RemoteStorageError
 from pickleshard.io import SourceOptions
+from pickleshard.io.options import source_options
 from pickleshard.pipelines.synth import write_synthetic
 from pickleshard.testing.servers import S3Server
 
@@ -156,3 +157,15 @@ def test_source_options_pickle_their_settings_and_no_cache(s3: S3Server) -> None
         SourceOptions(block_cache_bytes=10, block_size=1 << 20)
     with pytest.raises(ValueError, match="block_cache_bytes"):
         PickleDataset(BUCKET, storage_options=options, block_cache_bytes=1 << 20)
+
+
+def test_storage_options_arguments_are_read_one_way() -> None:
+    assert source_options(None) is None
+    wrapped = source_options({"anon": True}, 1 << 20)
+    assert wrapped is not None
+    assert wrapped.storage_options == {"anon": True}
+    assert wrapped.block_cache_bytes == 1 << 20
+    given = SourceOptions({"anon": True})
+    assert source_options(given) is given
+    with pytest.raises(ValueError, match="brings its own block cache"):
+        source_options(given, 1 << 20)
