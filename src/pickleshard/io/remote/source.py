@@ -111,6 +111,26 @@ class RemoteCounters:
         self.bytes = 0
 
 
+class _Connection:
+    """A remote object as one process sees it: its filesystem and path there, its identity
+    when opened, the identity last seen (and when), and the last prefetch's staged blocks."""
+
+    __slots__ = ("fs", "opened", "path", "seen", "staged")
+
+    def __init__(self, fs: Any, path: str, opened: FileIdentity) -> None:
+        self.fs, self.path, self.opened = fs, path, opened
+        self.seen = (time.monotonic(), opened)
+        self.staged: list[tuple[int, bytes]] = []  # (offset, bytes) of the last prefetch
+
+    def take_staged(self, lo: int, hi: int) -> bytes | None:
+        """Bytes ``[lo, hi)`` from a staged block, which then serves no other read."""
+        for k, (start, data) in enumerate(self.staged):
+            if start <= lo and hi <= start + len(data):
+                del self.staged[k]
+                return data[lo - start : hi - start]
+        return None
+
+
 class FsspecSource(ByteSource):
     """One object of an fsspec filesystem, read by range (see the module docstring).
 
@@ -137,55 +157,41 @@ class FsspecSource(ByteSource):
         self.name = self.url = url
         self.options = options if options is not None else SourceOptions()
         self.retries, self.backoff, self.identity_ttl = retries, backoff, identity_ttl
-        self.counters = RemoteCounters()
-        self._connection = ProcessLocal(self._connect)  # this process's filesystem and path
-        self._fs: Any = None
-        self._path = ""
-        self._opened: FileIdentity | None = None
-        self._seen: tuple[float, FileIdentity] | None = None
-        self._staged: list[tuple[int, bytes]] = []  # the last prefetch's blocks, by offset
+        self.counters = RemoteCounters()  # this process's requests, since it connected
+        self._connection = ProcessLocal(self._connect)
 
     # -- the filesystem and the object's metadata --------------------------------------------
-    def _connect(self) -> tuple[Any, str]:
-        return filesystem(self.url, self.options.storage_options)
+    def _connect(self) -> _Connection:
+        fs, path = filesystem(self.url, self.options.storage_options)
+        self.counters = RemoteCounters()
+        return _Connection(fs, path, self._stat(fs, path))
 
-    def _open(self) -> None:
-        if not self._connection.opened:  # a new process (or closed): its own filesystem
-            self._fs, self._path = self._connection.get()
-            self._seen, self._staged = None, []
-            self.counters = RemoteCounters()
-            self._opened = self._stat()
-
-    def _stat(self) -> FileIdentity:
+    def _stat(self, fs: Any, path: str) -> FileIdentity:
         def info() -> dict[str, Any]:
-            self._fs.invalidate_cache(self._path)  # a listing's entry may be older
-            got: dict[str, Any] = self._fs.info(self._path)
+            fs.invalidate_cache(path)  # a listing's entry may be older
+            got: dict[str, Any] = fs.info(path)
             return got
 
         meta = self._retried(info, "cannot get the object's metadata", None)
         if meta.get("type", "file") != "file":
             raise UnreadableFileError(self.url, f"is a {meta.get('type')}, not an object")
-        identity = _identity(meta)
-        self._seen = (time.monotonic(), identity)
-        return identity
+        return _identity(meta)
 
     @property
     def size(self) -> int:
-        self._open()
-        assert self._opened is not None
-        return self._opened.size
+        return self._connection.get().opened.size
 
     def identity(self) -> FileIdentity:
-        self._open()
-        seen = self._seen
-        if seen is not None and time.monotonic() - seen[0] <= self.identity_ttl:
+        here = self._connection.get()
+        seen = here.seen
+        if time.monotonic() - seen[0] <= self.identity_ttl:
             return seen[1]
-        return self._stat()
+        identity = self._stat(here.fs, here.path)
+        here.seen = (time.monotonic(), identity)
+        return identity
 
     def close(self) -> None:
         self._connection.close()
-        self._fs, self._opened, self._seen = None, None, None
-        self._staged = []
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -239,15 +245,15 @@ class FsspecSource(ByteSource):
 
     def _fetch(self, spans: Sequence[tuple[int, int]]) -> list[bytes]:
         """The bytes of each ``(lo, hi)`` (within the object), all requested at once."""
-        self._open()
+        here = self._connection.get()
         if len(spans) == 1:
             lo, hi = spans[0]
             data = self._retried(
-                lambda: self._fs.cat_file(self._path, start=lo, end=hi), "cannot read", (lo, hi)
+                lambda: here.fs.cat_file(here.path, start=lo, end=hi), "cannot read", (lo, hi)
             )
             out = [data]
         else:
-            out = self._retried(lambda: self._cat_ranges(spans), "cannot read", _cover(spans))
+            out = self._retried(lambda: self._cat_ranges(here, spans), "cannot read", _cover(spans))
         self.counters.requests += len(spans)
         self.counters.bytes += sum(len(d) for d in out)
         for (lo, hi), d in zip(spans, out, strict=True):
@@ -260,9 +266,9 @@ class FsspecSource(ByteSource):
                 )
         return out
 
-    def _cat_ranges(self, spans: Sequence[tuple[int, int]]) -> list[bytes]:
-        got = self._fs.cat_ranges(
-            [self._path] * len(spans),
+    def _cat_ranges(self, here: _Connection, spans: Sequence[tuple[int, int]]) -> list[bytes]:
+        got = here.fs.cat_ranges(
+            [here.path] * len(spans),
             [lo for lo, _ in spans],
             [hi for _, hi in spans],
             on_error="return",
@@ -277,7 +283,8 @@ class FsspecSource(ByteSource):
         and stage each range: the first read that falls inside it takes its bytes from there
         and unstages it (a staged range serves one read; the next prefetch drops the rest).
         More than :data:`STAGE_BYTES` in all is not staged."""
-        self._staged = []
+        here = self._connection.get()
+        here.staged = []
         if not ranges or sum(n for _, n in ranges) > STAGE_BYTES:
             return
         blocks = coalesce(ranges, COALESCE_GAP)
@@ -285,21 +292,15 @@ class FsspecSource(ByteSource):
         for (lo, _, members), block in zip(blocks, fetched, strict=True):
             for m in members:
                 offset, n = ranges[m]
-                self._staged.append((offset, block[offset - lo : offset - lo + n]))
-
-    def _from_staged(self, lo: int, hi: int) -> bytes | None:
-        for k, (start, data) in enumerate(self._staged):
-            if start <= lo and hi <= start + len(data):
-                del self._staged[k]
-                return data[lo - start : hi - start]
-        return None
+                here.staged.append((offset, block[offset - lo : offset - lo + n]))
 
     def _read(self, spans: Sequence[tuple[int, int]]) -> list[bytes]:
         """Bytes of ``spans`` (clipped to the object), through the block cache if one is set."""
-        size = self.size
+        here = self._connection.get()
+        size = here.opened.size
         spans = [(min(lo, size), min(hi, size)) for lo, hi in spans]
-        if self._staged and self._connection.opened and len(spans) == 1:
-            staged = self._from_staged(*spans[0])
+        if here.staged and len(spans) == 1:
+            staged = here.take_staged(*spans[0])
             if staged is not None:
                 return [staged]
         cache = self.options.block_cache
@@ -307,8 +308,7 @@ class FsspecSource(ByteSource):
             wanted = [s for s in spans if s[1] > s[0]]
             fetched = iter(self._fetch(wanted) if wanted else [])
             return [next(fetched) if hi > lo else b"" for lo, hi in spans]
-        assert self._opened is not None
-        key = f"{self.url}#{self._opened.etag}"
+        key = f"{self.url}#{here.opened.etag}"
         return [cache.read(key, size, lo, hi - lo, self._fetch) for lo, hi in spans]
 
     def read_at(self, offset: int, n: int) -> bytes:
