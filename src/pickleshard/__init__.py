@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from .pipelines.convert import ConvertReport, convert
     from .pipelines.split import SplitReport, split
     from .pipelines.verify import VerifyReport, verify
+    from .read.collate import collate
     from .samplers import BlockShuffleSampler, ShuffleSampler, sampler_state_from_loader
 
 # These import torch (when installed): load them on first use so `pickleshard index` and
@@ -37,6 +38,7 @@ _LAZY = {
     "verify": "pipelines.verify",
     "SplitReport": "pipelines.split",
     "split": "pipelines.split",
+    "collate": "read.collate",
 }
 # Old top-level names: still importable for one release, with a DeprecationWarning.
 _MOVED = {"write_synthetic": "pipelines.synth"}
@@ -78,6 +80,7 @@ __all__ = [
     "VerifyReport",
     "__version__",
     "build_index",
+    "collate",
     "convert",
     "inspect_file",
     "open_dataset",

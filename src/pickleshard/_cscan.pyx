@@ -923,6 +923,7 @@ from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from posix.stat cimport fstat, struct_stat
 from posix.uio cimport iovec, preadv
+from libc.stdlib cimport free, malloc
 from posix.unistd cimport pread
 
 SLOW = object()  # SpanLoader's answer when the caller must take its own (Python) path
@@ -934,6 +935,9 @@ cdef enum:  # how a field is read: read.plan's SPAN, ROW, ITEM, INT
     H_INT = 3
 
 cdef enum:
+    FILL_IOV = 1024  # IOV_MAX on Linux: the most pieces one preadv of fill_into gathers
+    FILL_GAP_MAX = 1 << 20  # the largest gap between spans fill_into reads through
+    FILL_READ_MAX = 1 << 26  # one preadv of fill_into stops growing here (Linux caps a read at 2 GiB)
     TPL_MAX = 512  # scan.model.MAX_TEMPLATE: an array item's framing outside its payload, at most
 
 
@@ -986,6 +990,92 @@ cdef class Framing:
                 if self._same(ub, self.tail, self.tlen, self.tm):
                     return True
         return False
+
+
+# -- copies out of a file's mapping that survive the file shrinking under them -------------------
+#
+# A mapped page past the end of a file that was cut short since it was mapped raises SIGBUS on
+# access. fill_items copies out of a mapping only inside ps_copy_guarded: SIGBUS there jumps
+# back out of the copy (the call returns -1 and the caller reads that sample its own way, which
+# names the error); SIGBUS anywhere else goes to the handler that was there before ours.
+
+cdef extern from *:
+    """
+    #include <setjmp.h>
+    #include <signal.h>
+    #include <string.h>
+    static __thread sigjmp_buf *volatile ps_jump = NULL;  /* volatile: the stores around the copy must happen */
+    static struct sigaction ps_previous;
+    static void ps_on_sigbus(int sig, siginfo_t *info, void *context) {
+        if (ps_jump != NULL) siglongjmp(*ps_jump, 1);
+        if (ps_previous.sa_flags & SA_SIGINFO) {
+            ps_previous.sa_sigaction(sig, info, context);
+        } else if (ps_previous.sa_handler != SIG_DFL && ps_previous.sa_handler != SIG_IGN) {
+            ps_previous.sa_handler(sig);
+        } else {
+            signal(sig, SIG_DFL);
+            raise(sig);
+        }
+    }
+    /* ours installed (again, when someone replaced it since: faulthandler does); -1: failed */
+    static int ps_guard_sigbus(void) {
+        struct sigaction now, ours;
+        if (sigaction(SIGBUS, NULL, &now) != 0) return -1;
+        if ((now.sa_flags & SA_SIGINFO) && now.sa_sigaction == ps_on_sigbus) return 0;
+        memset(&ours, 0, sizeof ours);
+        ours.sa_sigaction = ps_on_sigbus;
+        ours.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
+        sigemptyset(&ours.sa_mask);
+        return sigaction(SIGBUS, &ours, &ps_previous);
+    }
+    /* memcpy of n bytes each of k pieces (dst[j], src[j], n[j]); 0, or -1 on SIGBUS */
+    static int ps_copy_guarded(char **dst, const char **src, const size_t *n, Py_ssize_t k) {
+        sigjmp_buf here;
+        Py_ssize_t j;
+        if (sigsetjmp(here, 0)) { ps_jump = NULL; return -1; }
+        ps_jump = &here;
+        for (j = 0; j < k; j++) memcpy(dst[j], src[j], n[j]);
+        ps_jump = NULL;
+        return 0;
+    }
+    """
+    int ps_guard_sigbus() nogil
+    int ps_copy_guarded(char** dst, const char** src, const size_t* n, Py_ssize_t k) nogil
+
+
+cdef void _copy_mapped(
+    const unsigned char* base, unsigned char* buf, unsigned char* scratch, Py_ssize_t stride,
+    Py_ssize_t pre, Py_ssize_t row, Py_ssize_t m, const int64_t[:] starts,
+    const int64_t[:] ends, const int64_t[:] items, const int64_t[:] rowpos,
+    unsigned char[:] slow,
+) noexcept nogil:
+    """fill_items' reads out of a mapping: every item not ``slow`` copied (its framing into
+    ``scratch``), guarded; on SIGBUS every item is marked ``slow`` (read again by preadv)."""
+    cdef Py_ssize_t j, i, k = 0, after
+    cdef char** dst = <char**>malloc(3 * m * sizeof(char*))
+    cdef const char** src = <const char**>malloc(3 * m * sizeof(char*))
+    cdef size_t* n = <size_t*>malloc(3 * m * sizeof(size_t))
+    if dst == NULL or src == NULL or n == NULL:
+        k = -1
+    else:
+        for j in range(m):
+            if slow[j]:
+                continue
+            i = items[j]
+            after = ends[i] - starts[i] - pre - row
+            dst[k], src[k], n[k] = <char*>(scratch + j * stride), <const char*>(base + starts[i]), <size_t>pre
+            dst[k + 1], src[k + 1], n[k + 1] = <char*>(buf + rowpos[j] * row), <const char*>(base + starts[i] + pre), <size_t>row
+            dst[k + 2], src[k + 2] = <char*>(scratch + j * stride + TPL_MAX), <const char*>(base + starts[i] + pre + row)
+            n[k + 2] = <size_t>after
+            k += 3
+        if ps_copy_guarded(dst, src, n, k) != 0:
+            k = -1
+    if k < 0:
+        for j in range(m):
+            slow[j] = 1
+    free(dst)
+    free(src)
+    free(n)
 
 
 cdef class SpanLoader:
@@ -1069,7 +1159,7 @@ cdef class SpanLoader:
                 and st.st_ctim.tv_sec * <int64_t>1000000000 + st.st_ctim.tv_nsec != self.id_ctime)
             or (self.id_ino >= 0 and <uint64_t>st.st_ino != <uint64_t>self.id_ino)
         ):
-            raise self.stale(None, -1, [label] if labels is None else labels)
+            raise self.stale(None, -1, [label] if labels is None else [int(v) for v in labels])
         return 0
 
     def bound(self, int64_t limit, int64_t deepest, bint recursive, check):
@@ -1289,6 +1379,153 @@ cdef class SpanLoader:
             PyBuffer_Release(&view)
         return m
 
+    def fill_items(
+        self, int fd, rows, Framing fr, const int64_t[:] starts, const int64_t[:] ends,
+        const unsigned char[:] direct, const int64_t[:] items, const int64_t[:] rowpos,
+        const int64_t[:] labels, unsigned char[:] slow, Py_ssize_t gap=0,
+        const unsigned char[:] mapped=None,
+    ):
+        """Fill row ``rowpos[j]`` of ``rows`` (a C-contiguous ``(B, ...)`` batch buffer) with
+        the payload of array item ``items[j]`` (its span ``[starts[i], ends[i])`` of the field's
+        columns), for every ``j``, the bytes around each payload checked against ``fr`` (else
+        the ``stale`` error naming ``labels[j]``) once every read is done. The batch plan:
+        ``items`` come in offset order, and spans whose gap to the next is at most ``gap`` bytes
+        are read by one ``preadv`` (the gap into scratch); every read runs with the GIL
+        released. An item whose ``direct`` flag is 0 (``direct`` empty: every item's is 1) is
+        not read from its payload: it is marked in ``slow``, with every item after a read that
+        came short (the file ends first); the caller reads those its own way, which names the
+        error. Returns the number of items filled.
+
+        ``mapped``, the file mapped whole (``mmap``), is read by ``memcpy`` instead of
+        ``preadv`` (a page-cache copy without a system call per sample, as a memmap's fancy
+        index is): guarded, so a file cut short under the mapping marks the items ``slow``
+        instead of raising SIGBUS."""
+        cdef Py_ssize_t m = items.shape[0], nrows, row, j, g, nv, total, got, d, after, i
+        cdef Py_ssize_t pre = fr.hlen, short_at = -1, stride = 2 * TPL_MAX + 9
+        cdef Py_ssize_t n = starts.shape[0], filled
+        cdef Py_buffer view
+        cdef unsigned char* scratch = NULL
+        cdef unsigned char* gapbuf = NULL
+        cdef unsigned char* buf
+        cdef iovec* iov = NULL
+        cdef bint verify = self.verify
+        if rowpos.shape[0] != m or labels.shape[0] != m or ends.shape[0] != n:
+            raise ValueError(
+                f"{m} items, {rowpos.shape[0]} rows, {labels.shape[0]} labels; "
+                f"{n} starts, {ends.shape[0]} ends"
+            )
+        if gap < 0 or gap > FILL_GAP_MAX:
+            raise ValueError(f"gap must be within [0, {FILL_GAP_MAX}], got {gap}")
+        if m == 0:
+            return 0
+        nrows = len(rows)
+        PyObject_GetBuffer(rows, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
+        try:
+            if nrows == 0 or view.len % nrows:
+                raise ValueError(f"{view.len} bytes of rows for {nrows} rows")
+            row = view.len // nrows
+            buf = <unsigned char*>view.buf
+            if slow.shape[0] != m or (direct.shape[0] and direct.shape[0] != n):
+                raise ValueError(f"{slow.shape[0]} slow flags, {direct.shape[0]} direct, {n} spans")
+            for j in range(m):  # everything checked before the first read
+                i = items[j]
+                if not 0 <= i < n:
+                    raise IndexError(f"item {i} of {n}")
+                if direct.shape[0] and not direct[i]:
+                    slow[j] = 1
+                    continue
+                if not 0 <= rowpos[j] < nrows:
+                    raise IndexError(f"row {rowpos[j]} of {nrows}")
+                after = ends[i] - starts[i] - pre - row
+                if after < 0 or after > fr.tlen + 9:
+                    raise self.stale(
+                        "its span does not fit the array's framing", starts[i], [labels[j]]
+                    )
+            scratch = <unsigned char*>malloc(<size_t>(m * stride))
+            if scratch == NULL:
+                raise MemoryError()
+            if mapped is not None and mapped.shape[0]:
+                for j in range(m):
+                    if not slow[j] and ends[items[j]] > mapped.shape[0]:
+                        break  # grown since it was mapped: preadv reads it all
+                else:
+                    if ps_guard_sigbus() != 0:
+                        PyErr_SetFromErrno(OSError)
+                    with nogil:
+                        _copy_mapped(&mapped[0], buf, scratch, stride, pre, row, m, starts, ends, items, rowpos, slow)
+                    mapped = None  # done: the preadv loop below is skipped
+                    short_at = m
+            iov = <iovec*>malloc(FILL_IOV * sizeof(iovec))
+            gapbuf = <unsigned char*>malloc(<size_t>(gap if gap else 1))
+            if iov == NULL or gapbuf == NULL:
+                raise MemoryError()
+            with nogil:
+                j = m if short_at == m else 0
+                while j < m:
+                    if slow[j]:
+                        j += 1
+                        continue
+                    nv = total = 0
+                    g = j
+                    while True:
+                        i = items[g]
+                        after = ends[i] - starts[i] - pre - row
+                        iov[nv].iov_base, iov[nv].iov_len = scratch + g * stride, <size_t>pre
+                        iov[nv + 1].iov_base = buf + rowpos[g] * row
+                        iov[nv + 1].iov_len = <size_t>row
+                        iov[nv + 2].iov_base = scratch + g * stride + TPL_MAX
+                        iov[nv + 2].iov_len = <size_t>after
+                        nv += 3
+                        total += ends[i] - starts[i]
+                        if g + 1 >= m or slow[g + 1] or nv + 4 > FILL_IOV or total > FILL_READ_MAX:
+                            break
+                        d = starts[items[g + 1]] - ends[i]
+                        if d < 0 or d > gap:
+                            break
+                        if d:
+                            iov[nv].iov_base, iov[nv].iov_len = gapbuf, <size_t>d
+                            nv += 1
+                            total += d
+                        g += 1
+                    got = preadv(fd, iov, <int>nv, starts[items[j]])
+                    if got != total:
+                        short_at = j
+                        break
+                    j = g + 1
+                if short_at >= 0:
+                    for j in range(short_at, m):
+                        slow[j] = 1
+            g = m if short_at < 0 else short_at
+            filled = 0
+            if g == m:
+                short_at = -1
+            if verify:
+                for j in range(g):
+                    if slow[j]:
+                        continue
+                    i = items[j]
+                    after = ends[i] - starts[i] - pre - row
+                    if not fr.matches(scratch + j * stride, scratch + j * stride + TPL_MAX, after):
+                        raise self.stale(
+                            "the bytes around its array's payload (opcodes, dtype, shape, "
+                            "length) are not those indexed",
+                            starts[i],
+                            [labels[j]],
+                        )
+            for j in range(m):
+                filled += not slow[j]
+        finally:
+            PyBuffer_Release(&view)
+            free(scratch)
+            free(iov)
+            free(gapbuf)
+        return filled
+
+    def same_file(self, int fd, labels):
+        """Raise the ``stale`` error naming ``labels`` if the file open at ``fd`` is no longer
+        the one indexed (after :meth:`identify`; nothing before)."""
+        self._same_file(fd, labels, None)
+
     def load_sample(self, int fd, Py_ssize_t i, bint check=False, name=None):
         """Sample ``i`` as a tuple (after :meth:`plan`); or :data:`SLOW` with nothing counted
         (before any read, or after a short read: the file changed, the caller's path names
@@ -1378,6 +1615,18 @@ cdef class SpanLoader:
         else:
             self._count()
         return out
+
+
+def take_into(const int64_t[:] values, const int64_t[:] items, const int64_t[:] rows, int64_t[:] out):
+    """``out[rows[j]] = values[items[j]]`` for every ``j`` (a batch's int column from a file's
+    decoded one): one call where numpy takes two fancy indexings."""
+    cdef Py_ssize_t j, m = items.shape[0], n = values.shape[0], b = out.shape[0]
+    if rows.shape[0] != m:
+        raise ValueError(f"{m} items but {rows.shape[0]} rows")
+    for j in range(m):
+        if not (0 <= items[j] < n and 0 <= rows[j] < b):
+            raise IndexError(f"item {items[j]} of {n} into row {rows[j]} of {b}")
+        out[rows[j]] = values[items[j]]
 
 
 # -- the ArrayItem check's byte gather: the compiled twin of pickleshard.scan.fastpath.gathered --

@@ -13,8 +13,6 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
-import numpy as np
-
 try:  # a real torch Dataset when torch is there (isinstance checks, typing); plain class if not
     from torch.utils.data import Dataset as _DatasetBase
 except ImportError:  # pragma: no cover - exercised only without torch
@@ -29,6 +27,8 @@ from .io.listing import Source
 from .io.lru import CacheStats
 from .io.options import SourceOptions, source_options
 from .read import SpanFiles
+from .read.batchread import BatchReader
+from .read.collate import batch_allocator
 from .read.whole.cache import CacheBudget, WholeFileCache
 from .read.whole.load import load_layout
 from .read.whole.mapped import whole_loader
@@ -290,65 +290,41 @@ class PickleDataset(_DatasetBase[Any]):
         columns = self._file(pos).columns
         return self._finish(tuple([col[item] for col in columns]), pos, j)
 
-    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        """Fetch a batch, returned in request order. Indices are checked and put in (file,
-        item) order here, once: each file is visited once, span-read files through
-        :meth:`SpanReader.many` (their samples in item order, which is offset order), whole
-        files in order of first appearance, their samples in item order."""
-        wanted = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if not len(wanted):
-            return []
-        n = self._n
-        wanted = np.where(wanted < 0, wanted + n, wanted)
-        if int(wanted.min()) < 0 or int(wanted.max()) >= n:
-            for i in indices:
-                self._check(i)  # raises, naming the first index out of range
-        firsts = np.asarray(self._firsts, dtype=np.int64)
-        files = np.searchsorted(firsts, wanted, "right") - 1
-        items = wanted - firsts[files]
-        out: list[Any] = [None] * len(wanted)
-        order = np.lexsort((items, files))  # by file, then item: offset order within a file
-        ks, fs = order.tolist(), files[order].tolist()
-        its, labels = items[order].tolist(), wanted[order].tolist()
-        whole = False
-        a = 0
-        while a < len(ks):
-            pos, b = fs[a], a + 1
-            while b < len(ks) and fs[b] == pos:
-                b += 1
-            if not self._is_span[pos]:
-                whole = True
-            else:  # one by one or as a batch, as the reader sees fit
-                got = self._spans.many(pos, its[a:b], labels[a:b])  # bounds checked there
-                if self.transform is not None:
-                    got = [self.transform(v) for v in got]
-                for k, sample in zip(ks[a:b], got, strict=True):
-                    out[k] = sample
-            a = b
-        if not whole:
-            return out
-        _, first, inverse = np.unique(files, return_index=True, return_inverse=True)
-        # Whole files in order of first appearance (the order BlockShuffleSampler plans loads
-        # for), samples of a file in item order.
-        rank = np.argsort(np.argsort(first))[inverse]
-        columns: Any = None
-        current = -1
-        files_l, items_l, is_span = files.tolist(), items.tolist(), self._is_span
-        wanted_l = wanted.tolist()
-        for k in np.lexsort((items, rank)).tolist():
-            pos = files_l[k]
-            if is_span[pos]:
-                continue
-            if pos != current:
-                columns, current = self._file(pos).columns, pos
-            item = items_l[k]
-            out[k] = self._finish(tuple([col[item] for col in columns]), pos, wanted_l[k])
-        return out
+    def __getitems__(self, indices: Sequence[int]) -> Sequence[Any]:
+        """Samples ``indices``, in request order, read as one batch plan (see
+        :mod:`pickleshard.read.batchread`): a :class:`~pickleshard.read.batch.SampleBatch`
+        whose samples equal ``ds[i]``'s and whose columns :func:`pickleshard.collate` hands over
+        as the batch's tensors; with a ``transform``, a list of the transformed samples."""
+        batch = self._batches.read(indices, batch_allocator())
+        if self.transform is None:
+            return batch
+        return [self.transform(sample) for sample in batch]
+
+    @property
+    def _batches(self) -> BatchReader:
+        reader = self.__dict__.get("_batch_reader")
+        if reader is None:
+            reader = self._batch_reader = BatchReader(
+                self._firsts,
+                self._is_span,
+                self._spans,
+                self._file,
+                self._bounded,
+                len(self.fields),
+                self._n,
+            )
+        return reader
+
+    def _bounded(self, sample: Sample, pos: int, index: int) -> Sample:
+        policy = self.policy
+        check_sample(sample, self._paths[pos], index, policy.max_sample_bytes, policy.max_depth)
+        return sample
 
     def __getstate__(self) -> dict[str, Any]:
         # Spawned workers reopen the index by path; the cache and the span readers never travel.
         state = self.__dict__.copy()
         state["_cache"] = None
+        state.pop("_batch_reader", None)
         return state
 
     def __repr__(self) -> str:

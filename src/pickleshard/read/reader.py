@@ -52,19 +52,21 @@ from .plan import INT, ITEM, ReaderStats, ReadPlan
 from .planner import compile_plan, make_loader, settle_plan
 from .spans import SLOW, SpanFields
 
-__all__ = ["BATCH_READ_MIN", "SpanReader"]
+__all__ = ["BATCH_READ_MIN", "Opened", "SpanReader"]
 
 BATCH_READ_MIN = 16  # samples of one file that many() reads field by field (fewer: one by one)
 
 
-class _Opened:
+class Opened:
     """A reader's file as one process opened it: the source's descriptor (-1: none, a remote
-    or compressed source) and the compiled loader reading it (None: the Python path)."""
+    or compressed source), the compiled loader reading it (None: the Python path) and what
+    the batch path keeps for it (:class:`~pickleshard.read.batchread.FileFill`)."""
 
-    __slots__ = ("fd", "loader")
+    __slots__ = ("batch", "fd", "loader")
 
     def __init__(self, fd: int, loader: Any) -> None:
         self.fd, self.loader = fd, loader
+        self.batch: Any = None
 
 
 class SpanReader:
@@ -148,6 +150,15 @@ class SpanReader:
         """How this process reads each field of the file (None until its first read)."""
         return self._plan
 
+    def opened(self) -> tuple[Opened, ReadPlan]:
+        """The file as this process reads it, opened (its identity checked) on first use, and
+        its settled plan."""
+        here = self._here.get()
+        plan = self._plan
+        if plan is None:
+            plan = self._plan = self._settle()
+        return here, plan
+
     # -- the file -----------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -165,7 +176,7 @@ class SpanReader:
         state.update(_plan=None)  # the ProcessLocal travels without its value
         return state
 
-    def _open(self) -> _Opened:
+    def _open(self) -> Opened:
         """This process's view of the file (what :attr:`_here` holds): opened (its identity
         checked), caches emptied, the compiled loader built (and given the plan when there is
         one)."""
@@ -181,7 +192,7 @@ class SpanReader:
         loader = self._make_loader(fd)
         if self._plan is not None and self._plan.compiled:
             self._plan = compile_plan(self._plan, loader, self.scan, self.spans.definers)
-        return _Opened(fd, loader)
+        return Opened(fd, loader)
 
     def _check_opened(self) -> None:
         now = self.source.identity()
@@ -277,10 +288,7 @@ class SpanReader:
     ) -> list[tuple[Any, ...]]:
         """Samples at ``indices`` (in that order), equal to :meth:`read_sample` of each; a
         refused global names ``labels[k]`` for ``indices[k]`` (default: the index itself)."""
-        picked: Any = indices  # a sequence of ints; also an array of them, or one int
-        if isinstance(picked, (int, np.integer)):
-            picked = [picked]
-        wanted = np.asarray(picked, np.int64).reshape(-1)
+        wanted = np.asarray(indices, np.int64).reshape(-1)  # ints, an array of them, or one
         if not len(wanted):
             return []
         n = self._n
@@ -330,19 +338,17 @@ class SpanReader:
         block (each sample gets a view of its row), small ints come from the decoded column."""
         if not items:
             return []
-        here = self._here.get()
-        plan = self._plan
-        if plan is None:
-            plan = self._plan = self._settle()
-        if here.fd < 0:  # no descriptor (remote): the batch's ranges go out together
+        here, plan = self.opened()
+        fd, loader = here.fd, here.loader
+        if fd < 0:  # no descriptor (remote): the batch's ranges go out together
             try:
                 self.source.prefetch(self._ranges(plan, items))
             except PickleshardError as exc:  # named by the sample whose bytes it was reading
                 at = getattr(exc, "offset", None)
                 raise named(exc, self._label_at(at, items, labels)) from None
         if len(items) < BATCH_READ_MIN or not plan.by_field:
-            return self._each(here, plan, items, labels)
-        out = self._by_field(here.loader, plan, items, labels)
+            return self._each(loader, plan, items, labels)
+        out = self._by_field(loader, plan, items, labels)
         if self.verify:  # after the reads: a write that raced them has stamped the file by now
             self._check_same(labels)
         return self._bounded(out, labels)
@@ -383,16 +389,14 @@ class SpanReader:
         return tuple(out)
 
     def _each(
-        self, here: _Opened, plan: ReadPlan, items: list[int], labels: list[int]
+        self, loader: Any, plan: ReadPlan, items: list[int], labels: list[int]
     ) -> list[tuple[Any, ...]]:
         """Samples ``items`` one by one: by one compiled call when the plan is compiled, else
         by :meth:`_execute` each; the identity checked once after."""
         if plan.compiled:
-            loader = here.loader
+            fd = self._here.get().fd
             try:  # the compiled read checks the file's identity after the batch
-                return loader.load_samples(  # type: ignore[no-any-return]
-                    here.fd, items, labels, self._fallback
-                )
+                return loader.load_samples(fd, items, labels, self._fallback)  # type: ignore[no-any-return]
             except PickleshardError as exc:
                 raise named(exc, labels[loader.at]) from None
             except Exception as exc:  # bad bytes make the unpickler raise many types

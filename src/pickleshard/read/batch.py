@@ -1,0 +1,169 @@
+"""A batch of samples held by field: the buffers a batch read decodes into.
+
+:class:`SampleBatch` is what a dataset's ``__getitems__`` returns: a sequence of samples (so
+``default_collate`` and any code that iterates a batch keep working) whose values live in one
+:class:`BatchColumn` per field. A field whose samples are arrays of one dtype and shape lives in
+one ``(B, *shape)`` array, each sample a view of its row; a field of small ints in one int64
+array; any other field in a list. :func:`pickleshard.collate` turns the columns into the batch's
+tensors without touching a sample (see :mod:`pickleshard.read.collate`).
+
+A column is planned before the reads (:meth:`BatchColumn.arrays` when every file of the batch
+reads the field as arrays of that dtype and shape) and degrades to a list when a value that
+does not fit arrives (:meth:`BatchColumn.put`): the batch stays exact whatever the files hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, overload
+
+import numpy as np
+
+__all__ = ["ARRAYS", "INTS", "OBJECTS", "Allocate", "BatchColumn", "SampleBatch"]
+
+ARRAYS, INTS, OBJECTS = range(3)  # what a column holds: rows of one array, int64 values, values
+
+# (shape, dtype) -> a C-contiguous, writeable array of them (np.empty, or a shared-memory or
+# pinned buffer that becomes the batch's tensor as it is)
+Allocate = Callable[[tuple[int, ...], np.dtype[Any]], np.ndarray]
+
+
+def _numpy_empty(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+    return np.empty(shape, dtype)
+
+
+class BatchColumn:
+    """One field of a batch of ``size`` samples (see the module). ``data`` is the
+    ``(size, *shape)`` array (:data:`ARRAYS`), the int64 values (:data:`INTS`) or the list of
+    values (:data:`OBJECTS`); ``owner`` is what the allocator gave for an array column (a
+    tensor whose memory ``data`` is, or ``data`` itself)."""
+
+    __slots__ = ("data", "kind", "owner", "size")
+
+    def __init__(self, kind: int, data: Any, owner: Any = None) -> None:
+        self.kind, self.data, self.size = kind, data, len(data)
+        self.owner = data if owner is None else owner
+
+    @classmethod
+    def arrays(
+        cls,
+        size: int,
+        shape: tuple[int, ...],
+        dtype: np.dtype[Any],
+        allocate: Allocate | None = None,
+    ) -> BatchColumn:
+        """A column of ``size`` arrays of ``shape`` and ``dtype``, one buffer for them all."""
+        got = (allocate or _numpy_empty)((size, *shape), dtype)
+        data = np.asarray(got)
+        if data.shape != (size, *shape) or data.dtype != dtype or not data.flags.c_contiguous:
+            raise ValueError(f"the allocator gave {data.dtype} {data.shape}, not {dtype} {shape}")
+        return cls(ARRAYS, data, got)
+
+    @classmethod
+    def ints(cls, size: int) -> BatchColumn:
+        return cls(INTS, np.zeros(size, np.int64))
+
+    @classmethod
+    def objects(cls, size: int) -> BatchColumn:
+        return cls(OBJECTS, [None] * size)
+
+    def value(self, k: int) -> Any:
+        """Sample ``k``'s value as the sample read alone has it (an array row as a view)."""
+        if self.kind == ARRAYS:
+            return self.data[k, ...]
+        if self.kind == INTS:
+            return int(self.data[k])
+        return self.data[k]
+
+    def fits(self, value: Any) -> bool:
+        """Whether ``value`` can be held by this column as it is planned."""
+        if self.kind == OBJECTS:
+            return True
+        if self.kind == INTS:
+            return type(value) is int and -(1 << 63) <= value < 1 << 63
+        data = self.data
+        return (
+            type(value) is np.ndarray
+            and value.dtype == data.dtype
+            and value.dtype.byteorder == data.dtype.byteorder
+            and value.shape == data.shape[1:]
+            and value.flags.writeable
+        )
+
+    def put(self, k: int, value: Any) -> None:
+        """Set sample ``k``'s value, degrading the column to a list first if it does not fit."""
+        if not self.fits(value):
+            self.degrade()
+        self.data[k] = value  # an array is copied into its row
+
+    def put_rows(self, rows: np.ndarray, values: np.ndarray) -> None:
+        """Set the values of samples ``rows`` from an array of them (ints: int64 values)."""
+        if self.kind == OBJECTS:
+            for k, v in zip(rows.tolist(), values, strict=True):
+                self.put(k, v if values.dtype != np.int64 else int(v))
+        else:
+            self.data[rows] = values
+
+    def degrade(self) -> None:
+        """Hold the values in a list from now on (each array value a view of its row)."""
+        if self.kind != OBJECTS:
+            self.data = [self.value(k) for k in range(self.size)]
+            self.kind, self.owner = OBJECTS, None
+
+
+class SampleBatch(Sequence[Any]):
+    """Samples of a batch, in request order, held by field (see the module).
+
+    ``batch[k]`` is sample ``k`` as ``ds[i]`` returns it (built by ``build`` from its field
+    values, a tuple by default); :attr:`columns` are the fields. :meth:`collated` puts the
+    collated fields together as ``default_collate`` does for such samples (``collated``: a
+    list for tuples).
+    """
+
+    __slots__ = ("build", "collated", "columns", "size")
+
+    def __init__(
+        self,
+        columns: list[BatchColumn],
+        size: int,
+        build: Callable[[tuple[Any, ...]], Any] = tuple,
+        collated: Callable[[list[Any]], Any] = list,
+    ) -> None:
+        self.columns, self.size, self.build, self.collated = columns, size, build, collated
+
+    def values(self, k: int) -> tuple[Any, ...]:
+        """Sample ``k``'s field values, as a tuple."""
+        return tuple([c.value(k) for c in self.columns])
+
+    def __len__(self) -> int:
+        return self.size
+
+    @overload
+    def __getitem__(self, k: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> list[Any]: ...
+
+    def __getitem__(self, k: int | slice) -> Any:
+        if isinstance(k, slice):
+            return [self[j] for j in range(*k.indices(self.size))]
+        if not -self.size <= k < self.size:
+            raise IndexError(f"sample {k} of a batch of {self.size}")
+        k = k + self.size if k < 0 else k
+        values = self.values(k)
+        return values if self.build is tuple else self.build(values)
+
+    def __iter__(self) -> Iterator[Any]:
+        return (self[k] for k in range(self.size))
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to a list or tuple of the same samples (as ``list(self) == other``)."""
+        if isinstance(other, SampleBatch | list | tuple):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        kinds = ", ".join(("arrays", "ints", "objects")[c.kind] for c in self.columns)
+        return f"SampleBatch(size={self.size}, columns=[{kinds}])"
