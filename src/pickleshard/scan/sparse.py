@@ -12,8 +12,9 @@ fetched at about one :data:`WINDOW` per sample.
 
 Windows are requested in batches (:meth:`~pickleshard.io.ByteSource.read_blocks`, concurrent
 for remote sources): after a jump, the next windows are predicted at the same stride (samples
-of one file are usually the same length), ``1, 2, 4, ... MAX_AHEAD`` of them while the
-predictions keep hitting; a miss costs one window. Windows closer together than the source's
+of one file are usually the same length), ``1, 2, 4, ... MAX_AHEAD`` of them: doubled each time
+the walk uses up the windows predicted, back to one when it lands between them (a wrong
+prediction); a miss costs one window. Windows closer together than the source's
 :meth:`~pickleshard.io.ByteSource.coalesce_gap` (a remote store's latency times bandwidth: the
 bytes one round trip is worth) go out as one request, kept whole.
 
@@ -112,6 +113,7 @@ def sparse_buffer(source: ByteSource) -> Any:
         return mirror
     win = _Windows(source, mirror, gap)
     pos, ahead, stride, last_jump = 0, 1, 0, -1
+    horizon = 0  # the end of the last window predicted
     near = skipped = 0  # misses in a row that followed a short skip; the skip that led to pos
     while pos < size:
         found = win.find(pos)
@@ -126,6 +128,7 @@ def sparse_buffer(source: ByteSource) -> Any:
             wanted = [(pos, WINDOW)]
             if stride > 0:  # the windows the same stride predicts, fetched with this one
                 wanted += [(pos + k * stride - SLACK, WINDOW) for k in range(1, ahead + 1)]
+                horizon = wanted[-1][0] + WINDOW
             win.fetch(wanted)
             found = win.find(pos)
             assert found is not None
@@ -144,8 +147,8 @@ def sparse_buffer(source: ByteSource) -> Any:
             if payload < SKIP:  # a short payload past the window: the scan may read it
                 win.fetch([(pos, nxt - pos)])
             elif last_jump >= 0:
-                hit = win.find(nxt) is not None
-                ahead = min(MAX_AHEAD, ahead * 2) if hit else 1
+                if win.find(nxt) is None:  # past what was predicted: predict further
+                    ahead = min(MAX_AHEAD, ahead * 2) if nxt >= horizon else 1
                 stride = nxt - last_jump
             if payload >= SKIP:
                 last_jump = nxt

@@ -48,7 +48,14 @@ from ..identity import FileIdentity
 from ..options import SourceOptions
 from .link import LinkEstimate, link_for
 
-__all__ = ["PROTOCOLS", "FsspecSource", "RemoteCounters", "filesystem", "is_url"]
+__all__ = [
+    "PROTOCOLS",
+    "FsspecSource",
+    "RemoteCounters",
+    "filesystem",
+    "is_url",
+    "remote_fetch_counts",
+]
 
 # the protocols registered with open_source (any other fsspec one: register_source(p, FsspecSource))
 PROTOCOLS = ("s3", "s3a", "gs", "gcs", "http", "https", "memory", "az", "abfs", "abfss", "hf")
@@ -64,6 +71,7 @@ STAGE_BYTES = 256 << 20  # a prefetch larger than this is not staged (read as as
 DOWNLOAD_WINDOW = 8 << 20  # a read longer than this goes out as windows of 8-16 MiB...
 MAX_WINDOW = 16 << 20
 IN_FLIGHT = 8  # ...this many requested at once (memory in flight: IN_FLIGHT * window)
+HEAD_BYTES = 64 << 10  # the head kept from the first read near offset 0 (at most size / 64)
 
 
 def is_url(where: str | os.PathLike[str]) -> bool:
@@ -136,12 +144,17 @@ class _Connection:
     """A remote object as one process sees it: its filesystem and path there, its identity
     when opened, the identity last seen (and when), and the last prefetch's staged blocks."""
 
-    __slots__ = ("fs", "opened", "path", "seen", "staged")
+    __slots__ = ("fs", "head", "opened", "path", "seen", "staged")
 
     def __init__(self, fs: Any, path: str, opened: FileIdentity) -> None:
         self.fs, self.path, self.opened = fs, path, opened
         self.seen = (time.monotonic(), opened)
         self.staged: list[tuple[int, bytes]] = []  # (offset, bytes) of the last prefetch
+        # the object's first bytes: sniffing, the header, the scan's first window share a trip
+        self.head: bytes | None = None
+
+    def head_length(self) -> int:
+        return min(HEAD_BYTES, max(4096, self.opened.size // 64), self.opened.size)
 
     def take_staged(self, lo: int, hi: int) -> bytes | None:
         """Bytes ``[lo, hi)`` from a staged block, which then serves no other read."""
@@ -340,6 +353,11 @@ class FsspecSource(ByteSource):
             if staged is not None:
                 return [staged]
         cache = self.options.block_cache
+        if cache is None and len(spans) == 1 and spans[0][1] <= here.head_length():
+            if here.head is None:  # one request for every small read of the head
+                here.head = self._fetch([(0, here.head_length())])[0]
+            lo, hi = spans[0]
+            return [here.head[lo:hi]]
         if cache is None:
             wanted = [s for s in spans if s[1] > s[0]]
             fetched = iter(self._fetch(wanted) if wanted else [])
@@ -383,6 +401,12 @@ class FsspecSource(ByteSource):
 
     def __repr__(self) -> str:  # the URL only: options may hold credentials
         return f"FsspecSource({self.url!r})"
+
+
+def remote_fetch_counts(source: ByteSource) -> dict[str, int | float]:
+    """What ``source`` fetched in this process (:meth:`RemoteCounters.as_json`) when it is a
+    remote object; ``{}`` for any other source (its bytes are ``/proc/self/io``'s to count)."""
+    return source.counters.as_json() if isinstance(source, FsspecSource) else {}
 
 
 def _cover(spans: Sequence[tuple[int, int]]) -> tuple[int, int]:
