@@ -71,7 +71,6 @@ STAGE_BYTES = 256 << 20  # a prefetch larger than this is not staged (read as as
 DOWNLOAD_WINDOW = 8 << 20  # a read longer than this goes out as windows of 8-16 MiB...
 MAX_WINDOW = 16 << 20
 IN_FLIGHT = 8  # ...this many requested at once (memory in flight: IN_FLIGHT * window)
-HEAD_BYTES = 64 << 10  # the head kept from the first read near offset 0 (at most size / 64)
 
 
 def is_url(where: str | os.PathLike[str]) -> bool:
@@ -144,17 +143,12 @@ class _Connection:
     """A remote object as one process sees it: its filesystem and path there, its identity
     when opened, the identity last seen (and when), and the last prefetch's staged blocks."""
 
-    __slots__ = ("fs", "head", "opened", "path", "seen", "staged")
+    __slots__ = ("fs", "opened", "path", "seen", "staged")
 
     def __init__(self, fs: Any, path: str, opened: FileIdentity) -> None:
         self.fs, self.path, self.opened = fs, path, opened
         self.seen = (time.monotonic(), opened)
         self.staged: list[tuple[int, bytes]] = []  # (offset, bytes) of the last prefetch
-        # the object's first bytes: sniffing, the header, the scan's first window share a trip
-        self.head: bytes | None = None
-
-    def head_length(self) -> int:
-        return min(HEAD_BYTES, max(4096, self.opened.size // 64), self.opened.size)
 
     def take_staged(self, lo: int, hi: int) -> bytes | None:
         """Bytes ``[lo, hi)`` from a staged block, which then serves no other read."""
@@ -353,11 +347,6 @@ class FsspecSource(ByteSource):
             if staged is not None:
                 return [staged]
         cache = self.options.block_cache
-        if cache is None and len(spans) == 1 and spans[0][1] <= here.head_length():
-            if here.head is None:  # one request for every small read of the head
-                here.head = self._fetch([(0, here.head_length())])[0]
-            lo, hi = spans[0]
-            return [here.head[lo:hi]]
         if cache is None:
             wanted = [s for s in spans if s[1] > s[0]]
             fetched = iter(self._fetch(wanted) if wanted else [])
