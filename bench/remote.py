@@ -18,6 +18,11 @@ bytes it sends. In one run, each row a shuffled epoch (one permutation, batches 
 
 moto reads a whole object for every ranged GET, so its rates fall with object size and say
 little about S3 itself; the bytes moved are exact, the rates are ratios on this machine.
+
+``--latency-ms 0,20,50`` adds the index rows (:mod:`bench.remote_index`): indexing a dense
+(12 KB samples) and a sparse (150 KB) dataset over the range server and moto's S3, each in its
+own process adding that latency to every request, against downloading the files whole;
+``--skip-epoch`` leaves the epoch rows above out.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from pickleshard.io import SourceOptions
 from pickleshard.pipelines.synth import write_synthetic
 from pickleshard.testing.servers import S3Server
 
+from .remote_index import index_lines, measure_index
 from .report import describe_machine, report_head, save_results
 
 __all__ = ["main"]
@@ -257,6 +263,10 @@ def _lines(raw: dict[str, Any], machine: dict[str, str]) -> list[str]:
     lines = report_head(
         "Remote data: a shuffled epoch from S3 (moto on 127.0.0.1) by byte range", machine
     )
+    if "index_rows" in raw:
+        lines += index_lines(raw)
+    if "rows" not in raw:
+        return lines
     lines += [
         "",
         f"Dataset: {raw['samples']} float32 (3, 112, 112) samples (150 KB), "
@@ -295,6 +305,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache-mib", type=int, default=256, help="block cache budget")
     p.add_argument("--block-kib", type=int, default=1024, help="block cache block size")
     p.add_argument("--litdata-path", default="", help="a folder to import litdata from")
+    p.add_argument(
+        "--latency-ms",
+        default="",
+        help="comma-separated latencies added per request: adds the index rows",
+    )
+    p.add_argument("--servers", default="http,s3", help="index rows: http, s3 or both")
+    p.add_argument("--repeats", type=int, default=2, help="index rows: runs per row (best)")
+    p.add_argument("--skip-epoch", action="store_true", help="only the index rows")
     p.add_argument("--out", type=Path, default=HERE / "results")
     p.add_argument("--name", default="issue15-remote")
     args = p.parse_args(argv)
@@ -302,7 +320,13 @@ def main(argv: list[str] | None = None) -> int:
         ["python", "-m", "bench", "remote", *(sys.argv[2:] if argv is None else argv)]
     )
     machine = describe_machine(command)
-    raw = _measure(args)
+    raw: dict[str, Any] = {}
+    if args.latency_ms:
+        latencies = [int(v) for v in args.latency_ms.split(",") if v.strip()]
+        servers = [s.strip() for s in args.servers.split(",") if s.strip()]
+        raw.update(measure_index(latencies, servers, args.repeats))
+    if not args.skip_epoch:
+        raw.update(_measure(args))
     raw["machine"] = machine
     save_results(args.out, args.name, _lines(raw, machine), raw)
     return 0

@@ -2,7 +2,10 @@
 
 The summary says what the scans examined (``bytes_examined``) and what storage delivered to
 the scanning processes (``bytes_fetched``, ``read_bytes`` of ``/proc/self/io`` around each
-file's scan: the index may be built in worker processes, each measures its own).
+file's scan: the index may be built in worker processes, each measures its own). For remote
+objects ``bytes_fetched`` is what the requests returned, and ``requests``,
+``requests_per_sample`` and ``fetch_seconds`` (the wait for them, summed over the files) are
+added; ``seconds`` is the build's wall time.
 """
 
 from __future__ import annotations
@@ -90,7 +93,22 @@ def _reads(files: Sequence[Any]) -> dict[str, Any]:
     every byte read; their bytes are ``whole_bytes``."""
     scans = [f.scan for f in files if f.mode == "span" and f.scan is not None]
     fetched = [s.get("bytes_fetched") for s in scans]
+    requests = [s.get("requests") for s in scans]  # remote objects: requests made, their wait
+    remote = (
+        {}
+        if None in requests or not scans
+        else {
+            "requests": sum(int(r) for r in requests),
+            "requests_per_sample": round(
+                sum(int(r) for r in requests)
+                / max(1, sum(f.num_samples for f in files if f.mode == "span")),
+                5,
+            ),
+            "fetch_seconds": round(sum(float(s.get("fetch_seconds", 0)) for s in scans), 3),
+        }
+    )
     return {
+        **remote,
         "span_bytes": sum(int(s["size"]) for s in scans),
         "bytes_examined": sum(int(s["bytes_read"]) for s in scans),
         "bytes_fetched": None if None in fetched else sum(int(f) for f in fetched),

@@ -26,6 +26,7 @@ from ..errors import NotSpanIndexableError, PickleshardError
 from ..index.files import FileEntry, fingerprint
 from ..io import ByteSource, open_source
 from ..io.options import SourceOptions
+from ..io.remote.source import remote_fetch_counts
 from ..picklekit.memoids import check_memo_ids
 from ..producers.foreign import foreign_scan
 from ..read import SpanReader
@@ -233,6 +234,6 @@ def describe_file(
         layout=scan.layout,
         fields=scan.fields,
         mode="span",
-        scan={**scan.meta(), "num_records": len(scan.records)},
+        scan={**scan.meta(), "num_records": len(scan.records), **remote_fetch_counts(source)},
     )
     return Described(entry, ext_keys=len(scan.ext_keys), records=len(scan.records))

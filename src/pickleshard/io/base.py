@@ -107,6 +107,12 @@ class ByteSource(ABC):
         source that can fetch many at once (concurrently) overrides this."""
         return [self.read_at(lo, hi - lo) for lo, hi, _ in blocks]
 
+    def coalesce_gap(self) -> int:
+        """Bytes between two ranges that cost less to read through than a second request: a
+        page here (:data:`COALESCE_GAP`); a remote source sizes it from its link's latency and
+        bandwidth."""
+        return COALESCE_GAP
+
     def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:  # noqa: B027 - a hint
         """Hint: the ``(offset, n)`` ranges are about to be read (a batch's samples); a remote
         source fetches them together, the default does nothing."""

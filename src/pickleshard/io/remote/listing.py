@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -101,7 +102,8 @@ def resolve_url(
 def resolve_urls(urls: Sequence[str], options: SourceOptions | None = None) -> ResolvedSource:
     """A list of object URLs as a resolved source; each must name an existing object (looked
     up with ``options``' storage options)."""
-    for url in urls:
+
+    def check(url: str) -> None:
         fs, path = filesystem(url, _storage(options))
         try:  # info, not isfile: HTTP's isfile is a GET of the whole object
             found = fs.info(path).get("type", "file") == "file"
@@ -111,6 +113,10 @@ def resolve_urls(urls: Sequence[str], options: SourceOptions | None = None) -> R
             raise _listing_error(url, exc) from None
         if not found:
             raise DatasetNotFoundError(url, "object")
+
+    # concurrently: one round trip for the list, not one per object (errors in list order)
+    with ThreadPoolExecutor(max_workers=min(16, max(1, len(urls)))) as pool:
+        list(pool.map(check, urls))
     return _from_objects("", list(urls))
 
 

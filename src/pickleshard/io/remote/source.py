@@ -20,6 +20,13 @@ holding a socket crosses a fork. A dropped connection, a timeout or a 5xx is ret
 names the URL and the byte range. A refusal (403, bad credentials) is raised at once, as one
 :class:`~pickleshard.errors.RemoteStorageError` saying so.
 
+A read of more than :data:`DOWNLOAD_WINDOW` bytes (a scan's dense file, a whole-file load) is
+fetched like a download: in windows of 8-16 MiB, :data:`IN_FLIGHT` requests at once, each written
+into place as it arrives. Every fetch is timed into the store's
+:class:`~pickleshard.io.remote.link.LinkEstimate`, from which :meth:`FsspecSource.coalesce_gap`
+says how far apart two ranges are worth one request; :attr:`FsspecSource.counters` counts this
+process's requests, bytes and seconds waiting for them.
+
 ``identity()`` is the object's size, ETag and last-modified time (fsspec's ``info``, refreshed
 at most every ``identity_ttl`` seconds: a read path checks identity after every batch, and one
 metadata request per batch would double the round trips).
@@ -39,8 +46,16 @@ from ..base import COALESCE_GAP, ByteSource, _check_range, coalesce, register_so
 from ..handles import ProcessLocal
 from ..identity import FileIdentity
 from ..options import SourceOptions
+from .link import LinkEstimate, link_for
 
-__all__ = ["PROTOCOLS", "FsspecSource", "RemoteCounters", "filesystem", "is_url"]
+__all__ = [
+    "PROTOCOLS",
+    "FsspecSource",
+    "RemoteCounters",
+    "filesystem",
+    "is_url",
+    "remote_fetch_counts",
+]
 
 # the protocols registered with open_source (any other fsspec one: register_source(p, FsspecSource))
 PROTOCOLS = ("s3", "s3a", "gs", "gcs", "http", "https", "memory", "az", "abfs", "abfss", "hf")
@@ -53,6 +68,9 @@ _FS_LOCK = threading.Lock()
 RETRIES = 5  # tries after the first, by default
 BACKOFF = 0.1  # seconds before the first retry, doubled each time
 STAGE_BYTES = 256 << 20  # a prefetch larger than this is not staged (read as asked instead)
+DOWNLOAD_WINDOW = 8 << 20  # a read longer than this goes out as windows of 8-16 MiB...
+MAX_WINDOW = 16 << 20
+IN_FLIGHT = 8  # ...this many requested at once (memory in flight: IN_FLIGHT * window)
 
 
 def is_url(where: str | os.PathLike[str]) -> bool:
@@ -104,11 +122,21 @@ def _refused(exc: BaseException) -> bool:
 
 
 class RemoteCounters:
-    """Requests this source made in this process and the bytes they returned."""
+    """Requests this source made in this process, the bytes they returned and the seconds
+    spent waiting for them (concurrent requests counted once: the wall time of each fetch)."""
 
     def __init__(self) -> None:
         self.requests = 0
         self.bytes = 0
+        self.seconds = 0.0
+
+    def as_json(self) -> dict[str, int | float]:
+        """``{"requests", "bytes_fetched", "fetch_seconds"}``: what an index records."""
+        return {
+            "requests": self.requests,
+            "bytes_fetched": self.bytes,
+            "fetch_seconds": round(self.seconds, 4),
+        }
 
 
 class _Connection:
@@ -243,9 +271,20 @@ class FsspecSource(ByteSource):
                 time.sleep(self.backoff * (2**attempt))
         raise AssertionError("unreachable")  # pragma: no cover
 
+    @property
+    def link(self) -> LinkEstimate:
+        """This process's estimate of the store's latency and bandwidth (shared by its objects)."""
+        return link_for(self.url)
+
+    def coalesce_gap(self) -> int:
+        """Bytes between two ranges cheaper to fetch than a second request: the store's
+        ``latency * bandwidth`` as measured (:meth:`LinkEstimate.gap`)."""
+        return self.link.gap()
+
     def _fetch(self, spans: Sequence[tuple[int, int]]) -> list[bytes]:
         """The bytes of each ``(lo, hi)`` (within the object), all requested at once."""
         here = self._connection.get()
+        t0 = time.perf_counter()
         if len(spans) == 1:
             lo, hi = spans[0]
             data = self._retried(
@@ -254,8 +293,12 @@ class FsspecSource(ByteSource):
             out = [data]
         else:
             out = self._retried(lambda: self._cat_ranges(here, spans), "cannot read", _cover(spans))
+        seconds = time.perf_counter() - t0
+        got = sum(len(d) for d in out)
         self.counters.requests += len(spans)
-        self.counters.bytes += sum(len(d) for d in out)
+        self.counters.bytes += got
+        self.counters.seconds += seconds
+        self.link.observe(len(spans), got, seconds)
         for (lo, hi), d in zip(spans, out, strict=True):
             if len(d) != hi - lo:
                 raise RemoteStorageError(
@@ -311,20 +354,48 @@ class FsspecSource(ByteSource):
         key = f"{self.url}#{here.opened.etag}"
         return [cache.read(key, size, lo, hi - lo, self._fetch) for lo, hi in spans]
 
-    def read_at(self, offset: int, n: int) -> bytes:
-        _check_range(offset, n)
-        return self._read([(offset, offset + n)])[0]
-
     def readinto_at(self, offset: int, view: memoryview) -> int:
-        data = self.read_at(offset, len(view))
+        _check_range(offset, len(view))
+        n = max(0, min(len(view), self.size - offset))
+        here = self._connection.get()
+        staged = here.take_staged(offset, offset + n) if here.staged else None
+        if staged is None and n > DOWNLOAD_WINDOW and self.options.block_cache is None:
+            return self._download(offset, view[:n])
+        data = self.read_at(offset, n) if staged is None else staged
         view[: len(data)] = data
         return len(data)
+
+    def _download(self, offset: int, view: memoryview) -> int:
+        """Fill ``view`` from ``offset`` as a download: windows of ``len(view) / IN_FLIGHT``
+        (8-16 MiB), :data:`IN_FLIGHT` requested at once, each copied into place on arrival."""
+        end = offset + len(view)
+        window = min(MAX_WINDOW, max(DOWNLOAD_WINDOW, -(-len(view) // IN_FLIGHT)))
+        spans = [(lo, min(lo + window, end)) for lo in range(offset, end, window)]
+        for k in range(0, len(spans), IN_FLIGHT):
+            batch = spans[k : k + IN_FLIGHT]
+            for (lo, hi), data in zip(batch, self._fetch(batch), strict=True):
+                view[lo - offset : hi - offset] = data
+        return len(view)
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        _check_range(offset, n)
+        if n <= DOWNLOAD_WINDOW or self.options.block_cache is not None:
+            return self._read([(offset, offset + n)])[0]
+        out = bytearray(max(0, min(n, self.size - offset)))
+        self.readinto_at(offset, memoryview(out))
+        return bytes(out)
 
     def read_blocks(self, blocks: Sequence[tuple[int, int, list[int]]]) -> list[bytes]:
         return self._read([(lo, hi) for lo, hi, _ in blocks])
 
     def __repr__(self) -> str:  # the URL only: options may hold credentials
         return f"FsspecSource({self.url!r})"
+
+
+def remote_fetch_counts(source: ByteSource) -> dict[str, int | float]:
+    """What ``source`` fetched in this process (:meth:`RemoteCounters.as_json`) when it is a
+    remote object; ``{}`` for any other source (its bytes are ``/proc/self/io``'s to count)."""
+    return source.counters.as_json() if isinstance(source, FsspecSource) else {}
 
 
 def _cover(spans: Sequence[tuple[int, int]]) -> tuple[int, int]:
