@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -54,10 +54,11 @@ from ...formats.base import DESCRIPTOR_NAME, FORMAT_NAME, FORMAT_VERSION, HASHES
 from ...formats.files import NO_SPACE, NpyWriter, atomic_write_json
 from ...formats.staging import Staging
 from ...io.listing import Source
-from ...io.remote.listing import without_credentials
+from ...mixing import MixedDataset, Policy
 from ...producers.plain import TRANSFORM_HINT
 from ...scan.layouts import LayoutChoice
 from ..inputs import source_dataset
+from ..mixed import MixInput, dataset_identity, mix_input, plan_positions
 from ..verify.run import verify as verify_output
 from .parts import PartJob, run_parts
 
@@ -111,23 +112,32 @@ def plan_parts(
     return parts
 
 
-def _identity(ds: PickleDataset, fmt: Format, shard_bytes: int) -> dict[str, Any]:
+def _identity(ds: PickleDataset | MixInput, fmt: Format, shard_bytes: int) -> dict[str, Any]:
+    if isinstance(ds, MixInput):  # a mix records each source's encoding with the source
+        source, encoding = ds.identity(), None
+    else:
+        source, encoding = dataset_identity(ds), ds.policy.encoding
     return {
-        "source": {
-            "root": without_credentials(os.fspath(ds.source.root)),  # written to the output
-            "fields": list(ds.fields),
-            "num_samples": len(ds),
-            "files": [
-                [f.path, f.size, f.mtime_ns, f.fingerprint, f.num_samples] for f in ds.index.files
-            ],
-        },
+        "source": source,
         "options": {
             "to": fmt.name,
             "format": fmt.options_key(),
             "shard_bytes": shard_bytes if fmt.uses_shard_bytes else None,
-            "encoding": ds.policy.encoding,
+            "encoding": encoding,
         },
     }
+
+
+def _job_count(jobs: int | None) -> int:
+    return max(1, jobs if jobs is not None else min(os.cpu_count() or 1, 8))
+
+
+def _sample_bytes(ds: PickleDataset | MixInput) -> int:
+    """The largest decoded size of a sample, by the index's estimate: sizes a read batch."""
+    if isinstance(ds, MixInput):
+        return ds.sample_bytes()
+    files = ds.index.files
+    return max((f.decoded_nbytes // max(1, f.num_samples) for f in files), default=1)
 
 
 def _finalize(
@@ -188,7 +198,7 @@ def _size_of(root: Path) -> int:
 
 def _stage_and_publish(
     stage: Staging,
-    ds: PickleDataset,
+    ds: PickleDataset | MixInput,
     fmt: Format,
     plan: Sequence[PartSpec],
     identity: dict[str, Any],
@@ -199,12 +209,11 @@ def _stage_and_publish(
     executor: ExecutorLike,
 ) -> int:
     """Write the parts not yet done, finalize, publish; the number of parts reused."""
-    files = ds.index.files
     with stage:
         reused = len(plan) if stage.finalized else len(stage.done)
         options = WriteOptions(tuple(ds.fields), len(ds), shard_bytes)
-        n_jobs = max(1, jobs if jobs is not None else min(os.cpu_count() or 1, 8))
-        per_sample = max((f.decoded_nbytes // max(1, f.num_samples) for f in files), default=1)
+        n_jobs = _job_count(jobs)
+        per_sample = _sample_bytes(ds)
         batch = int(np.clip(memory_bytes // n_jobs // 4 // max(1, per_sample), 1, _MAX_BATCH))
         job = PartJob(ds, fmt, stage.path, options, batch, None)
         todo = [] if stage.finalized else [p for p in plan if str(p.id) not in stage.done]
@@ -244,7 +253,7 @@ def _out_of_space(stage: Staging, parts: int, exc: OSError) -> OutputSpaceError:
 
 
 def convert(
-    source: Source | PickleDataset,
+    source: Source | PickleDataset | MixedDataset | Sequence[Any],
     out: str | os.PathLike[str],
     *,
     to: str | Format | type[Format] = "memmap",
@@ -263,6 +272,11 @@ def convert(
     transform: Callable[[Any], Any] | None = None,
     layout: LayoutChoice = "auto",
     storage_options: Mapping[str, Any] | None = None,
+    weights: Sequence[float] | None = None,
+    epoch_size: int | None = None,
+    policy: Policy = "repeat",
+    seed: int = 0,
+    tag: bool = False,
 ) -> ConvertReport:
     """Convert ``source`` to format ``to`` in directory ``out``; see the module docstring.
 
@@ -295,6 +309,14 @@ def convert(
     so are ``storage_options`` (a URL's credentials, endpoint...: they travel to the workers
     inside the pickled dataset, never into the output).
 
+    **A materialized mix** (``docs/mixing.md``): ``source`` a
+    :class:`~pickleshard.MixedDataset`, or ``weights`` given with a list of sources (each a
+    path as above, a folder holding a conversion, or a dataset; one source alone is a list of
+    one) and ``epoch_size``, ``policy``, ``seed`` and ``tag`` as ``MixedDataset`` takes them.
+    The output holds exactly the samples of the mix's epoch (0, or the one it is set to), in
+    its order: sample ``i`` is ``mix[i]`` (after ``transform``); its descriptor records the mix,
+    so ``verify`` rebuilds it from the same sources. Mix options without a mix raise ``ValueError``.
+
     Rerunning after a kill resumes; rerunning after success returns at once
     (``already_done``). Raises :class:`~pickleshard.errors.OutputPathError` if ``out`` cannot
     be written, :class:`~pickleshard.errors.OutputExistsError` if it holds something else,
@@ -312,21 +334,39 @@ def convert(
     if row_group_rows is not None:
         fmt = with_row_group_rows(fmt, row_group_rows)
     out_path = Path(out).absolute()
-    ds = source_dataset(
+    opening: dict[str, Any] = {
+        "trusted": trusted,
+        "allow_globals": allow_globals,
+        "encoding": encoding,
+        "jobs": jobs,
+        "progress": progress,
+        "allow": allow,
+        "layout": layout,
+        "storage_options": storage_options,
+    }
+    mix = mix_input(
         source,
-        trusted=trusted,
-        allow_globals=allow_globals,
-        encoding=encoding,
-        jobs=jobs,
-        progress=progress,
-        allow=allow,
+        weights=weights,
+        epoch_size=epoch_size,
+        policy=policy,
+        seed=seed,
+        tag=tag,
         transform=transform,
-        layout=layout,
-        storage_options=storage_options,
+        # a mix reads its sources' files out of order: a cache within the read budget helps
+        opening={**opening, "cache_bytes": memory_bytes // _job_count(jobs) // 4},
     )
+    if mix is None:  # one source, as before mixing existed
+        ds: PickleDataset | MixInput = source_dataset(
+            cast("Source | PickleDataset", source), transform=transform, **opening
+        )
+    else:
+        ds = mix
     identity = _identity(ds, fmt, shard_bytes)
-    files = ds.index.files
-    plan = plan_parts([f.num_samples for f in files], [f.size for f in files])
+    if isinstance(ds, MixInput):
+        plan = plan_positions(len(ds), MAX_PARTS)
+    else:
+        files = ds.index.files
+        plan = plan_parts([f.num_samples for f in files], [f.size for f in files])
     verified: int | None = None
     reused = 0
     done_already = _finished(out_path, identity, overwrite)
