@@ -171,9 +171,9 @@ def test_parallel_and_resumed_runs_write_the_same_bytes(
     assert convert(folders, tmp_path / "resumed", jobs=1, **mix_args).already_done
 
 
-def test_a_pickle_folder_mixes_with_a_converted_one(tmp_path: Path, folders: list[Path]) -> None:
+def test_a_list_of_files_mixes_with_a_converted_folder(tmp_path: Path, folders: list[Path]) -> None:
     convert(folders[1], tmp_path / "conv", jobs=1)
-    sources = [folders[0], tmp_path / "conv"]
+    sources = [sorted(folders[0].glob("*.pkl")), tmp_path / "conv"]  # a list of files is one
     convert(sources, tmp_path / "out", weights=[0.5, 0.5], epoch_size=80, seed=5, jobs=1)
     mix = MixedDataset(
         [PickleDataset(folders[0]), PickleDataset(folders[1])], [0.5, 0.5], epoch_size=80, seed=5

@@ -22,7 +22,9 @@ from ._common import (
 def run(args: argparse.Namespace) -> int:
 
     *sources, out = args.paths
-    if len(sources) > 1 and recorded_mix(out) is None:  # several sources: only a mix's
+    if (
+        len(sources) > 1 and recorded_mix(out, strict=False) is None
+    ):  # several sources: only a mix's
         args.parser.error(
             f"verify takes [SRC] OUT (SRC... OUT for a mix), got {len(args.paths)} paths"
         )

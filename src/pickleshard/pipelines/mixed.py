@@ -164,9 +164,15 @@ class MixInput:
 
 def _open_member(source: Any, opening: Mapping[str, Any]) -> Any:
     """A mix's source as a dataset: a dataset as is; a folder holding a conversion through
-    open_dataset; any other path (directory, glob, file, URL) as a PickleDataset."""
-    if not isinstance(source, str | os.PathLike):
+    open_dataset; any other path (directory, glob, file, URL) or list of files as a
+    PickleDataset."""
+    files = isinstance(source, list | tuple) and all(
+        isinstance(p, str | os.PathLike) for p in source
+    )
+    if not files and not isinstance(source, str | os.PathLike):
         return source
+    if files:
+        return PickleDataset(source, rebuild="auto", **opening)
     if (Path(source) / DESCRIPTOR_NAME).is_file():
         return open_dataset(source, shuffle=False)
     return PickleDataset(source, rebuild="auto", **opening)
@@ -208,10 +214,16 @@ def mix_input(
     return MixInput(mix, transform=transform)
 
 
-def recorded_mix(out: str | os.PathLike[str]) -> dict[str, Any] | None:
+def recorded_mix(out: str | os.PathLike[str], *, strict: bool = True) -> dict[str, Any] | None:
     """The mix a conversion in ``out`` was written from, as :meth:`MixInput.identity` recorded
-    it; None when it was written from one source (or records no identity)."""
-    identity = read_descriptor(out).get("identity")
+    it; None when it was written from one source (or records no identity). ``out`` not a
+    conversion: :class:`~pickleshard.errors.ConvertedDatasetError`, or None if not ``strict``."""
+    try:
+        identity = read_descriptor(out).get("identity")
+    except ConvertedDatasetError:
+        if strict:
+            raise
+        return None
     found = identity.get("source", {}).get(MIX_KEY) if isinstance(identity, dict) else None
     return found if isinstance(found, dict) else None
 

@@ -6,6 +6,8 @@ same way. How :func:`convert` runs:
 1. **Plan.** The source's files (as its index lists them) are grouped into *parts*: runs of
    consecutive files of about 1/64 of the dataset's bytes each (a bigger file is a part alone).
    The plan depends only on the source, so every run of the same command plans the same parts.
+   A mix (:mod:`pickleshard.pipelines.mixed`) is planned by its epoch's positions instead: about
+   64 runs of them, each at least 64 long.
 2. **Stage.** Everything is written under ``.<OUT name>.partial/`` next to ``OUT``:
    ``manifest.json`` (the source's identity, the options that shape the output, the plan, and
    the parts already final), ``parts/part-<id>/`` and a lock file.
@@ -26,14 +28,14 @@ Memory: each job holds the samples of one read batch, at most ``memory_bytes / j
 decoded data by the index's estimate (while whole-file reading is in use, the one decoded source
 file the batch comes from), plus write buffers of at most ~10 MiB per field (1 MiB file buffers
 and up to 65,536 pending shapes or lengths); finalizing streams through buffers of at most
-32 MiB (an LMDB transaction). Nothing grows with the number of samples or files.
+32 MiB (an LMDB transaction). Nothing grows with the number of samples or files. A mix's
+sources opened from paths read out of file order, so each keeps a whole-file cache of
+``memory_bytes / jobs / 4`` too.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import json
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -46,7 +48,7 @@ from tqdm.auto import tqdm
 
 from ..._version import __version__
 from ...dataset import PickleDataset
-from ...errors import OutputExistsError, OutputSpaceError, PickleshardError, UnencodableValueError
+from ...errors import PickleshardError, UnencodableValueError
 from ...executors import ExecutorLike, executor_session
 from ...formats import Format, PartResult, PartSpec, WriteOptions, get_format
 from ...formats.arrow.format import with_row_group_rows
@@ -60,6 +62,7 @@ from ...scan.layouts import LayoutChoice
 from ..inputs import source_dataset
 from ..mixed import MixInput, dataset_identity, mix_input, plan_positions
 from ..verify.run import verify as verify_output
+from .output import finished, out_of_space, size_of
 from .parts import PartJob, run_parts
 
 __all__ = [
@@ -165,37 +168,6 @@ def _finalize(
     atomic_write_json(staging / DESCRIPTOR_NAME, descriptor)
 
 
-def _finished(out: Path, identity: dict[str, Any], overwrite: bool) -> bool:
-    """True if ``out`` already holds this conversion; raise if it holds something else."""
-    if not os.path.lexists(out):
-        return False
-    if not out.is_dir():
-        raise OutputExistsError(out, "exists and is not a directory; choose another output path")
-    desc_path = out / DESCRIPTOR_NAME
-    if desc_path.is_file():
-        try:
-            if json.loads(desc_path.read_text()).get("identity") == identity:
-                return True
-        except (OSError, ValueError):
-            pass
-        if overwrite:
-            return False
-        raise OutputExistsError(
-            out,
-            "holds a conversion of another source or with other options; pass "
-            "overwrite=True (CLI: --overwrite) to replace it",
-        )
-    if any(out.iterdir()):
-        raise OutputExistsError(
-            out, "exists and is not a pickleshard conversion; refusing to write into it"
-        )
-    return False
-
-
-def _size_of(root: Path) -> int:
-    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
-
-
 def _stage_and_publish(
     stage: Staging,
     ds: PickleDataset | MixInput,
@@ -232,24 +204,6 @@ def _stage_and_publish(
                 raise
         stage.publish()
     return reused
-
-
-def _out_of_space(stage: Staging, parts: int, exc: OSError) -> OutputSpaceError:
-    """The error for a full output file system: what is kept, and that a rerun resumes."""
-    kept = _size_of(stage.path) if stage.path.is_dir() else 0
-    what = "no space left on device" if exc.errno == errno.ENOSPC else "disk quota exceeded"
-    step = (
-        f"while merging the {parts} finished parts"
-        if len(stage.done) == parts
-        else f"after writing {len(stage.done)} of {parts} parts"
-    )
-    err = OutputSpaceError(
-        stage.out,
-        f"{what} {step} ({kept / 1e6:.1f} MB kept in {stage.path}); free space and rerun the "
-        "same command to resume",
-    )
-    err.errno = exc.errno
-    return err
 
 
 def convert(
@@ -369,7 +323,7 @@ def convert(
         plan = plan_parts([f.num_samples for f in files], [f.size for f in files])
     verified: int | None = None
     reused = 0
-    done_already = _finished(out_path, identity, overwrite)
+    done_already = finished(out_path, identity, overwrite)
     with executor_session(executor, jobs) as executor:  # one cluster for parts and verify
         if not done_already:
             stage = Staging(out_path, identity, plan)
@@ -392,7 +346,7 @@ def convert(
             except OSError as exc:
                 if isinstance(exc, PickleshardError) or exc.errno not in NO_SPACE:
                     raise
-                raise _out_of_space(stage, len(plan), exc) from None
+                raise out_of_space(stage, len(plan), exc) from None
         if verify:
             verified = verify_output(None, out_path, progress=progress, executor=executor).checked
     return ConvertReport(
@@ -403,6 +357,6 @@ def convert(
         parts_reused=reused,
         already_done=done_already,
         seconds=time.perf_counter() - t0,
-        bytes_written=_size_of(out_path),
+        bytes_written=size_of(out_path),
         verified=verified,
     )
