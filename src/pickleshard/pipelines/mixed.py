@@ -169,13 +169,12 @@ def _open_member(source: Any, opening: Mapping[str, Any]) -> Any:
     files = isinstance(source, list | tuple) and all(
         isinstance(p, str | os.PathLike) for p in source
     )
-    if not files and not isinstance(source, str | os.PathLike):
-        return source
-    if files:
-        return PickleDataset(source, rebuild="auto", **opening)
-    if (Path(source) / DESCRIPTOR_NAME).is_file():
+    path = isinstance(source, str | os.PathLike)
+    if path and (Path(source) / DESCRIPTOR_NAME).is_file():
         return open_dataset(source, shuffle=False)
-    return PickleDataset(source, rebuild="auto", **opening)
+    if path or files:
+        return PickleDataset(source, rebuild="auto", **opening)
+    return source  # a dataset
 
 
 def mix_input(
