@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from typing import Any
 
 from ..formats.registry import available_formats
+from ..mixing import POLICIES
 from ..pipelines.convert.run import convert
 from . import COMMANDS
 from ._common import (
@@ -20,6 +22,62 @@ from ._common import (
 )
 
 
+def parse_weights(text: str) -> list[float]:
+    """``"0.7,0.3"`` -> proportions; ``"5000,2000"`` -> ints (absolute counts per epoch)."""
+    try:
+        values = [float(w) if any(c in w for c in ".eE") else int(w) for w in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or any(not math.isfinite(w) or w < 0 for w in values) or not sum(values) > 0:
+        raise argparse.ArgumentTypeError(
+            f"expected numbers >= 0 with a positive sum, one per source, such as 0.7,0.3 "
+            f"(proportions) or 5000,2000 (samples per epoch), got {text!r}"
+        )
+    return values
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return int(text)
+
+
+def _mix_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """convert's mix keywords from the flags; a usage error for flags that cannot apply."""
+    sources = args.source
+    if args.weights is None:
+        if len(sources) > 1:
+            args.parser.error(
+                f"{len(sources)} sources given: mixing them needs --weights W1,...,W"
+                f"{len(sources)} (one per source); to convert several files as one dataset, pass "
+                "their directory or a quoted glob"
+            )
+        given = [
+            flag
+            for flag, value in (
+                ("--epoch-size", args.epoch_size),
+                ("--seed", args.seed),
+                ("--when-exhausted", args.when_exhausted),
+            )
+            if value is not None
+        ] + ["--tag"] * args.tag
+        if given:
+            args.parser.error(f"{', '.join(given)} apply to a mix: give --weights")
+        return {}
+    if len(args.weights) != len(sources):
+        args.parser.error(
+            f"{len(sources)} source(s) but {len(args.weights)} weights in --weights; give one "
+            "per source, in order"
+        )
+    return {
+        "weights": args.weights,
+        "epoch_size": args.epoch_size,
+        "policy": args.when_exhausted or "repeat",
+        "seed": args.seed or 0,
+        "tag": args.tag,
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     sizes = {
         k: v
@@ -30,8 +88,9 @@ def run(args: argparse.Namespace) -> int:
         )
         if v is not None
     }
+    mix = _mix_kwargs(args)
     report = convert(
-        args.source,
+        args.source if mix else args.source[0],
         args.out,
         to=args.to,
         jobs=args.jobs,
@@ -41,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         executor=args.executor,
         layout=args.layout,
         storage_options=storage_options(args),
+        **mix,
         **sizes,
         **safety_kwargs(args),  # type: ignore[arg-type]
     )
@@ -74,7 +134,13 @@ def run(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     s = sub.add_parser("convert", help=COMMANDS["convert"])
-    s.add_argument("source", help="directory, glob or pickle file")
+    s.add_argument(
+        "source",
+        nargs="+",
+        metavar="SRC",
+        help="directory, glob or pickle file; several, with --weights, to write a mix of them "
+        "(a folder holding a conversion mixes too)",
+    )
     s.add_argument("out", help="output directory (complete or absent; rerun to resume)")
     s.add_argument(
         "--to",
@@ -110,7 +176,43 @@ def register(sub: Any) -> None:
     s.add_argument("--verify", action="store_true", help="read every sample back and compare")
     s.add_argument("--overwrite", action="store_true", help="replace an existing conversion")
     s.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
+    add_mix_flags(s)
     add_executor_flag(s)
     add_safety_flags(s)
     add_layout_flag(s)
-    s.set_defaults(handler=run)
+    s.set_defaults(handler=run, parser=s)
+
+
+def add_mix_flags(s: argparse.ArgumentParser) -> None:
+    """The flags that make the output one epoch of a MixedDataset (docs/mixing.md)."""
+    g = s.add_argument_group(
+        "mixing several sources",
+        "write one epoch of a weighted mix of the SRCs, in its shuffled order (docs/mixing.md)",
+    )
+    g.add_argument(
+        "--weights",
+        type=parse_weights,
+        default=None,
+        metavar="W1,W2,...",
+        help="one per SRC: proportions (0.7,0.3) of --epoch-size, or, as whole numbers "
+        "without --epoch-size, samples per epoch (5000,2000)",
+    )
+    g.add_argument(
+        "--epoch-size",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="samples in the output (default: the sum of whole-number weights, or the "
+        "sources' total size)",
+    )
+    g.add_argument("--seed", type=int, default=None, help="the mix's seed (default 0)")
+    g.add_argument(
+        "--when-exhausted",
+        choices=POLICIES,
+        default=None,
+        help="what follows a source's last unused sample: another pass in a fresh order "
+        "(repeat, the default), draws with replacement (resample) or an error (stop)",
+    )
+    g.add_argument(
+        "--tag", action="store_true", help="add each sample's source index as a field 'source'"
+    )

@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from ..pipelines.mixed import recorded_mix
 from ..pipelines.verify.run import verify
 from . import COMMANDS
 from ._common import (
@@ -20,9 +21,14 @@ from ._common import (
 
 def run(args: argparse.Namespace) -> int:
 
-    if len(args.paths) > 2:
-        args.parser.error(f"verify takes [SRC] OUT, got {len(args.paths)} paths")
-    source, out = (None, args.paths[0]) if len(args.paths) == 1 else args.paths
+    *sources, out = args.paths
+    if (
+        len(sources) > 1 and recorded_mix(out, strict=False) is None
+    ):  # several sources: only a mix's
+        args.parser.error(
+            f"verify takes [SRC] OUT (SRC... OUT for a mix), got {len(args.paths)} paths"
+        )
+    source = sources if len(sources) > 1 else sources[0] if sources else None
     report = verify(
         source,
         out,
@@ -56,10 +62,10 @@ def register(sub: Any) -> None:
     s = sub.add_parser(
         "verify",
         help=COMMANDS["verify"],
-        usage="pickleshard verify [-h] [SRC] OUT [--sample K] [--seed S] [--jobs N] "
+        usage="pickleshard verify [-h] [SRC...] OUT [--sample K] [--seed S] [--jobs N] "
         "[--executor E] [--json]",
     )
-    s.add_argument("paths", nargs="+", metavar="[SRC] OUT")
+    s.add_argument("paths", nargs="+", metavar="[SRC...] OUT")
     s.add_argument("--sample", type=int, default=None, metavar="K", help="check K random samples")
     s.add_argument("--seed", type=int, default=0, help="seed for --sample")
     s.add_argument(

@@ -2,7 +2,7 @@
 on any :mod:`executor <pickleshard.executors.local>` (a Dask cluster).
 
 :func:`write_part` reads a part's samples in batches of ``PartJob.batch`` through the source
-:class:`~pickleshard.PickleDataset`, hashes each (``hashes.bin``, for ``verify``) and hands it
+:class:`~pickleshard.PickleDataset` (or a mix's :class:`~pickleshard.pipelines.mixed.MixInput`), hashes each (``hashes.bin``, for ``verify``) and hands it
 to the format's :class:`~pickleshard.formats.PartWriter`, in a temporary directory renamed into
 place when complete; :func:`run_parts` runs the parts not yet done and records each in the
 staging manifest as it finishes. Planning, finalizing and publishing are
@@ -26,6 +26,7 @@ from ...formats import Format, PartSpec, WriteOptions
 from ...formats.encoding import encode_pss, sample_digest
 from ...formats.files import atomic_write_json
 from ...formats.staging import Staging
+from ..mixed import MixInput
 
 if TYPE_CHECKING:
     from ...dataset import PickleDataset
@@ -37,7 +38,7 @@ __all__ = ["PartJob", "run_parts", "write_part"]
 class PartJob:
     """What a part needs; installed in each worker once, at fork, instead of per task."""
 
-    dataset: PickleDataset
+    dataset: PickleDataset | MixInput
     fmt: Format
     staging: Path
     options: WriteOptions
@@ -60,19 +61,25 @@ def _run_installed(spec: PartSpec) -> dict[str, Any]:
     return write_part(_JOB, spec)
 
 
-def _source_file(ds: PickleDataset, i: int) -> Path:
+def _refused(ds: PickleDataset | MixInput, i: int, message: str) -> UnencodableValueError:
+    """The error for sample ``i`` of the input, naming its source file (and, in a mix, which
+    source's which sample it is)."""
+    if isinstance(ds, MixInput):
+        where, sample, what = ds.origin(i)
+        return UnencodableValueError(where, f"{what}: {message}", sample=sample)
     pos, _ = ds.index.locate(i)
-    return ds.source.absolute(ds.index.files[pos].path)
+    return UnencodableValueError(ds.source.absolute(ds.index.files[pos].path), message, sample=i)
 
 
-def _unencodable(ds: PickleDataset, i: int, sample: Any, exc: Exception) -> UnencodableValueError:
-    where = _source_file(ds, i)
+def _unencodable(
+    ds: PickleDataset | MixInput, i: int, sample: Any, exc: Exception
+) -> UnencodableValueError:
     for name, value in zip(ds.fields, sample, strict=False):
         try:
             encode_pss(value)
         except TypeError as err:
-            return UnencodableValueError(where, f"field {name!r}: {err}", sample=i)
-    return UnencodableValueError(where, str(exc), sample=i)
+            return _refused(ds, i, f"field {name!r}: {err}")
+    return _refused(ds, i, str(exc))
 
 
 def write_part(job: PartJob, spec: PartSpec) -> dict[str, Any]:
@@ -106,10 +113,8 @@ def _write_part_into(job: PartJob, spec: PartSpec, tmp: Path) -> dict[str, Any]:
             samples = ds.__getitems__(range(a, min(a + job.batch, spec.stop)))
             for i, sample in enumerate(samples, start=a):
                 if not isinstance(sample, tuple) or len(sample) != nfields:
-                    raise UnencodableValueError(
-                        _source_file(ds, i),
-                        f"expected a tuple of {nfields} fields, got {type(sample).__name__}",
-                        sample=i,
+                    raise _refused(
+                        ds, i, f"expected a tuple of {nfields} fields, got {type(sample).__name__}"
                     )
                 try:
                     hashes.write(sample_digest(sample))

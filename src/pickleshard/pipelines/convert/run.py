@@ -6,6 +6,8 @@ same way. How :func:`convert` runs:
 1. **Plan.** The source's files (as its index lists them) are grouped into *parts*: runs of
    consecutive files of about 1/64 of the dataset's bytes each (a bigger file is a part alone).
    The plan depends only on the source, so every run of the same command plans the same parts.
+   A mix (:mod:`pickleshard.pipelines.mixed`) is planned by its epoch's positions instead: about
+   64 runs of them, each at least 64 long.
 2. **Stage.** Everything is written under ``.<OUT name>.partial/`` next to ``OUT``:
    ``manifest.json`` (the source's identity, the options that shape the output, the plan, and
    the parts already final), ``parts/part-<id>/`` and a lock file.
@@ -26,27 +28,27 @@ Memory: each job holds the samples of one read batch, at most ``memory_bytes / j
 decoded data by the index's estimate (while whole-file reading is in use, the one decoded source
 file the batch comes from), plus write buffers of at most ~10 MiB per field (1 MiB file buffers
 and up to 65,536 pending shapes or lengths); finalizing streams through buffers of at most
-32 MiB (an LMDB transaction). Nothing grows with the number of samples or files.
+32 MiB (an LMDB transaction). Nothing grows with the number of samples or files. A mix's
+sources opened from paths read out of file order, so each keeps a whole-file cache of
+``memory_bytes / jobs / 4`` too.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import json
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from ..._version import __version__
 from ...dataset import PickleDataset
-from ...errors import OutputExistsError, OutputSpaceError, PickleshardError, UnencodableValueError
+from ...errors import PickleshardError, UnencodableValueError
 from ...executors import ExecutorLike, executor_session
 from ...formats import Format, PartResult, PartSpec, WriteOptions, get_format
 from ...formats.arrow.format import with_row_group_rows
@@ -54,11 +56,13 @@ from ...formats.base import DESCRIPTOR_NAME, FORMAT_NAME, FORMAT_VERSION, HASHES
 from ...formats.files import NO_SPACE, NpyWriter, atomic_write_json
 from ...formats.staging import Staging
 from ...io.listing import Source
-from ...io.remote.listing import without_credentials
+from ...mixing import MixedDataset, Policy
 from ...producers.plain import TRANSFORM_HINT
 from ...scan.layouts import LayoutChoice
 from ..inputs import source_dataset
+from ..mixed import MixInput, dataset_identity, mix_input, plan_positions
 from ..verify.run import verify as verify_output
+from .output import finished, out_of_space, size_of
 from .parts import PartJob, run_parts
 
 __all__ = [
@@ -111,23 +115,32 @@ def plan_parts(
     return parts
 
 
-def _identity(ds: PickleDataset, fmt: Format, shard_bytes: int) -> dict[str, Any]:
+def _identity(ds: PickleDataset | MixInput, fmt: Format, shard_bytes: int) -> dict[str, Any]:
+    if isinstance(ds, MixInput):  # a mix records each source's encoding with the source
+        source, encoding = ds.identity(), None
+    else:
+        source, encoding = dataset_identity(ds), ds.policy.encoding
     return {
-        "source": {
-            "root": without_credentials(os.fspath(ds.source.root)),  # written to the output
-            "fields": list(ds.fields),
-            "num_samples": len(ds),
-            "files": [
-                [f.path, f.size, f.mtime_ns, f.fingerprint, f.num_samples] for f in ds.index.files
-            ],
-        },
+        "source": source,
         "options": {
             "to": fmt.name,
             "format": fmt.options_key(),
             "shard_bytes": shard_bytes if fmt.uses_shard_bytes else None,
-            "encoding": ds.policy.encoding,
+            "encoding": encoding,
         },
     }
+
+
+def _job_count(jobs: int | None) -> int:
+    return max(1, jobs if jobs is not None else min(os.cpu_count() or 1, 8))
+
+
+def _sample_bytes(ds: PickleDataset | MixInput) -> int:
+    """The largest decoded size of a sample, by the index's estimate: sizes a read batch."""
+    if isinstance(ds, MixInput):
+        return ds.sample_bytes()
+    files = ds.index.files
+    return max((f.decoded_nbytes // max(1, f.num_samples) for f in files), default=1)
 
 
 def _finalize(
@@ -155,40 +168,9 @@ def _finalize(
     atomic_write_json(staging / DESCRIPTOR_NAME, descriptor)
 
 
-def _finished(out: Path, identity: dict[str, Any], overwrite: bool) -> bool:
-    """True if ``out`` already holds this conversion; raise if it holds something else."""
-    if not os.path.lexists(out):
-        return False
-    if not out.is_dir():
-        raise OutputExistsError(out, "exists and is not a directory; choose another output path")
-    desc_path = out / DESCRIPTOR_NAME
-    if desc_path.is_file():
-        try:
-            if json.loads(desc_path.read_text()).get("identity") == identity:
-                return True
-        except (OSError, ValueError):
-            pass
-        if overwrite:
-            return False
-        raise OutputExistsError(
-            out,
-            "holds a conversion of another source or with other options; pass "
-            "overwrite=True (CLI: --overwrite) to replace it",
-        )
-    if any(out.iterdir()):
-        raise OutputExistsError(
-            out, "exists and is not a pickleshard conversion; refusing to write into it"
-        )
-    return False
-
-
-def _size_of(root: Path) -> int:
-    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
-
-
 def _stage_and_publish(
     stage: Staging,
-    ds: PickleDataset,
+    ds: PickleDataset | MixInput,
     fmt: Format,
     plan: Sequence[PartSpec],
     identity: dict[str, Any],
@@ -199,12 +181,11 @@ def _stage_and_publish(
     executor: ExecutorLike,
 ) -> int:
     """Write the parts not yet done, finalize, publish; the number of parts reused."""
-    files = ds.index.files
     with stage:
         reused = len(plan) if stage.finalized else len(stage.done)
         options = WriteOptions(tuple(ds.fields), len(ds), shard_bytes)
-        n_jobs = max(1, jobs if jobs is not None else min(os.cpu_count() or 1, 8))
-        per_sample = max((f.decoded_nbytes // max(1, f.num_samples) for f in files), default=1)
+        n_jobs = _job_count(jobs)
+        per_sample = _sample_bytes(ds)
         batch = int(np.clip(memory_bytes // n_jobs // 4 // max(1, per_sample), 1, _MAX_BATCH))
         job = PartJob(ds, fmt, stage.path, options, batch, None)
         todo = [] if stage.finalized else [p for p in plan if str(p.id) not in stage.done]
@@ -225,26 +206,8 @@ def _stage_and_publish(
     return reused
 
 
-def _out_of_space(stage: Staging, parts: int, exc: OSError) -> OutputSpaceError:
-    """The error for a full output file system: what is kept, and that a rerun resumes."""
-    kept = _size_of(stage.path) if stage.path.is_dir() else 0
-    what = "no space left on device" if exc.errno == errno.ENOSPC else "disk quota exceeded"
-    step = (
-        f"while merging the {parts} finished parts"
-        if len(stage.done) == parts
-        else f"after writing {len(stage.done)} of {parts} parts"
-    )
-    err = OutputSpaceError(
-        stage.out,
-        f"{what} {step} ({kept / 1e6:.1f} MB kept in {stage.path}); free space and rerun the "
-        "same command to resume",
-    )
-    err.errno = exc.errno
-    return err
-
-
 def convert(
-    source: Source | PickleDataset,
+    source: Source | PickleDataset | MixedDataset | Sequence[Any],
     out: str | os.PathLike[str],
     *,
     to: str | Format | type[Format] = "memmap",
@@ -263,6 +226,11 @@ def convert(
     transform: Callable[[Any], Any] | None = None,
     layout: LayoutChoice = "auto",
     storage_options: Mapping[str, Any] | None = None,
+    weights: Sequence[float] | None = None,
+    epoch_size: int | None = None,
+    policy: Policy = "repeat",
+    seed: int = 0,
+    tag: bool = False,
 ) -> ConvertReport:
     """Convert ``source`` to format ``to`` in directory ``out``; see the module docstring.
 
@@ -295,6 +263,14 @@ def convert(
     so are ``storage_options`` (a URL's credentials, endpoint...: they travel to the workers
     inside the pickled dataset, never into the output).
 
+    **A materialized mix** (``docs/mixing.md``): ``source`` a
+    :class:`~pickleshard.MixedDataset`, or ``weights`` given with a list of sources (each a
+    path as above, a folder holding a conversion, or a dataset; one source alone is a list of
+    one) and ``epoch_size``, ``policy``, ``seed`` and ``tag`` as ``MixedDataset`` takes them.
+    The output holds exactly the samples of the mix's epoch (0, or the one it is set to), in
+    its order: sample ``i`` is ``mix[i]`` (after ``transform``); its descriptor records the mix,
+    so ``verify`` rebuilds it from the same sources. Mix options without a mix raise ``ValueError``.
+
     Rerunning after a kill resumes; rerunning after success returns at once
     (``already_done``). Raises :class:`~pickleshard.errors.OutputPathError` if ``out`` cannot
     be written, :class:`~pickleshard.errors.OutputExistsError` if it holds something else,
@@ -312,24 +288,42 @@ def convert(
     if row_group_rows is not None:
         fmt = with_row_group_rows(fmt, row_group_rows)
     out_path = Path(out).absolute()
-    ds = source_dataset(
+    opening: dict[str, Any] = {
+        "trusted": trusted,
+        "allow_globals": allow_globals,
+        "encoding": encoding,
+        "jobs": jobs,
+        "progress": progress,
+        "allow": allow,
+        "layout": layout,
+        "storage_options": storage_options,
+    }
+    mix = mix_input(
         source,
-        trusted=trusted,
-        allow_globals=allow_globals,
-        encoding=encoding,
-        jobs=jobs,
-        progress=progress,
-        allow=allow,
+        weights=weights,
+        epoch_size=epoch_size,
+        policy=policy,
+        seed=seed,
+        tag=tag,
         transform=transform,
-        layout=layout,
-        storage_options=storage_options,
+        # a mix reads its sources' files out of order: a cache within the read budget helps
+        opening={**opening, "cache_bytes": memory_bytes // _job_count(jobs) // 4},
     )
+    if mix is None:  # one source, as before mixing existed
+        ds: PickleDataset | MixInput = source_dataset(
+            cast("Source | PickleDataset", source), transform=transform, **opening
+        )
+    else:
+        ds = mix
     identity = _identity(ds, fmt, shard_bytes)
-    files = ds.index.files
-    plan = plan_parts([f.num_samples for f in files], [f.size for f in files])
+    if isinstance(ds, MixInput):
+        plan = plan_positions(len(ds), MAX_PARTS)
+    else:
+        files = ds.index.files
+        plan = plan_parts([f.num_samples for f in files], [f.size for f in files])
     verified: int | None = None
     reused = 0
-    done_already = _finished(out_path, identity, overwrite)
+    done_already = finished(out_path, identity, overwrite)
     with executor_session(executor, jobs) as executor:  # one cluster for parts and verify
         if not done_already:
             stage = Staging(out_path, identity, plan)
@@ -352,7 +346,7 @@ def convert(
             except OSError as exc:
                 if isinstance(exc, PickleshardError) or exc.errno not in NO_SPACE:
                     raise
-                raise _out_of_space(stage, len(plan), exc) from None
+                raise out_of_space(stage, len(plan), exc) from None
         if verify:
             verified = verify_output(None, out_path, progress=progress, executor=executor).checked
     return ConvertReport(
@@ -363,6 +357,6 @@ def convert(
         parts_reused=reused,
         already_done=done_already,
         seconds=time.perf_counter() - t0,
-        bytes_written=_size_of(out_path),
+        bytes_written=size_of(out_path),
         verified=verified,
     )

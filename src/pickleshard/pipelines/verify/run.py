@@ -25,8 +25,9 @@ from ...errors import VerifyMismatchError
 from ...executors import ExecutorLike, resolve_executor
 from ...formats import open_dataset
 from ...io.listing import Source
+from ...mixing import MixedDataset
 from ...scan.layouts import LayoutChoice
-from ..inputs import source_dataset
+from ..mixed import MixInput, verify_input
 from .parts import VerifyJob, check_run, plan_runs, release, stored_hashes
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ class VerifyReport:
 
 
 def verify(
-    source: Source | PickleDataset | None,
+    source: Source | PickleDataset | MixedDataset | Sequence[Any] | None,
     out: str | os.PathLike[str],
     *,
     sample: int | None = None,
@@ -63,7 +64,9 @@ def verify(
 ) -> VerifyReport:
     """Compare every sample of conversion ``out`` (or ``sample`` random ones) with ``source``.
 
-    ``source`` is what :func:`pickleshard.pipelines.convert.run` took (``trusted``, ``allow_globals`` and
+    ``source`` is what :func:`pickleshard.pipelines.convert.run` took (for a conversion of a
+    mix: its sources in order, or the MixedDataset, see
+    :func:`~pickleshard.pipelines.mixed.verify_input`; ``trusted``, ``allow_globals`` and
     ``encoding``, ``layout`` and ``storage_options`` as there); ``None`` compares with the digests stored at conversion time
     instead (no source needed; catches corruption since). With ``sample=K`` only K samples,
     drawn without replacement from ``seed``, are checked.
@@ -77,16 +80,16 @@ def verify(
     root = Path(out)
     ds_out = open_dataset(root, shuffle=False)
     n = len(ds_out)
-    src = None
+    src: PickleDataset | MixInput | None = None
     if source is not None:
-        src = source_dataset(
-            source,
-            trusted=trusted,
-            allow_globals=allow_globals,
-            encoding=encoding,
-            layout=layout,
-            storage_options=storage_options,
-        )
+        opening = {
+            "trusted": trusted,
+            "allow_globals": allow_globals,
+            "encoding": encoding,
+            "layout": layout,
+            "storage_options": storage_options,
+        }
+        src = verify_input(source, root, opening)  # a mix's output: the mix it records
         if len(src) != n:
             raise VerifyMismatchError(root, f"has {n} samples, the source has {len(src)}")
     if src is None:
