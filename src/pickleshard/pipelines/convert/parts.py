@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import UnencodableValueError
 from ...executors import ExecutorLike, ProcessPoolIndexExecutor, resolve_executor
 from ...formats import Format, PartSpec, WriteOptions
-from ...formats.encoding import encode_pss, sample_digest
+from ...formats.encoding import encode_member, sample_digest
 from ...formats.files import atomic_write_json
 from ...formats.staging import Staging
 
@@ -69,7 +69,7 @@ def _unencodable(ds: PickleDataset, i: int, sample: Any, exc: Exception) -> Unen
     where = _source_file(ds, i)
     for name, value in zip(ds.fields, sample, strict=False):
         try:
-            encode_pss(value)
+            encode_member(value)
         except TypeError as err:
             return UnencodableValueError(where, f"field {name!r}: {err}", sample=i)
     return UnencodableValueError(where, str(exc), sample=i)
