@@ -35,7 +35,7 @@ from ..pipelines.convert.run import ConvertReport, convert
 from ..pipelines.verify.run import verify
 from .oracle import GATED_GLOBAL, GatedInt, assert_same, oracle_samples, write_files
 
-__all__ = ["DTYPES", "FormatTests", "Unpicklable"]
+__all__ = ["DTYPES", "FormatTests", "Unpicklable", "WritesUnpicklable"]
 
 DTYPES = (
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -56,14 +56,16 @@ convert(sys.argv[1], sys.argv[2], **pickle.loads(kwargs))
 
 
 class Unpicklable:
-    """A value that loads from a pickle (as what :class:`_WritesUnpicklable` writes) but that
+    """A value that loads from a pickle (as what :class:`WritesUnpicklable` writes) but that
     pickle refuses to write again: the one kind of value no format can store."""
 
     def __reduce__(self) -> Any:
         raise TypeError("Unpicklable refuses to be pickled")
 
 
-class _WritesUnpicklable:
+class WritesUnpicklable:
+    """Pickles as an :class:`Unpicklable`: put it in a source file to test the refusal."""
+
     def __reduce__(self) -> Any:
         return (Unpicklable, ())
 
@@ -241,7 +243,7 @@ class FormatTests:
         )
 
     def test_unencodable_value_names_file_sample_and_field(self, tmp_path: Path) -> None:
-        write_files(tmp_path / "src", [([1, 2, 3], [0, _WritesUnpicklable(), 2])])
+        write_files(tmp_path / "src", [([1, 2, 3], [0, WritesUnpicklable(), 2])])
         with pytest.raises(UnencodableValueError) as info:
             self.convert(tmp_path / "src", tmp_path / "out", trusted=True)
         assert info.value.sample == 1
