@@ -322,6 +322,8 @@ class LmdbDataset(ConvertedDataset):
                 raise self._corrupt(f"descriptor field {pos} has no member stem")
             for kind in MemberKind:
                 self._suffixes[f"{stem}.{kind.ext}".encode()] = (pos, kind)
+        # per field, the key suffix its last value had: tried first with one get per field
+        self._guess: list[tuple[bytes, MemberKind] | None] = [None] * len(self.fields)
         # this process's read transaction (it holds the environment open: see _ENVS)
         self._txn: ProcessLocal[Any] = ProcessLocal(self._begin)
         self._txn.get()
@@ -337,8 +339,22 @@ class LmdbDataset(ConvertedDataset):
         return _read_env(self.root, self._corrupt)
 
     def _get(self, i: int) -> Sample:
-        lmdb = import_lmdb()
         prefix = sample_prefix(i)
+        try:
+            txn = self._txn.get()
+            values = [None if g is None else txn.get(prefix + g[0]) for g in self._guess]
+        except import_lmdb().Error as exc:
+            raise self._corrupt(f"cannot read from the LMDB environment: {exc}", i) from None
+        if any(v is None for v in values):  # a field stored as another kind: find its key
+            return self._scan(i, prefix)
+        return tuple(
+            self._decode_value(g[1], v, i)  # type: ignore[index,arg-type]  # checked above
+            for g, v in zip(self._guess, values, strict=True)
+        )
+
+    def _scan(self, i: int, prefix: bytes) -> Sample:
+        """Sample ``i`` from a cursor over its keys; remembers each field's key suffix."""
+        lmdb = import_lmdb()
         nf = len(self.fields)
         out: list[Any] = [None] * nf
         seen: set[int] = set()
@@ -353,6 +369,7 @@ class LmdbDataset(ConvertedDataset):
                 if where is None or where[0] in seen:
                     raise self._corrupt(f"unexpected key {key[:80]!r}", i)
                 out[where[0]] = self._decode_value(where[1], cursor.value(), i)
+                self._guess[where[0]] = (key[len(prefix) :], where[1])
                 seen.add(where[0])
                 found = cursor.next()
         except lmdb.Error as exc:  # e.g. the files were replaced and reopened elsewhere
