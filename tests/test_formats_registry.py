@@ -141,7 +141,7 @@ def test_the_third_party_format_is_found_by_name_and_opened_from_its_descriptor(
     assert json.loads((tmp_path / "out" / "pickleshard.json").read_text())["to"] == "filetree"
     assert sorted(os.listdir(tmp_path / "out" / "samples"))[:2] == [
         "000000000000.x.npy",
-        "000000000000.y.json",
+        "000000000000.y.txt",
     ]
     ds = open_dataset(tmp_path / "out")
     assert isinstance(ds, FileTreeDataset)
