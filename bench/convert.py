@@ -32,7 +32,6 @@ import os
 import pickle
 import shlex
 import shutil
-import struct
 import subprocess
 import sys
 import time
@@ -160,19 +159,17 @@ class PlainLmdb(Dataset[Any]):
         return pickle.loads(self._txn.get(int(i).to_bytes(8, "big")))
 
 
-class PlainLmdbPsl1(PlainLmdb):
-    """Plain ``lmdb`` on pickleshard's LMDB output: ``get`` + the documented "PSL1" decoding
-    (``struct`` heads, ``np.load`` of the ``.npy`` member, ``int`` of the ASCII label)."""
+class PlainLmdbMembers(PlainLmdb):
+    """Plain ``lmdb`` on pickleshard's LMDB output: ``get`` of the two member keys
+    (``f"{i:010d}.x.npy"``, ``f"{i:010d}.y.cls"``), ``np.load`` and ``int``."""
 
     def __getitem__(self, i: int) -> Any:
         if self._txn is None:
             env = lmdb.open(str(self.root), readonly=True, lock=False, readahead=False)
             self._txn = env.begin()
-        v = self._txn.get(int(i).to_bytes(8, "big"))
-        nf = struct.unpack_from("<H", v, 4)[0]
-        (_, nx), (_, ny) = (struct.unpack_from("<BQ", v, 6 + 9 * k) for k in range(nf))
-        pos = 6 + 9 * nf
-        return np.load(io.BytesIO(v[pos : pos + nx])), int(v[pos + nx : pos + nx + ny])
+        key = f"{int(i):010d}."
+        x = self._txn.get(f"{key}x.npy".encode())
+        return np.load(io.BytesIO(x)), int(self._txn.get(f"{key}y.cls".encode()))
 
 
 def _epoch(loader: Iterable[Any]) -> int:
@@ -239,7 +236,7 @@ def _reads(spec: DataSpec, work: Path) -> list[Row]:
         ("raw np.memmap, __getitems__ (fancy index)", _map_epoch(RawMemmapBatched(work / "memmap"))),
         ("pickleshard memmap (open_dataset)", _map_epoch(open_dataset(work / "memmap"))),
         ("plain LMDB, pickle.loads per key", _map_epoch(PlainLmdb(work / "naive-lmdb", n))),
-        ("plain LMDB on pickleshard's output, get + PSL1 decode", _map_epoch(PlainLmdbPsl1(work / "lmdb-plain", n))),
+        ("plain LMDB on pickleshard's output, get + np.load", _map_epoch(PlainLmdbMembers(work / "lmdb-plain", n))),
         ("pickleshard LMDB (open_dataset)", _map_epoch(open_dataset(work / "lmdb"))),
         ("plain webdataset: shuffle(1000).decode()", _plain_wds(work / "wds", shards)),
         ("pickleshard WebDataset (buffer 1000)", lambda: _epoch(DataLoader(open_dataset(work / "wds", buffer_size=1000), batch_size=BATCH))),

@@ -31,7 +31,7 @@ from pickleshard.formats.staging import Staging
 from pickleshard.formats.webdataset import WebDatasetPartWriter
 from pickleshard.pipelines.convert.run import convert, plan_parts
 from pickleshard.testing import SLOW_GLOBAL, SlowInt, assert_same, oracle_samples, write_files
-from pickleshard.testing.formats import tree_bytes
+from pickleshard.testing.formats import WritesUnpicklable, tree_bytes
 
 WRITERS: dict[str, type[PartWriter]] = {
     "memmap": MemmapPartWriter,
@@ -267,9 +267,7 @@ def test_memory_does_not_grow_with_the_dataset(tmp_path: Path) -> None:
 
 
 def test_an_error_in_a_worker_process_names_its_file(tmp_path: Path) -> None:
-    from fractions import Fraction
-
-    write_files(tmp_path / "src", [([1, 2], [3, 4]), ([5, 6], [7, Fraction(1, 2)])])
+    write_files(tmp_path / "src", [([1, 2], [3, 4]), ([5, 6], [7, WritesUnpicklable()])])
     with pytest.raises(UnencodableValueError) as info:
         convert(tmp_path / "src", tmp_path / "out", jobs=2, trusted=True)
     assert "part-001.pkl" in str(info.value)

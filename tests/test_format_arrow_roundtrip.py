@@ -1,7 +1,7 @@
 """Round trips through the Parquet and Arrow formats, ``pickle.load`` as the oracle (Hypothesis).
 
 Columns are drawn either from the scanner tests' nested-value strategy (``picklegen.values``:
-mostly mixed types, so mostly the PSS fallback) or homogeneous, so that every native column type
+mostly mixed types, so mostly the pickle fallback) or homogeneous, so that every native column type
 (ints with nulls, strings, lists, structs, fixed and ragged arrays, numpy scalars) is exercised.
 The column-type layer is checked value by value in memory; whole conversions, fewer and slower,
 go through ``convert`` and ``open_dataset``.
@@ -90,7 +90,7 @@ def test_column_types_round_trip_through_arrow_arrays(column: list[Any], chunk: 
         with pa.ipc.new_stream(sink, batch.schema) as writer:
             writer.write_batch(batch)
         back = pa.ipc.open_stream(sink.getvalue()).read_next_batch()
-        got += from_arrow(ct, list(back.columns))
+        got += from_arrow(ct, list(back.columns), pickle.loads)
     assert len(got) == len(want)
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert_same(g, w, f"value {i} of column type {ct}")
@@ -117,9 +117,9 @@ def test_native_types_are_chosen_where_arrow_has_them() -> None:
         ("\ud800",),
         ({},),
     ]:
-        assert ct(*mixed)["t"] == "pss", mixed
-    assert ct(np.zeros(2, np.complex64))["t"] == "pss"
-    assert ct(np.array([2], np.uint8).view(np.bool_))["t"] == "pss"  # not a canonical bool
+        assert ct(*mixed)["t"] == "pickle", mixed
+    assert ct(np.zeros(2, np.complex64))["t"] == "pickle"
+    assert ct(np.array([2], np.uint8).view(np.bool_))["t"] == "pickle"  # not a canonical bool
 
 
 @pytest.mark.slow

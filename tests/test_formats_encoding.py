@@ -1,10 +1,13 @@
-"""The safe value encoding: round trips (Hypothesis), exact digests, and bad bytes."""
+"""The plain value encodings: round trips (Hypothesis), decoding with plain libraries, exact
+digests, the unpickling policy, and bad bytes."""
 
 from __future__ import annotations
 
-import contextlib
+import re
 from collections import OrderedDict
+from collections.abc import Callable
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,18 +16,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from pickleshard.errors import UnsafePickleError
 from pickleshard.formats.encoding import (
     MAX_TEXT_INT_BITS,
     MemberKind,
     decode_member,
     decode_npy,
-    decode_pss,
     encode_member,
-    encode_pss,
     is_json_exact,
+    kind_of_ext,
     sample_digest,
 )
+from pickleshard.safety import UnpicklePolicy
 from pickleshard.testing import assert_same
+from pickleshard.testing.formats import Unpicklable
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "formats.md"
 
 _DTYPES = st.sampled_from(
     ["bool", "i1", "i2", "<i4", ">i8", "u1", "u2", "u4", "u8", "f2", "f4", ">f8", "c8", "c16",
@@ -58,10 +65,13 @@ VALUES = st.recursive(
 )
 
 
-@settings(max_examples=150, deadline=None)
-@given(VALUES)
-def test_pss_round_trips_exactly(value: Any) -> None:
-    assert_same(decode_pss(encode_pss(value)), value)
+def _plain_decode() -> Callable[[str, bytes], Any]:
+    """``decode(ext, bytes)`` of docs/formats.md's plain LMDB reader: numpy, json, pickle only."""
+    block = re.search(r"```python\n(import io, json, pickle\n.*?)```", DOCS.read_text(), re.S)
+    assert block is not None
+    scope: dict[str, Any] = {}
+    exec(block.group(1).split("def read_sample")[0], scope)
+    return scope["decode"]  # type: ignore[no-any-return]
 
 
 @settings(max_examples=150, deadline=None)
@@ -69,6 +79,14 @@ def test_pss_round_trips_exactly(value: Any) -> None:
 def test_members_round_trip_exactly(value: Any) -> None:
     kind, data = encode_member(value)
     assert_same(decode_member(kind, data), value)
+    assert kind_of_ext(kind.ext) is kind
+
+
+@settings(max_examples=150, deadline=None)
+@given(VALUES)
+def test_plain_libraries_decode_every_member_by_its_extension(value: Any) -> None:
+    kind, data = encode_member(value)
+    assert_same(_plain_decode()(kind.ext, data), value)
 
 
 @settings(max_examples=100, deadline=None)
@@ -91,12 +109,16 @@ def test_npy_members_are_what_np_save_writes(arr: np.ndarray[Any, Any]) -> None:
         (np.int16(3), MemberKind.SCALAR),
         (7, MemberKind.CLS),
         (-(2**80), MemberKind.CLS),
+        ("text", MemberKind.TXT),
+        ("lone \ud800", MemberKind.PICKLE),
         ({"a": [1, 2.5, None, True]}, MemberKind.JSON),
-        ("text", MemberKind.JSON),
-        ((1, 2), MemberKind.PSS),
-        ({1: "int key"}, MemberKind.PSS),
-        (b"bytes", MemberKind.PSS),
-        (np.array([1, None], dtype=object), MemberKind.PSS),
+        (2.5, MemberKind.JSON),
+        (None, MemberKind.JSON),
+        ((1, 2), MemberKind.PICKLE),
+        ({1: "int key"}, MemberKind.PICKLE),
+        (b"bytes", MemberKind.PICKLE),
+        (np.array([1, None], dtype=object), MemberKind.PICKLE),
+        (Fraction(1, 3), MemberKind.PICKLE),
     ],
 )
 def test_member_kinds(value: Any, kind: MemberKind) -> None:
@@ -105,12 +127,12 @@ def test_member_kinds(value: Any, kind: MemberKind) -> None:
 
 @pytest.mark.parametrize("bits", [MAX_TEXT_INT_BITS, MAX_TEXT_INT_BITS + 1, 16_000_000])
 def test_ints_of_any_size_round_trip(bits: int) -> None:
-    # past MAX_TEXT_INT_BITS decimal text is not safe to read back (int()'s digit limit): PSS
+    # past MAX_TEXT_INT_BITS decimal text is not safe to read back (int()'s digit limit): pickle
     text_kind = bits <= MAX_TEXT_INT_BITS
     top = (1 << bits) - 1  # exactly `bits` bits
     for value in (top, -top, [top], {"k": -top}):
         kind, data = encode_member(value)
-        assert (kind != MemberKind.PSS) == text_kind
+        assert (kind != MemberKind.PICKLE) == text_kind
         assert decode_member(kind, data) == value
 
 
@@ -121,8 +143,19 @@ def test_json_exactness() -> None:
     assert not is_json_exact(np.float64(1))
 
 
-def test_digests_tell_types_apart() -> None:
+def test_pickled_members_load_under_the_policy() -> None:
+    kind, data = encode_member(Fraction(1, 3))
+    with pytest.raises(UnsafePickleError, match=r"fractions\.Fraction") as info:
+        decode_member(kind, data, path="out", sample=4)
+    assert info.value.sample == 4
+    allowed = UnpicklePolicy.from_args(allow_globals=["fractions.Fraction"])
+    assert decode_member(kind, data, allowed) == Fraction(1, 3)
+    assert decode_member(kind, data, UnpicklePolicy(trusted=True)) == Fraction(1, 3)
+
+
+def test_digests_tell_types_and_values_apart() -> None:
     values = [1, 1.0, True, np.int64(1), np.array(1), np.array([1]), "1", b"1", [1], (1,), {1}]
+    values += [Fraction(1, 3), Fraction(2, 3), np.array([1, "a"], dtype=object)]
     digests = {sample_digest((v,)) for v in values}
     assert len(digests) == len(values)
 
@@ -137,23 +170,22 @@ def test_digests_of_equal_sets_do_not_depend_on_insertion_order() -> None:
     assert sample_digest(({"b", "a", "c"},)) == sample_digest(({"c", "b", "a"},))
 
 
-@pytest.mark.parametrize("value", [object(), Fraction(1, 3), np.zeros(2, dtype=[("o", object)])])
-def test_unencodable_values_raise_type_error(value: Any) -> None:
-    with pytest.raises(TypeError, match=r"cannot encode|object fields"):
-        encode_pss(value)
+@pytest.mark.parametrize("value", [Unpicklable(), lambda: 1, [Unpicklable()]])
+def test_values_pickle_refuses_raise_type_error(value: Any) -> None:
+    with pytest.raises(TypeError, match=r"cannot store a value of type .*pickle refuses it"):
+        encode_member(value)
+    with pytest.raises(TypeError, match=r"cannot store"):
+        sample_digest((value,))
 
 
 @settings(max_examples=100, deadline=None)
 @given(VALUES, st.data())
-def test_damaged_bytes_raise_value_error_only(value: Any, data: st.DataObject) -> None:
-    blob = bytearray(encode_pss(value))
+def test_truncated_members_raise_value_error_only(value: Any, data: st.DataObject) -> None:
+    kind, blob = encode_member(value)
     cut = data.draw(st.integers(0, len(blob) - 1))
-    with pytest.raises(ValueError):  # noqa: PT011 - any ValueError: the reader re-raises it with context
-        decode_pss(bytes(blob[:cut]))
-    at = data.draw(st.integers(0, len(blob) - 1))
-    blob[at] ^= data.draw(st.integers(1, 255))
-    with contextlib.suppress(ValueError):  # damaged bytes may still decode, to something else
-        decode_pss(bytes(blob))
+    if kind in (MemberKind.NPY, MemberKind.SCALAR, MemberKind.PICKLE):
+        with pytest.raises(ValueError):  # noqa: PT011 - any ValueError: the reader re-raises it with context
+            decode_member(kind, blob[:cut])
 
 
 @pytest.mark.parametrize(

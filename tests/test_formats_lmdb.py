@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import io
+import gc
 import json
-import struct
+import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import lmdb
 import numpy as np
@@ -35,41 +36,78 @@ class TestLmdbFormatWithATinyMap(FormatTests):
     test_dataloader_sees_every_sample_once = None  # type: ignore[assignment]
 
 
-def _plain_decode(value: bytes) -> tuple[object, ...]:
-    """Decode a value with struct, numpy and json only: the documented scheme."""
-    assert value[:4] == b"PSL1"
-    (nf,) = struct.unpack_from("<H", value, 4)
-    pos = 6 + 9 * nf
-    out: list[object] = []
-    for k in range(nf):
-        kind, n = struct.unpack_from("<BQ", value, 6 + 9 * k)
-        payload = value[pos : pos + n]
-        pos += n
-        if kind == 0:
-            out.append(np.load(io.BytesIO(payload), allow_pickle=False))
-        elif kind == 2:
-            out.append(int(payload))
-        elif kind == 3:
-            out.append(json.loads(payload))
-        else:
-            raise AssertionError(f"unexpected kind {kind}")
-    return tuple(out)
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "formats.md"
 
 
-def test_plain_lmdb_reads_every_sample(tmp_path: Path) -> None:
+def _docs_snippet() -> str:
+    """The plain LMDB reader of docs/formats.md, as written there."""
+    text = DOCS.read_text()
+    block = re.search(r"\*\*LMDB\*\*.*?```python\n(.*?)```", text, re.S)
+    assert block is not None
+    return block.group(1)
+
+
+def _objects() -> list[Any]:
     rng = np.random.default_rng(0)
-    objects = [([rng.standard_normal((2, 3)) for _ in range(5)], [{"a": k} for k in range(5)])]
-    objects.append(([rng.standard_normal((2, 3)) for _ in range(3)], [{"b": None}] * 3))
-    paths = write_files(tmp_path / "src", objects)
+    x = [rng.standard_normal((2, 3)).astype(np.float32) for _ in range(5)]
+    y = [7, "text", {"a": [1, None]}, np.float32(2.5), (1, b"\x00")]
+    more = ([np.arange(k, dtype=np.int16) for k in range(3)], [2.5, 2**3000, {3, 4}])
+    return [(x, y), more]
+
+
+def test_the_documented_plain_reader_decodes_every_sample_then_open_dataset_works(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = write_files(tmp_path / "src", _objects())
     convert(tmp_path / "src", tmp_path / "out", to="lmdb", jobs=2)
-    env = lmdb.open(str(tmp_path / "out"), readonly=True, lock=False)
-    with env.begin() as txn:
+    want = oracle_samples(paths)
+    monkeypatch.chdir(tmp_path)  # the snippet opens "out"
+    scope: dict[str, Any] = {}
+    exec(
+        _docs_snippet(), scope
+    )  # reads sample 123 of a bigger dataset: here, an IndexError-free miss
+    assert scope["sample"] == {}
+    with lmdb.open("out", readonly=True, lock=False) as env, env.begin() as txn:
+        for i, sample in enumerate(want):
+            got = scope["read_sample"](txn, i)
+            assert_same((got["x"], got["y"]), sample, f"sample {i}")
         meta = json.loads(txn.get(b"__pickleshard__"))
-        assert meta == {"num_samples": 8, "fields": ["x", "y"]}
-        for i, sample in enumerate(oracle_samples(paths)):
-            assert_same(_plain_decode(txn.get(i.to_bytes(8, "big"))), sample, f"sample {i}")
-        assert txn.stat()["entries"] == 9
-    env.close()
+        assert meta["num_samples"] == len(want)
+        assert [f["name"] for f in meta["fields"]] == ["x", "y"]
+        assert txn.stat()["entries"] == 2 * len(want) + 1
+    # the same process, after the plain reader: pickleshard opens it too, and lets it go again
+    ds = open_dataset("out", shuffle=False)
+    for i, sample in enumerate(want):
+        assert_same(ds[i], sample, f"sample {i}")
+    with ds.env.begin() as txn:  # type: ignore[attr-defined]
+        assert_same(scope["read_sample"](txn, 0)["y"], 7)
+    del ds, txn
+    gc.collect()
+    with lmdb.open("out", readonly=True, lock=False) as env, env.begin() as txn:
+        assert scope["read_sample"](txn, 1)["y"] == "text"
+
+
+def test_an_lmdb_handle_of_ones_own_left_open_is_named_with_the_fix(tmp_path: Path) -> None:
+    write_files(tmp_path / "src", [([1, 2], [3, 4])])
+    convert(tmp_path / "src", tmp_path / "out", to="lmdb")
+    env = lmdb.open(str(tmp_path / "out"), readonly=True, lock=False)
+    try:
+        with pytest.raises(ConvertedDatasetError, match=r"close your own lmdb.Environment"):
+            open_dataset(tmp_path / "out")
+    finally:
+        env.close()
+    assert open_dataset(tmp_path / "out")[1] == (2, 4)
+
+
+def test_keys_are_webdataset_member_names(tmp_path: Path) -> None:
+    write_files(tmp_path / "src", [([np.zeros(2), np.ones(2)], [1, "b"])])
+    convert(tmp_path / "src", tmp_path / "out", to="lmdb")
+    with lmdb.open(str(tmp_path / "out"), readonly=True, lock=False) as env, env.begin() as txn:
+        keys = [bytes(k) for k, _ in txn.cursor()]
+    assert keys == [
+        b"0000000000.x.npy", b"0000000000.y.cls", b"0000000001.x.npy", b"0000000001.y.txt",
+        b"__pickleshard__",
+    ]  # fmt: skip
 
 
 def test_a_growing_map_gives_the_same_content(tmp_path: Path) -> None:
@@ -92,18 +130,18 @@ def test_missing_lmdb_gives_the_install_hint(monkeypatch: pytest.MonkeyPatch) ->
     assert isinstance(info.value, ImportError)
 
 
-def test_a_damaged_value_names_the_sample(tmp_path: Path) -> None:
+def test_a_damaged_or_missing_value_names_the_sample(tmp_path: Path) -> None:
     write_files(tmp_path / "src", [([1, 2, 3], [4, 5, 6])])
     convert(tmp_path / "src", tmp_path / "out", to="lmdb")
     env = lmdb.open(str(tmp_path / "out"), lock=False)
     with env.begin(write=True) as txn:
-        txn.put((1).to_bytes(8, "big"), b"PSL1\x02\x00garbage")
-        txn.delete((2).to_bytes(8, "big"))
+        txn.put(b"0000000001.y.cls", b"garbage")
+        txn.delete(b"0000000002.x.cls")
     env.close()
     ds = open_dataset(tmp_path / "out")
-    with pytest.raises(ConvertedDatasetError) as info:
+    with pytest.raises(ConvertedDatasetError, match="not a decimal integer") as info:
         ds[1]
     assert info.value.sample == 1
-    with pytest.raises(ConvertedDatasetError, match="no value") as missing:
+    with pytest.raises(ConvertedDatasetError, match="found 1 of the sample's 2 keys") as missing:
         ds[2]
     assert missing.value.sample == 2

@@ -12,6 +12,7 @@ import pytest
 from pickleshard.errors import ConvertedDatasetError
 from pickleshard.formats import open_dataset
 from pickleshard.formats.columns import MAX_SEGMENTS
+from pickleshard.formats.encoding import MemberKind
 from pickleshard.pipelines.convert.run import convert
 from pickleshard.testing import FormatTests, assert_same, oracle_samples, write_files
 
@@ -67,7 +68,7 @@ def test_object_field_is_kinds_values_offsets_with_json(tmp_path: Path) -> None:
     kinds = np.load(out / "x.kinds.npy")
     values = np.load(out / "x.values.npy", mmap_mode="r")
     offsets = np.load(out / "x.offsets.npy")
-    assert set(kinds.tolist()) == {3}  # JSON
+    assert set(kinds.tolist()) == {MemberKind.JSON}
     for i, (xi, _) in enumerate(want):
         assert json.loads(values[offsets[i] : offsets[i + 1]].tobytes()) == xi
 
@@ -145,9 +146,15 @@ def test_unknown_format_is_a_clear_error(tmp_path: Path) -> None:
         open_dataset(out)
 
 
-def test_unknown_version_is_a_clear_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize("version", [1, 99])
+def test_another_version_names_the_fix_reconvert(tmp_path: Path, version: int) -> None:
     out, _ = _convert(tmp_path, [([1, 2], [3, 4])])
     desc = json.loads((out / "pickleshard.json").read_text())
-    (out / "pickleshard.json").write_text(json.dumps({**desc, "version": 99}))
-    with pytest.raises(ConvertedDatasetError, match="unsupported version 99"):
+    (out / "pickleshard.json").write_text(json.dumps({**desc, "version": version}))
+    with pytest.raises(
+        ConvertedDatasetError,
+        match=rf"^.*pickleshard.json: convert the source "
+        rf"again \(pickleshard convert SRC .*out --to memmap\): this output "
+        rf"is version {version}, and this pickleshard reads version 2",
+    ):
         open_dataset(out)

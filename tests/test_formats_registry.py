@@ -18,10 +18,10 @@ from pickleshard.formats import (
     FORMAT_NAMES,
     ConvertedDataset,
     Format,
-    IterableOptions,
     PartResult,
     PartSpec,
     PartWriter,
+    ReadOptions,
     WriteOptions,
     available_formats,
     format_class,
@@ -35,6 +35,7 @@ from pickleshard.formats.encoding import MemberKind, decode_member, encode_membe
 from pickleshard.formats.files import NpyWriter
 from pickleshard.formats.memmap import MemmapFormat
 from pickleshard.pipelines.convert.run import convert
+from pickleshard.safety import UnpicklePolicy
 from pickleshard.testing import FormatTests, assert_same, oracle_samples, write_files
 
 # ---- a third-party format: one file per sample and field -----------------------------------
@@ -90,14 +91,14 @@ class FileTreeFormat(Format):
         }
 
     def open(
-        self, root: Path, descriptor: dict[str, Any], iterable: IterableOptions
+        self, root: Path, descriptor: dict[str, Any], options: ReadOptions
     ) -> ConvertedDataset:
-        return FileTreeDataset(root, descriptor)
+        return FileTreeDataset(root, descriptor, options.policy)
 
 
 class FileTreeDataset(ConvertedDataset):
-    def __init__(self, root: Path, descriptor: dict[str, Any]) -> None:
-        super().__init__(root, descriptor)
+    def __init__(self, root: Path, descriptor: dict[str, Any], policy: UnpicklePolicy) -> None:
+        super().__init__(root, descriptor, policy)
         self.stems = [f["stem"] for f in descriptor["fields"]]
         self.kinds = np.load(root / "kinds.npy", allow_pickle=False)
 
@@ -106,7 +107,7 @@ class FileTreeDataset(ConvertedDataset):
         for stem, kind in zip(self.stems, self.kinds[i].tolist(), strict=True):
             path = self.root / "samples" / f"{i:012d}.{stem}.{MemberKind(kind).ext}"
             try:
-                values.append(decode_member(kind, path.read_bytes()))
+                values.append(decode_member(kind, path.read_bytes(), self.policy, str(path), i))
             except (OSError, ValueError) as exc:
                 raise self._corrupt(f"{path.name}: {exc}", sample=i) from None
         return tuple(values)
@@ -140,7 +141,7 @@ def test_the_third_party_format_is_found_by_name_and_opened_from_its_descriptor(
     assert json.loads((tmp_path / "out" / "pickleshard.json").read_text())["to"] == "filetree"
     assert sorted(os.listdir(tmp_path / "out" / "samples"))[:2] == [
         "000000000000.x.npy",
-        "000000000000.y.json",
+        "000000000000.y.txt",
     ]
     ds = open_dataset(tmp_path / "out")
     assert isinstance(ds, FileTreeDataset)

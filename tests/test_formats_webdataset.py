@@ -60,15 +60,25 @@ def test_plain_webdataset_decodes_every_sample(tmp_path: Path) -> None:
         assert sample["y.cls"] == y
 
 
-def test_plain_webdataset_decodes_json_and_scalars(tmp_path: Path) -> None:
-    objects = [([{"text": "a", "ids": [1, 2]}, "plain"], [np.float32(0.5), np.float32(1.5)])]
-    out, want = _convert(tmp_path, objects)
-    (sample0, sample1) = list(
-        wds.WebDataset(str(out / "shard-000000.tar"), shardshuffle=False).decode()
-    )
-    assert sample0["x.json"] == want[0][0]
-    assert sample1["x.json"] == "plain"
-    assert sample0["y.scalar.npy"] == np.float32(0.5)
+def test_plain_webdataset_decodes_text_json_scalars_and_pickles(tmp_path: Path) -> None:
+    x = [{"text": "a", "ids": [1, 2]}, "plain", (1, b"\x00"), 2.5]
+    y = [np.float32(0.5), np.float32(1.5), {3, 4}, [None]]  # a bare None: webdataset keeps bytes
+    out, want = _convert(tmp_path, [(x, y)])
+    got = list(wds.WebDataset(str(out / "shard-000000.tar"), shardshuffle=False).decode())
+    names = [sorted(k for k in sample if not k.startswith("__")) for sample in got]
+    assert names == [
+        ["x.json", "y.scalar.npy"],
+        ["x.txt", "y.scalar.npy"],
+        ["x.pickle", "y.pickle"],
+        ["x.json", "y.json"],
+    ]
+    for sample, (wx, wy) in zip(got, want, strict=True):
+        # webdataset gives a scalar.npy member as the 0-d array it holds: [()] is the scalar
+        plain = {k: v[()] if k.endswith(".scalar.npy") else v for k, v in sample.items()}
+        (gx,) = [v for k, v in plain.items() if k.startswith("x.")]
+        (gy,) = [v for k, v in plain.items() if k.startswith("y.")]
+        assert_same(gx, wx)
+        assert_same(gy, wy)
 
 
 def test_shards_stay_within_shard_bytes(tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import json
-import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -77,7 +76,8 @@ class PlainMemmap(Dataset[tuple[Any, Any]]):
 
 
 class PlainLmdb(Dataset[tuple[Any, Any]]):
-    """pickleshard's LMDB output read with the plain ``lmdb`` module and the PSL1 layout."""
+    """pickleshard's LMDB output read with the plain ``lmdb`` module: one key per field value,
+    ``f"{i:010d}.{field}.{ext}"``, decoded by its extension (docs/formats.md)."""
 
     def __init__(self, root: Any) -> None:
         self.root = root
@@ -88,28 +88,31 @@ class PlainLmdb(Dataset[tuple[Any, Any]]):
     def __len__(self) -> int:
         return self.n
 
-    def _decode(self, kind: int, payload: bytes) -> Any:
-        if kind in (0, 1):
+    def _decode(self, ext: str, payload: bytes) -> Any:
+        if ext in ("npy", "scalar.npy"):
             return np.load(io.BytesIO(payload))
-        if kind == 2:
+        if ext == "cls":
             return int(payload)
-        if kind == 3:
+        if ext == "txt":
+            return payload.decode()
+        if ext == "json":
             return json.loads(payload)
-        raise Unavailable("a value in pickleshard's own codec (PSS)")
+        raise Unavailable(f"a value stored as .{ext}")
 
     def __getitem__(self, i: int) -> tuple[Any, Any]:
         import lmdb
 
         if self.env is None:  # opened per process: an LMDB environment must not cross a fork
             self.env = lmdb.open(str(self.root), readonly=True, lock=False, readahead=False)
+        prefix = f"{i:010d}.".encode()
+        out = []
         with self.env.begin() as txn:
-            v = txn.get(i.to_bytes(8, "big"))
-        nf = struct.unpack_from("<H", v, 4)[0]
-        pos, out = 6 + 9 * nf, []
-        for k in range(nf):
-            kind, n = struct.unpack_from("<BQ", v, 6 + 9 * k)
-            out.append(self._decode(kind, v[pos : pos + n]))
-            pos += n
+            cursor = txn.cursor()
+            cursor.set_range(prefix)
+            for key, value in cursor:
+                if not key.startswith(prefix):
+                    break
+                out.append(self._decode(key.decode().split(".", 2)[2], value))
         return out[0], out[1]
 
 

@@ -39,7 +39,7 @@ LOADERS: dict[str, str] = {
     "memmap": "pickleshard memmap via open_dataset",
     "memmap-plain": "memmap read with plain numpy (np.load mmap_mode='r')",
     "lmdb": "pickleshard LMDB via open_dataset",
-    "lmdb-plain": "LMDB read with plain lmdb (get + PSL1 decode)",
+    "lmdb-plain": "LMDB read with plain lmdb (cursor per sample + np.load)",
     "webdataset": "pickleshard WebDataset via open_dataset",
     "webdataset-plain": "WebDataset read with plain webdataset (shuffle(1000).decode())",
     "litdata": "LitData optimize + StreamingDataset",

@@ -13,17 +13,19 @@ used: LMDB needs ``pip install 'pickleshard[lmdb]'``, Parquet and Arrow (:mod:`~
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import ConvertedDatasetError
+from ..safety import UnpicklePolicy
 from .base import (
     DESCRIPTOR_NAME,
     ConvertedDataset,
     Format,
-    IterableOptions,
     PartResult,
     PartSpec,
     PartWriter,
+    ReadOptions,
     WriteOptions,
     read_descriptor,
 )
@@ -33,10 +35,10 @@ __all__ = [
     "FORMAT_NAMES",
     "ConvertedDataset",
     "Format",
-    "IterableOptions",
     "PartResult",
     "PartSpec",
     "PartWriter",
+    "ReadOptions",
     "WriteOptions",
     "available_formats",
     "format_class",
@@ -58,6 +60,8 @@ def open_dataset(
     rank: int | None = None,
     world_size: int | None = None,
     drop_last: bool = False,
+    trusted: bool = False,
+    allow_globals: Iterable[str] = (),
 ) -> ConvertedDataset:
     """Open the output of :func:`pickleshard.pipelines.convert.run` for reading.
 
@@ -66,6 +70,9 @@ def open_dataset(
     also supports ``ds[i]``; the keyword arguments apply to its iteration only: shard shuffle
     and a ``buffer_size`` shuffle from ``(seed, epoch)``, split across DDP ranks (``rank`` /
     ``world_size``, default from ``torch.distributed``) and DataLoader workers.
+    Values stored as pickles (anything but arrays, numbers, text and JSON) load under the
+    same restricted unpickling as :class:`pickleshard.PickleDataset`: the default allowlist,
+    plus ``allow_globals`` (``["module.name", ...]``), or everything with ``trusted=True``.
     The format is the one registered under the descriptor's ``"to"`` name (a third-party format
     must be registered in this process too). Raises
     :class:`~pickleshard.errors.ConvertedDatasetError` if ``out`` is not a conversion or names
@@ -73,7 +80,8 @@ def open_dataset(
     """
     root = Path(out)
     descriptor = read_descriptor(root)
-    options = IterableOptions(shuffle, seed, buffer_size, rank, world_size, drop_last)
+    policy = UnpicklePolicy.from_args(trusted=trusted, allow_globals=allow_globals)
+    options = ReadOptions(policy, shuffle, seed, buffer_size, rank, world_size, drop_last)
     name = descriptor["to"]
     try:
         fmt = get_format(name) if isinstance(name, str) else None

@@ -9,14 +9,19 @@ the descriptor. :meth:`Format.open` reads the result back as a :class:`Converted
 
 Every converted dataset directory holds, besides the format's own files::
 
-    pickleshard.json   the descriptor: {"format": "pickleshard-converted", "version": 1,
+    pickleshard.json   the descriptor: {"format": "pickleshard-converted", "version": 2,
                        "to": <format>, "tool_version": ..., "num_samples": N,
                        "hashes": "hashes.npy", "fields": [{"name": ..., ...}, ...],
                        <format keys>, "identity": {"source": {root, fields, num_samples,
                        files: [[path, size, mtime_ns, fingerprint, samples], ...]},
                        "options": {to, format, shard_bytes, encoding}}}
-    hashes.npy         uint8 (N, 16): SHA-256 (first 16 bytes) of each sample's safe encoding
-                       (:func:`pickleshard.formats.encoding.sample_digest`), used by verify
+    hashes.npy         uint8 (N, 16): each sample's content digest
+                       (:func:`pickleshard.formats.digest.sample_digest`), used by verify
+
+Values are stored in the plain encodings of :mod:`pickleshard.formats.encoding` (``.npy``,
+decimal text, UTF-8, JSON, pickle protocol 5); a reader loads pickled values under the
+:class:`~pickleshard.safety.UnpicklePolicy` it was opened with. Version 1 outputs (values in
+pickleshard's own PSS codec) are refused with the fix: convert again.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from typing import Any, ClassVar, Generic, TypeVar
 import numpy as np
 
 from ..errors import ConvertedDatasetError
+from ..safety import DEFAULT_POLICY, UnpicklePolicy
+from .encoding import decode_member
 
 _T = TypeVar("_T")
 
@@ -49,10 +56,10 @@ __all__ = [
     "HASHES_NAME",
     "ConvertedDataset",
     "Format",
-    "IterableOptions",
     "PartResult",
     "PartSpec",
     "PartWriter",
+    "ReadOptions",
     "Sample",
     "WriteOptions",
     "field_stems",
@@ -62,7 +69,7 @@ __all__ = [
 DESCRIPTOR_NAME = "pickleshard.json"
 HASHES_NAME = "hashes.npy"
 FORMAT_NAME = "pickleshard-converted"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _RESERVED_STEMS = frozenset({"hashes", "index", "pickleshard", "data", "lock", "manifest"})
 
 Sample = tuple[Any, ...]
@@ -102,9 +109,11 @@ class PartResult:
 
 
 @dataclass(frozen=True)
-class IterableOptions:
-    """How an iterable reader (WebDataset) orders and splits samples; map-style readers ignore it."""
+class ReadOptions:
+    """How a reader reads: ``policy`` governs pickled values (every reader); the rest is how an
+    iterable reader (WebDataset) orders and splits samples (map-style readers ignore it)."""
 
+    policy: UnpicklePolicy = DEFAULT_POLICY
     shuffle: bool = True
     seed: int = 0
     buffer_size: int = 1000
@@ -177,9 +186,10 @@ class Format(ABC):
 
     @abstractmethod
     def open(
-        self, root: Path, descriptor: dict[str, Any], iterable: IterableOptions
+        self, root: Path, descriptor: dict[str, Any], options: ReadOptions
     ) -> ConvertedDataset:
-        """Open the finished dataset at ``root`` for reading."""
+        """Open the finished dataset at ``root`` for reading; pickled values load under
+        ``options.policy``."""
 
     def options_key(self) -> dict[str, Any]:
         """Constructor options that change the output (they are recorded in the manifest)."""
@@ -204,8 +214,10 @@ def read_descriptor(root: str | os.PathLike[str]) -> dict[str, Any]:
     if desc.get("version") != FORMAT_VERSION:
         raise ConvertedDatasetError(
             path,
-            f"unsupported version {desc.get('version')!r}; this pickleshard reads version "
-            f"{FORMAT_VERSION}: convert again",
+            f"convert the source again (pickleshard convert SRC {os.fspath(where)} --to "
+            f"{desc.get('to')}): this output is version {desc.get('version')!r}, and this "
+            f"pickleshard reads version {FORMAT_VERSION} (values in plain .npy, text, JSON and "
+            "pickle instead of the PSS codec of version 1)",
         )
     for key in ("to", "num_samples", "fields"):
         if key not in desc:
@@ -219,12 +231,16 @@ class ConvertedDataset(_DatasetBase[Any]):
 
     Values come back with the types they had in the source: arrays with their dtype and shape
     (writable copies), Python ints as ``int``, numpy scalars as numpy scalars, objects as the
-    objects. Picklable (reopened by path), so spawned DataLoader workers can use it.
+    objects (pickled ones loaded under ``policy``). Picklable (reopened by path), so spawned
+    DataLoader workers can use it.
     """
 
-    def __init__(self, root: Path, descriptor: dict[str, Any]) -> None:
+    def __init__(
+        self, root: Path, descriptor: dict[str, Any], policy: UnpicklePolicy = DEFAULT_POLICY
+    ) -> None:
         self.root = root
         self.descriptor = descriptor
+        self.policy = policy
         self.fields: tuple[str, ...] = tuple(f["name"] for f in descriptor["fields"])
         self._num_samples = int(descriptor["num_samples"])
 
@@ -264,6 +280,13 @@ class ConvertedDataset(_DatasetBase[Any]):
 
     def __getitems__(self, indices: Sequence[int]) -> list[Sample]:
         return self._get_many(self._check_many(indices))
+
+    def _decode_value(self, kind: int, data: bytes | bytearray | memoryview, i: int) -> Any:
+        """Value of member ``kind`` of sample ``i``: pickled ones under this reader's policy."""
+        try:
+            return decode_member(kind, data, self.policy, os.fspath(self.root), i)
+        except ValueError as exc:
+            raise self._corrupt(f"cannot decode value: {exc}", i) from None
 
     def _corrupt(self, message: str, sample: int | None = None) -> ConvertedDatasetError:
         return ConvertedDatasetError(self.root, message, sample=sample)

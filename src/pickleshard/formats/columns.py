@@ -3,7 +3,7 @@
 A part writes each field as a run of *segments*; a segment holds consecutive values of one
 *signature*: ``array`` (ndarrays of one dtype and ndim, any shapes), ``scalar`` (numpy scalars
 of one dtype), ``int`` / ``float`` / ``bool`` (Python scalars; ints within int64), or ``object``
-(anything, through :func:`~pickleshard.formats.encoding.encode_member`). A value that does not
+(anything, through :func:`~pickleshard.formats.encoding.encode_member`: pickled if nothing plainer fits). A value that does not
 fit the open segment starts a new one; after :data:`MAX_SEGMENTS` segments a column takes
 everything as ``object``. Segment files are raw (no header), named ``c<field>.<segment>.<what>``:
 ``data`` (values' bytes), ``shapes`` (int64 per array value), ``lengths`` and ``kinds`` (object).
@@ -15,12 +15,14 @@ otherwise it becomes ``object`` and values are re-encoded one by one.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
+from ..safety import UnpicklePolicy
 from ..scan.dtypes import dtype_from_json, dtype_to_json
 from .encoding import decode_member, encode_member, raw_bytes
 from .files import NpyWriter, copy_bytes, iter_raw_chunks
@@ -31,6 +33,9 @@ MAX_SEGMENTS = 8
 _FLUSH = 1 << 16
 _BUFFER = 1 << 20
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+# Part files are this conversion's own, written moments ago from values the source's policy let
+# through: reading them back must not refuse a global that policy allowed.
+_OWN_PARTS = UnpicklePolicy(trusted=True)
 _PYTHON = {"int": np.dtype(np.int64), "float": np.dtype(np.float64), "bool": np.dtype(np.bool_)}
 
 
@@ -190,7 +195,7 @@ def iter_segment(base: Path, seg: dict[str, Any]) -> Iterator[Any]:
         kinds = np.fromfile(f"{base}.kinds", dtype=np.uint8)
         with open(f"{base}.data", "rb") as fh:
             for n, k in zip(lengths.tolist(), kinds.tolist(), strict=True):
-                yield decode_member(k, fh.read(n))
+                yield decode_member(k, fh.read(n), _OWN_PARTS, os.fspath(base))
         return
     if kind == "array":
         dtype = dtype_from_json(seg["dtype"])

@@ -18,8 +18,10 @@ On disk (``<stem>`` is the field name made file-safe: ``x``, ``y``, ...)::
                    OUT/<stem>.offsets.npy    (N + 1,) int64: value i is values[o[i]:o[i+1]]
 
 A field is ``ragged`` when its arrays share a dtype and ndim but not a shape, ``object`` when its
-values mix types (or are str, list, dict...). Object values are encoded safely, never pickled:
-JSON where exact, else the PSS codec (kinds in :mod:`pickleshard.formats.encoding`). Every
+values mix types (or are str, list, dict...). Object values are members in the plain encodings
+of :mod:`pickleshard.formats.encoding`, ``kinds`` saying which: 0 ``.npy``, 1 ``.npy`` of a numpy
+scalar, 2 decimal int, 3 UTF-8 text, 4 JSON, 5 pickle protocol 5 (anything else; read back
+under the reader's restricted unpickling policy). Every
 numpy dtype except ``object`` is stored natively: bool, (u)int8-64, float16-64, complex,
 datetime64, timedelta64, fixed-width str/bytes, structured. Object-dtype arrays become
 ``object`` values.
@@ -33,20 +35,20 @@ from typing import Any
 
 import numpy as np
 
+from ..safety import DEFAULT_POLICY, UnpicklePolicy
 from ..scan.dtypes import dtype_from_json
 from .base import (
     ConvertedDataset,
     Format,
-    IterableOptions,
     PartResult,
     PartSpec,
     PartWriter,
+    ReadOptions,
     Sample,
     WriteOptions,
     field_stems,
 )
 from .columns import ColumnWriter, merge_column
-from .encoding import decode_member
 from .npy import map_npy
 from .registry import register_format
 
@@ -92,9 +94,9 @@ class MemmapFormat(Format):
         return {"fields": fields}
 
     def open(
-        self, root: Path, descriptor: dict[str, Any], iterable: IterableOptions
+        self, root: Path, descriptor: dict[str, Any], options: ReadOptions
     ) -> ConvertedDataset:
-        return MemmapDataset(root, descriptor)
+        return MemmapDataset(root, descriptor, options.policy)
 
 
 # ---- reading ----------------------------------------------------------------------------------
@@ -160,25 +162,26 @@ class _ObjectColumn(_Column):
         kinds: np.ndarray[Any, Any],
         values: np.ndarray[Any, Any],
         offsets: np.ndarray[Any, Any],
+        decode: Callable[[int, memoryview, int], Any],
         fail: Callable[[str, int], Exception],
     ) -> None:
-        self.kinds, self.values, self.offsets, self.fail = kinds, values, offsets, fail
+        self.kinds, self.values, self.offsets = kinds, values, offsets
+        self.decode, self.fail = decode, fail
 
     def get(self, i: int) -> Any:
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
         if not 0 <= a <= b <= len(self.values):
             raise self.fail(f"offsets [{a}, {b}) fall outside the values array", i)
-        try:
-            return decode_member(int(self.kinds[i]), self.values[a:b].data)
-        except ValueError as exc:
-            raise self.fail(f"cannot decode value: {exc}", i) from None
+        return self.decode(int(self.kinds[i]), self.values[a:b].data, i)
 
 
 class MemmapDataset(ConvertedDataset):
     """Reads a memmap conversion; arrays stay memory-mapped, shared by forked workers."""
 
-    def __init__(self, root: Path, descriptor: dict[str, Any]) -> None:
-        super().__init__(root, descriptor)
+    def __init__(
+        self, root: Path, descriptor: dict[str, Any], policy: UnpicklePolicy = DEFAULT_POLICY
+    ) -> None:
+        super().__init__(root, descriptor, policy)
         try:
             self.columns = [self._column(f) for f in descriptor["fields"]]
         except (OSError, ValueError, KeyError) as exc:
@@ -191,7 +194,7 @@ class MemmapDataset(ConvertedDataset):
             kinds, offsets = _load(self.root, files["kinds"]), _load(self.root, files["offsets"])
             values = _load(self.root, files["values"])
             self._expect(field, len(kinds) == n and len(offsets) == n + 1)
-            return _ObjectColumn(kinds, values, offsets, self._fail)
+            return _ObjectColumn(kinds, values, offsets, self._decode_value, self._fail)
         if kind == "ragged":
             values, offsets = _load(self.root, files["values"]), _load(self.root, files["offsets"])
             shapes = _load(self.root, files["shapes"])
@@ -219,7 +222,7 @@ class MemmapDataset(ConvertedDataset):
         return list(zip(*[c.take(idx) for c in self.columns], strict=True))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (MemmapDataset, (self.root, self.descriptor))
+        return (MemmapDataset, (self.root, self.descriptor, self.policy))
 
 
 register_format(MemmapFormat)

@@ -12,10 +12,10 @@ On disk::
 
 Sample ``i`` is the members ``{key}.{stem}.{ext}`` with ``key = f"{i:010d}"`` and, per value
 type (see :mod:`pickleshard.formats.encoding`): ``npy`` for arrays, ``scalar.npy`` for numpy
-scalars (0-d, as webdataset decodes it), ``cls`` for Python ints, ``json`` for JSON-exact
-values (str, float, bool, None, lists, dicts), ``pss`` for anything else (webdataset leaves
-these as bytes; :func:`~pickleshard.formats.encoding.decode_pss` reads them). Members carry
-mtime 0, mode 0444 and no owner, so the same input gives the same bytes.
+scalars (0-d, as webdataset decodes it), ``cls`` for Python ints, ``txt`` for str, ``json`` for
+other JSON-exact values (float, bool, None, lists, dicts), ``pickle`` for anything else
+(protocol 5): webdataset's default ``.decode()`` reads every one of them. Members carry mtime
+0, mode 0444 and no owner, so the same input gives the same bytes.
 
 Reading: :class:`WebDatasetReader` is an ``IterableDataset``: each epoch (``set_epoch``) the
 shard order is shuffled from ``(seed, epoch)``, the samples laid end to end are cut into one
@@ -45,15 +45,15 @@ from ..samplers import distributed_rank_and_world
 from .base import (
     ConvertedDataset,
     Format,
-    IterableOptions,
     PartResult,
     PartSpec,
     PartWriter,
+    ReadOptions,
     Sample,
     WriteOptions,
     field_stems,
 )
-from .encoding import decode_member, encode_member
+from .encoding import encode_member
 from .files import NpyWriter, iter_raw_chunks
 from .npy import map_npy
 from .registry import register_format
@@ -194,9 +194,9 @@ class WebDatasetFormat(Format):
         }
 
     def open(
-        self, root: Path, descriptor: dict[str, Any], iterable: IterableOptions
+        self, root: Path, descriptor: dict[str, Any], options: ReadOptions
     ) -> ConvertedDataset:
-        return WebDatasetReader(root, descriptor, iterable)
+        return WebDatasetReader(root, descriptor, options)
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -236,10 +236,10 @@ class WebDatasetReader(ConvertedDataset, _IterableBase[Sample]):
     """Reads a WebDataset conversion: iterable (shuffled, split) and indexable (module docstring)."""
 
     def __init__(
-        self, root: Path, descriptor: dict[str, Any], options: IterableOptions | None = None
+        self, root: Path, descriptor: dict[str, Any], options: ReadOptions | None = None
     ) -> None:
-        super().__init__(root, descriptor)
-        self.options = options or IterableOptions()
+        self.options = options or ReadOptions()
+        super().__init__(root, descriptor, self.options.policy)
         self.epoch = 0
         self.shards: list[dict[str, Any]] = descriptor["shards"]
         counts = np.array([s["count"] for s in self.shards], dtype=np.int64)
@@ -276,10 +276,7 @@ class WebDatasetReader(ConvertedDataset, _IterableBase[Sample]):
             a = off - base
             if a < 0 or a + size > len(view):
                 raise self._corrupt("index points outside its shard", i)
-            try:
-                out.append(decode_member(kind, view[a : a + size]))
-            except ValueError as exc:
-                raise self._corrupt(f"cannot decode member: {exc}", i) from None
+            out.append(self._decode_value(kind, view[a : a + size], i))
         return tuple(out)
 
     def _members(self, rows: Any) -> list[list[tuple[int, int, int]]]:
@@ -371,7 +368,7 @@ def _close_fds(fds: dict[int, int]) -> None:
 
 
 def _reopen(
-    root: Path, descriptor: dict[str, Any], options: IterableOptions, epoch: int
+    root: Path, descriptor: dict[str, Any], options: ReadOptions, epoch: int
 ) -> WebDatasetReader:
     reader = WebDatasetReader(root, descriptor, options)
     reader.epoch = epoch

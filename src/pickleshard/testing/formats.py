@@ -23,13 +23,19 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-from ..errors import OutputExistsError, OutputPathError, UnencodableValueError, VerifyMismatchError
+from ..errors import (
+    OutputExistsError,
+    OutputPathError,
+    UnencodableValueError,
+    UnsafePickleError,
+    VerifyMismatchError,
+)
 from ..formats import ConvertedDataset, Format, get_format, open_dataset
 from ..pipelines.convert.run import ConvertReport, convert
 from ..pipelines.verify.run import verify
 from .oracle import GATED_GLOBAL, GatedInt, assert_same, oracle_samples, write_files
 
-__all__ = ["DTYPES", "FormatTests"]
+__all__ = ["DTYPES", "FormatTests", "Unpicklable", "WritesUnpicklable"]
 
 DTYPES = (
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -47,6 +53,21 @@ sys.path[:0] = path
 from pickleshard.pipelines.convert.run import convert
 convert(sys.argv[1], sys.argv[2], **pickle.loads(kwargs))
 """
+
+
+class Unpicklable:
+    """A value that loads from a pickle (as what :class:`WritesUnpicklable` writes) but that
+    pickle refuses to write again: the one kind of value no format can store."""
+
+    def __reduce__(self) -> Any:
+        raise TypeError("Unpicklable refuses to be pickled")
+
+
+class WritesUnpicklable:
+    """Pickles as an :class:`Unpicklable`: put it in a source file to test the refusal."""
+
+    def __reduce__(self) -> Any:
+        return (Unpicklable, ())
 
 
 def _arrays(rng: np.random.Generator, n: int, shape: tuple[int, ...]) -> list[Any]:
@@ -210,8 +231,19 @@ class FormatTests:
 
     # ---- errors ------------------------------------------------------------------------------
 
+    def test_other_objects_are_pickled_and_load_under_the_policy(self, tmp_path: Path) -> None:
+        write_files(tmp_path / "src", [([1, 2], [Fraction(1, 3), Fraction(2, 3)])])
+        self.convert(tmp_path / "src", tmp_path / "out", allow_globals=["fractions.Fraction"])
+        with pytest.raises(UnsafePickleError, match=r"fractions\.Fraction"):
+            self.open(tmp_path / "out")[0]
+        ds = open_dataset(tmp_path / "out", shuffle=False, allow_globals=["fractions.Fraction"])
+        assert_same(ds[1], (2, Fraction(2, 3)))
+        assert_same(
+            open_dataset(tmp_path / "out", shuffle=False, trusted=True)[0][1], Fraction(1, 3)
+        )
+
     def test_unencodable_value_names_file_sample_and_field(self, tmp_path: Path) -> None:
-        write_files(tmp_path / "src", [([1, 2, 3], [0, Fraction(1, 3), 2])])
+        write_files(tmp_path / "src", [([1, 2, 3], [0, WritesUnpicklable(), 2])])
         with pytest.raises(UnencodableValueError) as info:
             self.convert(tmp_path / "src", tmp_path / "out", trusted=True)
         assert info.value.sample == 1

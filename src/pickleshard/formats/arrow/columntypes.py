@@ -18,17 +18,17 @@ Python ``bool``             ``{"t": "bool", "null": b}``         ``bool``
 numpy scalar                ``{"t": "scalar", "dtype": d}``      the primitive
 ndarray, one shape          ``{"t": "array", "dtype", "shape"}`` nested ``fixed_size_list``
 ndarray, shapes differ (*)  ``{"t": "ragged", "dtype", "ndim"}`` ``large_list`` + shape column
-anything else               ``{"t": "pss"}``                     ``large_binary`` (PSS codec)
+anything else               ``{"t": "pickle"}``                  ``large_binary`` (pickle protocol 5)
 ==========================  ===================================  ==========================
 
-Numpy bools whose bytes are not 0 or 1 (views of other data) are PSS: Arrow packs bools to bits.
+Numpy bools whose bytes are not 0 or 1 (views of other data) are pickled: Arrow packs bools to bits.
 (+) at least one key: Parquet has no struct of no fields.
 (*) or an empty array (a dimension of 0): Arrow has no fixed-size list of size 0.
 ``null: true`` says some values are ``None`` (Arrow nulls). Numpy dtypes stored natively are
 bool, (u)int8-64 and float16-64 in either byte order (Arrow holds them little-endian; ``dtype``
 keeps the original, which the reader restores). A 0-d array is its primitive, one per row. Any
 other dtype (complex, datetime64, str, structured...), a tuple, a set, a dict with non-str keys
-or differing keys, a list mixing types, or a mix of types in one field falls back to ``pss``.
+or differing keys, a list mixing types, or a mix of types in one field falls back to ``pickle``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "PSS",
+    "PICKLE",
     "ColumnType",
     "arrow_type",
     "infer_type",
@@ -49,12 +49,12 @@ __all__ = [
 
 ColumnType = dict[str, Any]
 
-PSS: ColumnType = {"t": "pss"}
+PICKLE: ColumnType = {"t": "pickle"}
 _LEAVES = ("int", "float", "bool", "str", "bytes")
 _PYTHON = frozenset({"null", *_LEAVES, "list", "struct"})
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _MAX_DEPTH = 16  # deeper nesting is rare in samples, and Parquet's levels grow with it
-_MAX_KEYS = 256  # a dict with more keys is a mapping, not a record: PSS keeps it exact
+_MAX_KEYS = 256  # a dict with more keys is a mapping, not a record: pickle keeps it exact
 _LEAF_TYPES: dict[type, str] = {
     int: "int",
     float: "float",
@@ -80,48 +80,48 @@ def _leaf(t: str, null: bool = False) -> ColumnType:
 
 
 def infer_type(value: Any, depth: int = 0) -> ColumnType:
-    """The column type of one value (module docstring); ``PSS`` for what Arrow cannot hold."""
+    """The column type of one value (module docstring); ``PICKLE`` for what Arrow cannot hold."""
     t = type(value)
     leaf = _LEAF_TYPES.get(t)
     if leaf is not None:
         if leaf == "int" and not _INT64_MIN <= value <= _INT64_MAX:
-            return PSS
+            return PICKLE
         if leaf == "str":
             try:
                 value.encode("utf-8")
             except UnicodeEncodeError:  # lone surrogates: Arrow strings are strict UTF-8
-                return PSS
+                return PICKLE
         return _leaf(leaf)
     if value is None:
         return _NULL
     if t is np.ndarray:
         if not is_native_dtype(value.dtype) or _odd_bools(value):
-            return PSS
+            return PICKLE
         if value.size == 0 and value.ndim:  # Arrow has no fixed_size_list of size 0
             return {"t": "ragged", "dtype": value.dtype.str, "ndim": value.ndim}
         return {"t": "array", "dtype": value.dtype.str, "shape": list(value.shape)}
     if isinstance(value, np.generic):
         if not is_native_dtype(value.dtype) or _odd_bools(value):
-            return PSS
+            return PICKLE
         return {"t": "scalar", "dtype": value.dtype.str}
     if depth >= _MAX_DEPTH:
-        return PSS
+        return PICKLE
     if t is list:
         item: ColumnType | None = None
         for v in value:
             item = merge_types(item, infer_type(v, depth + 1))
             if item["t"] not in _PYTHON:
-                return PSS
+                return PICKLE
         return {"t": "list", "null": False, "item": item}
     if t is dict and 0 < len(value) <= _MAX_KEYS and all(type(k) is str for k in value):
         fields = []
         for k, v in value.items():
             ft = infer_type(v, depth + 1)
             if ft["t"] not in _PYTHON or not _utf8(k):
-                return PSS
+                return PICKLE
             fields.append([k, ft])
         return {"t": "struct", "null": False, "fields": fields}
-    return PSS
+    return PICKLE
 
 
 def _odd_bools(value: Any) -> bool:
@@ -148,15 +148,15 @@ def merge_types(a: ColumnType | None, b: ColumnType) -> ColumnType:
     if a is None or a == b:
         return b
     ta, tb = a["t"], b["t"]
-    if ta == "pss" or tb == "pss":
-        return PSS
+    if ta == "pickle" or tb == "pickle":
+        return PICKLE
     if ta == "null" or tb == "null":
         other = b if ta == "null" else a
-        return _nullable(other) if other["t"] in _PYTHON else PSS
+        return _nullable(other) if other["t"] in _PYTHON else PICKLE
     if ta != tb:
         if {ta, tb} == {"array", "ragged"}:
             return _merge_arrays(a, b)
-        return PSS
+        return PICKLE
     null = bool(a.get("null") or b.get("null"))
     if ta in _LEAVES:
         return _leaf(ta, null)
@@ -165,23 +165,27 @@ def merge_types(a: ColumnType | None, b: ColumnType) -> ColumnType:
             item = a["item"] if b["item"] is None else b["item"]
         else:
             item = merge_types(a["item"], b["item"])
-        return PSS if item is not None and item["t"] == "pss" else {**a, "null": null, "item": item}
+        return (
+            PICKLE
+            if item is not None and item["t"] == "pickle"
+            else {**a, "null": null, "item": item}
+        )
     if ta == "struct":
         return _merge_structs(a, b, null)
     if ta in ("array", "ragged"):
         return _merge_arrays(a, b)
-    return PSS  # two numpy scalar types
+    return PICKLE  # two numpy scalar types
 
 
 def _merge_structs(a: ColumnType, b: ColumnType, null: bool) -> ColumnType:
     keys = [k for k, _ in a["fields"]]
     if keys != [k for k, _ in b["fields"]]:
-        return PSS  # Arrow would fill missing keys with None: not the dict that was stored
+        return PICKLE  # Arrow would fill missing keys with None: not the dict that was stored
     fields = []
     for (k, fa), (_, fb) in zip(a["fields"], b["fields"], strict=True):
         ft = merge_types(fa, fb)
-        if ft["t"] == "pss":
-            return PSS
+        if ft["t"] == "pickle":
+            return PICKLE
         fields.append([k, ft])
     return {"t": "struct", "null": null, "fields": fields}
 
@@ -192,7 +196,7 @@ def _ndim(ct: ColumnType) -> int:
 
 def _merge_arrays(a: ColumnType, b: ColumnType) -> ColumnType:
     if a["dtype"] != b["dtype"] or _ndim(a) != _ndim(b) or _ndim(a) == 0:
-        return PSS
+        return PICKLE
     return {"t": "ragged", "dtype": a["dtype"], "ndim": _ndim(a)}
 
 
@@ -200,7 +204,7 @@ def arrow_type(ct: ColumnType | None) -> Any:
     """The Arrow type of column type ``ct`` (for ``ragged``: of its values column)."""
     import pyarrow as pa
 
-    if ct is None or ct["t"] == "pss":
+    if ct is None or ct["t"] == "pickle":
         return pa.large_binary()
     t = ct["t"]
     simple = {

@@ -6,7 +6,7 @@ On disk::
     OUT/data.arrow          (``--to arrow``) one Arrow IPC *stream* file, one record batch per
                             row group: what ``datasets.Dataset.from_file`` memory-maps
     OUT/pickleshard.json    descriptor: "file", "row_group_rows", "row_groups", and per field
-                            {"name", "column", "type", "arrow_type", ["codec": "pss"],
+                            {"name", "column", "type", "arrow_type", ["codec": "pickle"],
                             ["shape_column"]}
     OUT/hashes.npy          uint8 (N, 16) content digests (see pickleshard.formats.base)
 
@@ -15,8 +15,9 @@ Arrow type its values have (:mod:`pickleshard.formats.arrow.columntypes`): Pytho
 bytes as themselves, lists and str-keyed dicts as lists and structs, numpy arrays of one shape
 as nested ``fixed_size_list`` (``datasets``' ``with_format("numpy")`` gives the ndarray back),
 arrays of varying shape as a ``large_list`` of their elements in C order plus a
-``<field>.shape`` column. A field Arrow cannot express is a ``large_binary`` column of PSS bytes
-(:mod:`pickleshard.formats.pss`; the descriptor entry says ``"codec": "pss"``). The same field
+``<field>.shape`` column. A field Arrow cannot express is a ``large_binary`` column of pickles
+(protocol 5, ``pickle.loads``; the descriptor entry says ``"codec": "pickle"``; pickleshard
+loads them under the reader's restricted unpickling policy). The same field
 entries are in the file's schema metadata under ``b"pickleshard"``, so the file describes
 itself. Parquet columns are uncompressed by default (``compression=`` takes any codec pyarrow
 writes) and dictionary-encoded only for strings, so a random read costs no decompression.
@@ -38,10 +39,10 @@ from ...errors import MissingDependencyError
 from ..base import (
     ConvertedDataset,
     Format,
-    IterableOptions,
     PartResult,
     PartSpec,
     PartWriter,
+    ReadOptions,
     WriteOptions,
 )
 from ..registry import register_format
@@ -92,9 +93,9 @@ class _TableFormat(Format):
         raise NotImplementedError
 
     def open(
-        self, root: Path, descriptor: dict[str, Any], iterable: IterableOptions
+        self, root: Path, descriptor: dict[str, Any], options: ReadOptions
     ) -> ConvertedDataset:
-        return TableDataset(root, descriptor)
+        return TableDataset(root, descriptor, options.policy)
 
 
 class _ParquetSink:

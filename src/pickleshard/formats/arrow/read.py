@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,9 @@ import numpy as np
 
 from ...errors import ConvertedDatasetError
 from ...io.handles import ProcessLocal
+from ...safety import DEFAULT_POLICY, UnpicklePolicy
 from ..base import ConvertedDataset, Sample
+from ..encoding import MemberKind, decode_member
 from .columntypes import arrow_type
 from .values import from_arrow, is_stacked, rows_of_view, stacked_view
 from .write import METADATA_KEY
@@ -91,9 +94,13 @@ class TableDataset(ConvertedDataset):
     """Reads a Parquet or Arrow conversion (module docstring)."""
 
     def __init__(
-        self, root: Path, descriptor: dict[str, Any], cache_bytes: int = DEFAULT_CACHE_BYTES
+        self,
+        root: Path,
+        descriptor: dict[str, Any],
+        policy: UnpicklePolicy = DEFAULT_POLICY,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
     ) -> None:
-        super().__init__(root, descriptor)
+        super().__init__(root, descriptor, policy)
         self.cache_bytes = cache_bytes
         self.path = root / str(descriptor.get("file", ""))
         self.parquet = self.path.suffix == ".parquet"
@@ -199,10 +206,13 @@ class TableDataset(ConvertedDataset):
                 else:
                     take = pa.array(local) if take is None else take
                     arrays = [cols[j].take(take) for j in c]
-                out.append(from_arrow(ct, arrays))
+                out.append(from_arrow(ct, arrays, partial(self._unpickle, first)))
             except (ValueError, TypeError, pa.ArrowException) as exc:
                 raise self._corrupt(f"cannot decode field {e['name']!r}: {exc}", first) from None
         return out
+
+    def _unpickle(self, sample: int, data: bytes) -> Any:
+        return decode_member(MemberKind.PICKLE, data, self.policy, os.fspath(self.path), sample)
 
     def _get(self, i: int) -> Sample:
         k, j = divmod(i, self.rows)
@@ -227,4 +237,4 @@ class TableDataset(ConvertedDataset):
         return out  # type: ignore[return-value]
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (TableDataset, (self.root, self.descriptor, self.cache_bytes))
+        return (TableDataset, (self.root, self.descriptor, self.policy, self.cache_bytes))

@@ -4,16 +4,17 @@
 types a stacked ndarray) into its Arrow array(s); :func:`from_arrow` turns Arrow arrays back into
 the values as the source held them: Python ints/floats/bools/str/bytes/lists/dicts, numpy scalars
 and arrays with their original dtype (byte order included) and shape, writable copies, and the
-PSS-decoded value for the fallback column.
+unpickled value (through the caller's restricted ``load``) for the fallback column.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..pss import decode_pss, encode_pss
+from ..pickled import pickle_value
 from .columntypes import ColumnType, arrow_type, numpy_dtype
 
 __all__ = ["from_arrow", "is_stacked", "rows_of_view", "stack_values", "stacked_view", "to_arrow"]
@@ -47,8 +48,9 @@ def to_arrow(ct: ColumnType | None, chunk: Chunk) -> list[Any]:
     """The Arrow array(s) of one chunk: one array, or for ``ragged`` the values and the shapes."""
     import pyarrow as pa
 
-    if ct is None or ct["t"] == "pss":
-        return [pa.array([encode_pss(v) for v in chunk], type=pa.large_binary())]
+    if ct is None or ct["t"] == "pickle":
+        blobs = [pickle_value(v) for v in chunk]
+        return [pa.array(blobs, type=pa.large_binary())]
     t = ct["t"]
     if t == "array":
         assert isinstance(chunk, np.ndarray)
@@ -78,14 +80,17 @@ def _flat_numpy(arr: Any, depth: int) -> np.ndarray[Any, Any]:
     return np.asarray(arr.to_numpy(zero_copy_only=False))
 
 
-def from_arrow(ct: ColumnType | None, arrays: list[Any]) -> list[Any]:
-    """The values of a chunk's Arrow array(s) (as :func:`to_arrow` made them), in row order.
+def from_arrow(
+    ct: ColumnType | None, arrays: list[Any], unpickle: Callable[[bytes], Any]
+) -> list[Any]:
+    """The values of a chunk's Arrow array(s) (as :func:`to_arrow` made them), in row order;
+    ``unpickle`` loads the fallback column's pickles (the reader's restricted load).
 
     Raises ``ValueError`` for arrays that do not hold what the column type says.
     """
     arr = arrays[0]
-    if ct is None or ct["t"] == "pss":
-        return [decode_pss(b) for b in arr.to_pylist()]
+    if ct is None or ct["t"] == "pickle":
+        return [unpickle(b) for b in arr.to_pylist()]
     t = ct["t"]
     n = len(arr)
     if t in ("array", "scalar"):

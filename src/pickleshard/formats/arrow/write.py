@@ -116,8 +116,8 @@ def field_entries(options: WriteOptions, parts: Sequence[PartResult]) -> list[di
     ):
         entry: dict[str, Any] = {"name": name, "column": cols[0], "type": ct}
         entry["arrow_type"] = str(arrow_type(ct))
-        if ct is None or ct["t"] == "pss":
-            entry["codec"] = "pss"
+        if ct is None or ct["t"] == "pickle":
+            entry["codec"] = "pickle"
         if len(cols) > 1:
             entry["shape_column"] = cols[1]
         entries.append(entry)

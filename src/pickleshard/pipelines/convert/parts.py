@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import UnencodableValueError
 from ...executors import ExecutorLike, ProcessPoolIndexExecutor, resolve_executor
 from ...formats import Format, PartSpec, WriteOptions
-from ...formats.encoding import encode_pss, sample_digest
+from ...formats.encoding import encode_member, sample_digest
 from ...formats.files import atomic_write_json
 from ...formats.staging import Staging
 from ..mixed import MixInput
@@ -76,7 +76,7 @@ def _unencodable(
 ) -> UnencodableValueError:
     for name, value in zip(ds.fields, sample, strict=False):
         try:
-            encode_pss(value)
+            encode_member(value)
         except TypeError as err:
             return _refused(ds, i, f"field {name!r}: {err}")
     return _refused(ds, i, str(exc))
