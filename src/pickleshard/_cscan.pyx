@@ -41,6 +41,7 @@ __all__ = [
     "extent",
     "leaf_total",
     "measure_tree",
+    "node_spans",
     "rewrite_span",
     "walk_record",
 ]
@@ -645,6 +646,55 @@ def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w, object rel
         elif act == A_REFUSE:
             raise wk.Refused(oc.REFUSED[op], pos)
         pos = nxt
+
+
+# -- item spans of nodes: the compiled twin of pickleshard.scan.matching.spans -----------------
+
+
+def node_spans(list nodes, long long[::1] starts, long long[::1] ends):
+    """:func:`pickleshard.scan.matching.spans`, compiled: fill ``starts`` and ``ends`` (each as
+    long as the nodes' items together) with each item's start offset and where it ends (the
+    next item's start, or the batch's consuming opcode for a batch's last item)."""
+    cdef Py_ssize_t total = starts.shape[0], base = 0, j, k, cnt, prev, nb
+    cdef object items, x, bounds
+    cdef list node
+    cdef const long long[:] arr
+    if ends.shape[0] != total:
+        raise ValueError("starts and ends differ in length")
+    for nd in nodes:
+        node = <list>nd
+        items = node[ITEMS]
+        if type(items) is pyarray.array:
+            arr = items
+            if base + arr.shape[0] > total:
+                raise ValueError("more items than starts")
+            for j in range(arr.shape[0]):
+                starts[base + j] = arr[j]
+            base += arr.shape[0]
+        else:
+            if base + len(<list>items) > total:
+                raise ValueError("more items than starts")
+            for x in <list>items:
+                starts[base] = x if type(x) is int else (<list>x)[START]
+                base += 1
+    if base != total:
+        raise ValueError("fewer items than starts")
+    for j in range(total - 1):
+        ends[j] = starts[j + 1]
+    base = 0
+    for nd in nodes:
+        node = <list>nd
+        bounds = node[BOUNDS]
+        nb = len(bounds)
+        prev = 0
+        for k in range(0, nb - 1, 2):
+            cnt = bounds[k]
+            if cnt > prev:
+                if not 0 < base + cnt <= total:
+                    raise ValueError("a batch count past the items")
+                ends[base + cnt - 1] = bounds[k + 1]
+            prev = cnt
+        base += len(node[ITEMS])
 
 
 # -- the span rewrite: the compiled twin of pickleshard.picklekit.rewrite.rewrite_span ---------
