@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -147,12 +148,12 @@ def main(argv: list[str] | None = None) -> int:
         folder = args.data / f"{kind}-{n}"
         _write(folder, kind, n)
         size = sum(f.stat().st_size for f in folder.glob("*.pkl"))
-        load_w, _ = _best(lambda f=folder: _load_all(f), args.repeat)
-        open_w, _ = _best(lambda f=folder: _first_open(f), args.repeat)
+        load_w, _ = _best(partial(_load_all, folder), args.repeat)
+        open_w, _ = _best(partial(_first_open, folder), args.repeat)
         with _timed_phases() as spent:
             _first_open(folder)
-        load_c, load_bytes = _best(lambda f=folder: _load_all(f), args.repeat, folder)
-        open_c, open_bytes = _best(lambda f=folder: _first_open(f), args.repeat, folder)
+        load_c, load_bytes = _best(partial(_load_all, folder), args.repeat, folder)
+        open_c, open_bytes = _best(partial(_first_open, folder), args.repeat, folder)
         t = time.perf_counter()
         PickleDataset(folder)
         reopen = time.perf_counter() - t

@@ -190,15 +190,16 @@ def build_index(
                 skipped.append(skip_record(resolved.absolute(rel), rel, got))
         kept, mismatched = _check_fields(described, resolved, skip_bad)
         index_dir.mkdir(parents=True, exist_ok=True)
-        write_index(index_dir, resolved, kept, staging, skipped + mismatched, layout)
+        # before the header: the index.json replace is the build's last step
         remember_globals(
             index_dir,
             {
-                d.entry.path: ([d.entry.size, d.entry.mtime_ns, d.entry.ino], d.globals)
+                d.entry.path: ([d.entry.size, d.entry.mtime_ns, d.entry.ino or 0], d.globals)
                 for d in kept
-                if d.globals is not None and d.entry.etag is None
+                if d.globals is not None and d.entry.etag is None and d.entry.ino is not None
             },
         )
+        write_index(index_dir, resolved, kept, staging, skipped + mismatched, layout)
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)

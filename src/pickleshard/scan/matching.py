@@ -292,7 +292,7 @@ def _same_keys_as(buf: Any, ks: np.ndarray, ke: np.ndarray, ref: int) -> np.ndar
     except (TypeError, ValueError):
         return np.zeros(len(ks), bool)
     lengths = ke - ks
-    same = (lengths == lengths[ref]).all(axis=1)
+    same: np.ndarray = (lengths == lengths[ref]).all(axis=1)
     for j in range(ks.shape[1]):
         n = int(lengths[ref, j])
         want = raw[int(ks[ref, j]) : int(ks[ref, j]) + n]

@@ -221,7 +221,7 @@ def _fixed_op(w: Walk, op: int, pos: int, nxt: int) -> bool:
     if act == oc.A_POPN or act == oc.A_TUPLEN:
         n = oc.NPOP[op]
         w.need(pos, n)
-        value = None
+        value: Any = None
         if op == _OP["STACK_GLOBAL"]:
             module, name = w.text(stack[-2]), w.text(stack[-1])
             resolved = (module, name) if module is not None and name is not None else None
