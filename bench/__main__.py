@@ -5,6 +5,7 @@
 ``python -m bench span ...`` runs ``bench.span`` (shuffled epochs by span vs numpy memmap),
 ``python -m bench mix ...`` runs ``bench.mix`` (a MixedDataset of two sources vs one dataset),
 ``python -m bench remote ...`` runs ``bench.remote`` (a shuffled epoch from S3 by byte range),
+``python -m bench open ...`` runs ``bench.open`` (a first open against ``pickle.load``),
 ``python -m bench index-open ...`` runs ``bench.index_open`` (the cost of validating an index),
 ``python -m bench first-epoch ...`` runs ``bench.first_epoch`` (whole-file first epoch vs folk),
 ``python -m bench --suite full|quick`` runs ``bench.suite`` (every loader side by side),
@@ -202,6 +203,10 @@ def main(argv: list[str] | None = None) -> int:
         from .suite.main import main as suite_main
 
         return suite_main(given)
+    if given[:1] == ["open"]:  # `python -m bench open ...`
+        from .open import main as open_main
+
+        return open_main(given[1:])
     if given[:1] == ["index-open"]:  # `python -m bench index-open ...`
         from .index_open import main as index_open_main
 

@@ -41,6 +41,7 @@ __all__ = [
     "extent",
     "leaf_total",
     "measure_tree",
+    "node_spans",
     "rewrite_span",
     "walk_record",
 ]
@@ -79,6 +80,7 @@ cdef int ARGLEN_[256]
 cdef int ACTION_[256]
 cdef int NPOP_[256]
 cdef int PUSH_STEP_[256]
+cdef bint FINDS_CLASS_[256]
 
 
 def _check_tables():
@@ -290,7 +292,7 @@ def replayed_values():
 
 
 cdef class _Tpl:
-    cdef Py_ssize_t s, nops, paysum
+    cdef Py_ssize_t s, nops, paysum, gops
     cdef bytes head  # the template's bytes outside payloads and FRAME headers, concatenated
     cdef array.array ops  # per opcode: _OP_* fields
     cdef array.array at  # scratch: where each opcode stands in the bytes being compared
@@ -319,7 +321,7 @@ cdef _Tpl _template(
     cdef int op, form, act, kind
     cdef long long key
     cdef _Tpl t = _Tpl()
-    t.s, t.nops, t.paysum = s, 0, 0
+    t.s, t.nops, t.paysum, t.gops = s, 0, 0, 0
     t.ops = pyarray.array("q")
     parts = []
     j = len(defs)
@@ -345,6 +347,8 @@ cdef _Tpl _template(
         if nxt < 0:
             return None
         hdr = 1 + ARGLEN_[op]  # the opcode's bytes, its payload (n bytes after them) excluded
+        if FINDS_CLASS_[op]:
+            t.gops += 1
         if form == F_FIXED:
             if act == A_MEMOIZE:
                 if nd == 0 or defs.data.as_longlongs[len(defs) - nd] != i:
@@ -378,6 +382,7 @@ cdef _Tpl _template(
 cdef Py_ssize_t _replay(
     _Tpl t, const unsigned char[:] b, Py_ssize_t pos, Py_ssize_t end, list stack,
     array.array defs, array.array goffs, array.array gkeys, object release, uint64_t* skipped,
+    Py_ssize_t* gops,
 ) except -1:
     """Replay ``t`` from ``pos`` for as long as the bytes repeat it (FRAME headers between its
     opcodes allowed, as the pickler puts them anywhere); return where that stops: a value the
@@ -416,6 +421,7 @@ cdef Py_ssize_t _replay(
                 if (at[k] + o[OP_HLEN] + o[OP_PLEN]) >> RELEASE_SHIFT != at[k] >> RELEASE_SHIFT:
                     release(at[k])
         skipped[0] += t.paysum
+        gops[0] += t.gops
         stack.append(at[0])
         _replayed += 1
         pos = p
@@ -445,7 +451,7 @@ def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w, object rel
     cdef object top, target, items, sub
     cdef list node
     cdef _Tpl tpl = None
-    cdef Py_ssize_t nst, s_top, tpl_failed = -1, moved
+    cdef Py_ssize_t nst, s_top, tpl_failed = -1, moved, gops = 0
     while True:
         if pos >= end:
             raise wk.cut_error(w, pos, "the opcode stream (no STOP)")
@@ -465,7 +471,9 @@ def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w, object rel
                         if tpl is None:
                             tpl_failed = s_top
                     if tpl is not None:
-                        moved = _replay(tpl, b, pos, end, stack, defs, goffs, gkeys, release, &skipped)
+                        moved = _replay(
+                            tpl, b, pos, end, stack, defs, goffs, gkeys, release, &skipped, &gops
+                        )
                         if moved != pos:
                             pos = moved
                             continue
@@ -501,6 +509,8 @@ def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w, object rel
             pos = nxt
             continue
         act = ACTION_[op]
+        if FINDS_CLASS_[op]:
+            gops += 1
         if act == A_GET:
             if op == BINGET_OP:
                 mid = b[pos + 1]
@@ -624,6 +634,7 @@ def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w, object rel
             if len(stack) != 1 or marks:
                 raise wk.Refused(f"{len(stack)} values and {len(marks)} marks at STOP", pos)
             w.skipped += skipped
+            w.global_ops += gops
             return stack[0], nxt, max(first_id, 0)
         elif act == A_POP or act == A_POP_MARK:  # only a recursive tuple: POPs, then a GET
             if act == A_POP and len(stack) > fence:
@@ -647,6 +658,55 @@ def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w, object rel
         pos = nxt
 
 
+# -- item spans of nodes: the compiled twin of pickleshard.scan.matching.spans -----------------
+
+
+def node_spans(list nodes, long long[::1] starts, long long[::1] ends):
+    """:func:`pickleshard.scan.matching.spans`, compiled: fill ``starts`` and ``ends`` (each as
+    long as the nodes' items together) with each item's start offset and where it ends (the
+    next item's start, or the batch's consuming opcode for a batch's last item)."""
+    cdef Py_ssize_t total = starts.shape[0], base = 0, j, k, cnt, prev, nb
+    cdef object items, x, bounds
+    cdef list node
+    cdef const long long[:] arr
+    if ends.shape[0] != total:
+        raise ValueError("starts and ends differ in length")
+    for nd in nodes:
+        node = <list>nd
+        items = node[ITEMS]
+        if type(items) is pyarray.array:
+            arr = items
+            if base + arr.shape[0] > total:
+                raise ValueError("more items than starts")
+            for j in range(arr.shape[0]):
+                starts[base + j] = arr[j]
+            base += arr.shape[0]
+        else:
+            if base + len(<list>items) > total:
+                raise ValueError("more items than starts")
+            for x in <list>items:
+                starts[base] = x if type(x) is int else (<list>x)[START]
+                base += 1
+    if base != total:
+        raise ValueError("fewer items than starts")
+    for j in range(total - 1):
+        ends[j] = starts[j + 1]
+    base = 0
+    for nd in nodes:
+        node = <list>nd
+        bounds = node[BOUNDS]
+        nb = len(bounds)
+        prev = 0
+        for k in range(0, nb - 1, 2):
+            cnt = bounds[k]
+            if cnt > prev:
+                if not 0 < base + cnt <= total:
+                    raise ValueError("a batch count past the items")
+                ends[base + cnt - 1] = bounds[k + 1]
+            prev = cnt
+        base += len(node[ITEMS])
+
+
 # -- the span rewrite: the compiled twin of pickleshard.picklekit.rewrite.rewrite_span ---------
 
 from cpython.bytearray cimport (
@@ -661,7 +721,6 @@ from struct import error as struct_error
 
 cdef int COPY_STEP_[256]
 cdef int PAYLOAD_[256]
-cdef bint FINDS_CLASS_[256]
 for _b in range(256):
     COPY_STEP_[_b], PAYLOAD_[_b] = oc.COPY_STEP[_b], oc.PAYLOAD[_b]
     FINDS_CLASS_[_b] = oc.FINDS_CLASS[_b]

@@ -37,12 +37,14 @@ from ..scan import ArrayItem, ScanResult, scan_file
 from ..scan.ambiguity import Ambiguity
 from ..scan.filemeta import metadata_to_json
 from ..scan.layouts import LayoutChoice
+from .openaudit import AUDIT_OPCODE_BYTES, buffer_globals
 
 __all__ = ["Described", "describe_file", "staged_name"]
 
 _OBJECT_OVERHEAD = 64  # bytes per element beyond its pickled size, when none could be read
 _SIZED = 32  # samples read per file to size its object fields
 _ARRAY_OVERHEAD = 112  # an ndarray's header
+_SIZED_SPAN_MAX = 64 << 10  # object bytes of one sample read to size a file, at most
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,9 @@ class Described:
     entry: FileEntry
     ext_keys: int = 0
     records: int = 0
+    # every global the file names, with its first offset, when the scan could say (else None:
+    # the dataset's audit walks the file itself)
+    globals: dict[tuple[str, str], int] | None = None
 
 
 def staged_name(staging: Path, pos: int, array: str) -> Path:
@@ -83,7 +88,10 @@ def _estimate(scan: ScanResult, source: ByteSource, policy: UnpicklePolicy) -> i
     if not objects:
         return total
     picked = np.unique(np.linspace(0, n - 1, min(n, _SIZED)).astype(np.int64))
-    decoded = _decoded_sizes(scan, source, policy, picked, objects)
+    # a big sample is never built to size it (a set of 150,000 ints that hash alike takes
+    # minutes to build): its pickled size stands in
+    picked = picked[spans[picked][:, objects].sum(axis=1) <= _SIZED_SPAN_MAX]
+    decoded = _decoded_sizes(scan, source, policy, picked, objects) if len(picked) else None
     for f in objects:
         pickled = int(spans[:, f].sum())
         sampled = int(spans[picked, f].sum())
@@ -222,6 +230,7 @@ def describe_file(
         if not why and staging is not None:
             _check_span_memo(scan, options)
             nbytes = _estimate(scan, source, policy)  # reads a few samples through this open
+            named = _globals(scan, source)
     if why or staging is None:
         return _whole(path, base, policy, why, layout, options)
     for name, array in scan.arrays_dict().items():
@@ -236,4 +245,19 @@ def describe_file(
         mode="span",
         scan={**scan.meta(), "num_records": len(scan.records), **remote_fetch_counts(source)},
     )
-    return Described(entry, ext_keys=len(scan.ext_keys), records=len(scan.records))
+    return Described(entry, len(scan.ext_keys), len(scan.records), named)
+
+
+def _globals(scan: ScanResult, source: ByteSource) -> dict[tuple[str, str], int] | None:
+    """The globals the file names, for the dataset's audit: none when the scan met no opcode
+    naming one (nothing to walk); else the audit's walk of the mapping the scan read (a local
+    file, up to the audit's size limit); None for a remote object (its audit is the reads')."""
+    if scan.global_ops == 0:
+        return {}
+    buf = source.map() if scan.global_ops > 0 and scan.bytes_read <= AUDIT_OPCODE_BYTES else None
+    if buf is None:
+        return None
+    try:
+        return buffer_globals(buf, source.size, scan.path)
+    except PickleshardError:  # as file_globals: the dataset's audit and the reads word it
+        return None

@@ -126,11 +126,32 @@ def file_globals(
                 buf = source.map()
             if buf is None:
                 buf = sparse_buffer(source)
-            audit = audit_buffer(buf, source.size, where)
-            # a nested torch payload's globals are torch's weights_only loader's business
-            return {k: audit.first_refs.get(k, -1) for k in audit.refs if k[0] != "?"}
+            return buffer_globals(buf, source.size, where)
     except Exception:  # best effort: the reads enforce the policy and word every error
         return {}
+
+
+def buffer_globals(buf: Any, size: int, where: str) -> dict[GlobalKey, int]:
+    """:func:`file_globals` of a pickle file already in ``buf[:size]`` (a plain pickle, not a
+    joblib file): raises what the walk raises."""
+    audit = audit_buffer(buf, size, where)
+    # a nested torch payload's globals are torch's weights_only loader's business
+    return {k: audit.first_refs.get(k, -1) for k in audit.refs if k[0] != "?"}
+
+
+def remember_globals(
+    index_dir: Path, found: dict[str, tuple[list[int], dict[GlobalKey, int]]]
+) -> None:
+    """Keep in ``audit.json`` the globals the index build found while it scanned (``{rel:
+    (stamp, globals)}``, stamp as :func:`_stamp` gives it), so that the audit of the dataset it
+    opens walks none of those files again."""
+    if not found:
+        return
+    path = index_dir / CACHE_NAME
+    cache = _load_cache(path)
+    for rel, (stamp, keys) in found.items():
+        cache[rel] = [*stamp, sorted([m, n, at] for (m, n), at in keys.items())]
+    _save_cache(path, cache)
 
 
 def _load_cache(path: Path) -> dict[str, Any]:

@@ -111,15 +111,17 @@ for _op in pickletools.opcodes:
 
 HIGHEST_PROTOCOL: Final = pickle.HIGHEST_PROTOCOL
 PROTO_OP: Final = 0x80
-# Total size of each fixed-size opcode that only pushes a value (the scanner's fast path), and of
-# each fixed-size opcode the span rewriter copies as is (not a memo opcode, not FRAME, not one
-# that names a global: the rewriter counts those); else 0.
-PUSH_STEP: list[int] = [
-    1 + ARGLEN[b] if ACTION[b] == A_PUSH and FORM[b] == F_FIXED else 0 for b in range(256)
-]
 # Opcodes whose loading calls the unpickler's ``find_class`` (they name a global).
 FINDS_CLASS: list[bool] = [
     OPNAME[b] in ("GLOBAL", "STACK_GLOBAL", "INST", "EXT1", "EXT2", "EXT4") for b in range(256)
+]
+# Total size of each fixed-size opcode that only pushes a value (the scanner's fast path), and of
+# each fixed-size opcode the span rewriter copies as is (not a memo opcode, not FRAME, not one
+# that names a global: the rewriter counts those); else 0.
+# The EXT lookups name a global: never on the fast path, so that every walk counts them.
+PUSH_STEP: list[int] = [
+    1 + ARGLEN[b] if ACTION[b] == A_PUSH and FORM[b] == F_FIXED and not FINDS_CLASS[b] else 0
+    for b in range(256)
 ]
 COPY_STEP: list[int] = [
     1 + ARGLEN[b]

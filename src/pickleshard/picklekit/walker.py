@@ -62,6 +62,7 @@ from .opcodes import (
     BINPUT_OP,
     F_FIXED,
     F_LEN8U,
+    FINDS_CLASS,
     FORM,
     FRAME_OP,
     HEAD,
@@ -95,6 +96,9 @@ class Walked:
     get_keys: array[int]  # memo key it names
     skipped: int  # payload bytes seeked over, never read
     engine: str = "python"  # the walker that produced it: "python" or "compiled"
+    # opcodes that name a global (GLOBAL, STACK_GLOBAL, INST, EXT1/2/4; FINDS_CLASS): none
+    # means the globals audit has nothing to find, and need not walk the file again
+    global_ops: int = 0
 
 
 class Refused(Exception):
@@ -135,6 +139,7 @@ def walk_record(
     memo: dict[int, Node] = {}  # memo key -> node stored there, while it is kept
     key0, first_id, carry, skipped, fence = len(defs), -1, -1, 0, 0
     step_of, form_of, action_of, head_of = PUSH_STEP, FORM, ACTION, HEAD
+    finds_class = FINDS_CLASS
     while True:
         if pos >= end:
             raise cut_error(w, pos, "the opcode stream (no STOP)")
@@ -175,6 +180,8 @@ def walk_record(
                 pos = nxt
                 continue
         act = action_of[op]
+        if finds_class[op]:
+            w.global_ops += 1
         if act == A_GET:
             mid = buf[pos + 1] if op == BINGET_OP else memo_arg(buf, pos, nxt, op, w)
             k = mid - first_id + key0

@@ -108,5 +108,6 @@ def assemble(
         shared=table.shared(),
         bytes_read=w.size - w.skipped + insp.bytes_read,
         engine=w.engine,
+        global_ops=w.global_ops,
         items=items if any(a is not None for a in items) else (),
     )

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FieldLengthMismatchError, NotSpanIndexableError
+from ..picklekit.compiled import CORE
 from ..picklekit.nodes import BOUNDS, DICT, ITEMS, KIND, LIST, START, TUPLE, Node, Value, start_of
 from ..safety.standins import ArraySpec, EncodedBytes, Opaque, Payload
 from .filemeta import field_name, is_metadata
@@ -62,6 +63,8 @@ def _item_starts(node: Node) -> np.ndarray:
     items = node[ITEMS]
     if type(items) is array:  # a complete node: item offsets only, as int64
         return np.frombuffer(items, np.int64)
+    if items and type(items[0]) is not int:  # nodes: np.array would try a ragged array first
+        return np.fromiter((x if type(x) is int else x[START] for x in items), np.int64, len(items))
     try:
         return np.array(items, np.int64)
     except (TypeError, ValueError):  # some items are nodes
@@ -71,6 +74,15 @@ def _item_starts(node: Node) -> np.ndarray:
 def spans(nodes: Sequence[Node]) -> tuple[np.ndarray, np.ndarray]:
     """Start and end offsets of the items of ``nodes``, concatenated."""
     total = sum(len(n[ITEMS]) for n in nodes)
+    if CORE is not None and total:  # the compiled twin: one C loop over items and bounds
+        starts, ends = np.empty(total, np.int64), np.empty(total, np.int64)
+        CORE.node_spans(list(nodes), starts, ends)
+        return starts, ends
+    return spans_py(nodes, total)
+
+
+def spans_py(nodes: Sequence[Node], total: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`spans` in Python (``total``: the nodes' items together): the reference."""
     if len(nodes) <= 16:  # a few big nodes (columns): whole arrays at a time
         starts = np.concatenate([_item_starts(n) for n in nodes] or [np.zeros(0, np.int64)])
     else:  # many small nodes (rows)
@@ -270,23 +282,58 @@ def fields_of(
     return names, cols
 
 
+def _same_keys_as(buf: Any, ks: np.ndarray, ke: np.ndarray, ref: int) -> np.ndarray:
+    """Which rows' key spans (``ks``/``ke``: rows x keys) hold exactly the bytes of row ``ref``'s:
+    a row whose keys are the same opcodes (the same memo GETs, or the same literal strings) has
+    the same keys in the same order, so its fields sit at the same places. All False where the
+    buffer cannot be viewed as bytes (the rows are then evaluated one by one)."""
+    try:
+        raw = np.frombuffer(buf, np.uint8)
+    except (TypeError, ValueError):
+        return np.zeros(len(ks), bool)
+    lengths = ke - ks
+    same: np.ndarray = (lengths == lengths[ref]).all(axis=1)
+    for j in range(ks.shape[1]):
+        n = int(lengths[ref, j])
+        want = raw[int(ks[ref, j]) : int(ks[ref, j]) + n]
+        rows = np.flatnonzero(same)
+        got = raw[ks[rows, j, None] + np.arange(n)]
+        same[rows[~(got == want).all(axis=1)]] = False
+    return same
+
+
 def dict_rows(rows: list[Node], insp: Inspector, name: str) -> tuple[tuple[str, ...], list[Field]]:
     starts, ends = spans(rows)
-    picks: list[list[int]] = []
-    base, keys0 = 0, None
-    for row in rows:
-        n = len(row[ITEMS])
+    sizes = np.fromiter((len(row[ITEMS]) for row in rows), np.int64, len(rows))
+    bases = np.zeros(len(rows), np.int64)
+    np.cumsum(sizes[:-1], out=bases[1:])
+    known = np.zeros(len(rows), bool)
+    picks = np.zeros((len(rows), 0), np.int64)
+    keys0: list[Any] | None = None
+    for r, row in enumerate(rows):
+        if known[r]:
+            continue
+        base, n = int(bases[r]), len(row[ITEMS])
         order = _dict_order(
             [insp.key(int(starts[base + j]), int(ends[base + j])) for j in range(0, n, 2)], name
         )
         if keys0 is None:
             keys0 = list(order)
+            picks = np.zeros((len(rows), len(keys0)), np.int64)
         try:
-            picks.append([base + 2 * order[k] + 1 for k in keys0])
+            rel = np.array([2 * order[k] + 1 for k in keys0], np.int64)
         except KeyError as exc:
             raise NotLayout(f"per-sample dicts with different keys (missing {exc})") from None
-        base += n
-    idx = np.array(picks, np.int64).reshape(len(rows), -1)
+        picks[r] = base + rel
+        known[r] = True
+        # rows of as many items whose keys are the same bytes take the same places at once
+        alike = np.flatnonzero(~known & (sizes == n))
+        if len(alike):
+            key_at = np.concatenate([[base], bases[alike]])[:, None] + np.arange(0, n, 2)
+            same = _same_keys_as(insp.buf, starts[key_at], ends[key_at], 0)[1:]
+            hit = alike[same]
+            picks[hit] = bases[hit, None] + rel
+            known[hit] = True
     return field_names(keys0 or (), name), [
-        Field(starts[idx[:, f]], ends[idx[:, f]]) for f in range(idx.shape[1])
+        Field(starts[picks[:, f]], ends[picks[:, f]]) for f in range(picks.shape[1])
     ]

@@ -197,6 +197,8 @@ class ScanResult:
     # per-file facts the index keeps in its files table, not in the stored scan
     metadata: dict[str, Any] = field(default_factory=dict, compare=False)
     ambiguity: Ambiguity | None = field(default=None, compare=False)
+    # opcodes naming a global the walk met (-1: not counted): 0 means nothing for the audit
+    global_ops: int = field(default=-1, compare=False)
 
     @property
     def num_samples(self) -> int:

@@ -23,7 +23,7 @@ def audit_nested(w: Walk, pos: int, blob: Blob) -> None:
     outer = w.a
     if outer.path.count("[torch payload") >= _NESTED_DEPTH:
         return
-    data = bytes(w.buf[blob.start : blob.start + blob.n])
+    data = blob.data if blob.data is not None else bytes(w.buf[blob.start : blob.start + blob.n])
     members: list[tuple[str, bytes]] = []
     if data[:4] == b"PK\x03\x04":
         try:

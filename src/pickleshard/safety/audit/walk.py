@@ -48,7 +48,18 @@ for _b in (_OP["EXT1"], _OP["EXT2"], _OP["EXT4"]):
 
 
 class Blob:
-    """A ``bytes`` payload on the symbolic stack: where it is, for a nested torch payload."""
+    """A ``bytes`` payload on the symbolic stack: where it is, for a nested torch payload; or,
+    for ``_codecs.encode(text, "latin1")`` (how protocols 0-2 write bytes), its ``data``."""
+
+    __slots__ = ("data", "n", "start")
+
+    def __init__(self, start: int, n: int, data: bytes | None = None) -> None:
+        self.start, self.n, self.data = start, n, data
+
+
+class Text:
+    """A long text payload on the symbolic stack (``BINUNICODE``...): an operand of
+    ``_codecs.encode``, which protocols 0-2 use to write ``bytes``."""
 
     __slots__ = ("n", "start")
 
@@ -56,7 +67,18 @@ class Blob:
         self.start, self.n = start, n
 
 
+class EncodeArgs:
+    """``(text, encoding)`` on the symbolic stack: the arguments of a ``_codecs.encode``."""
+
+    __slots__ = ("encoding", "text")
+
+    def __init__(self, text: Text, encoding: str | None) -> None:
+        self.text, self.encoding = text, encoding
+
+
 _TORCH_PAYLOAD: GlobalKey = ("torch.storage", "_load_from_bytes")
+_ENCODE: GlobalKey = ("_codecs", "encode")
+_PAYLOAD_MAX = 256 << 20  # text decoded for a nested payload: at most this many characters
 #: ``nested(walk, offset, payload)``: the audit of a torch payload's pickles (:mod:`.torchpayloads`)
 NestedAudit = Callable[["Walk", int, "Blob"], None]
 _BYTES_OPS = frozenset(getattr(pickle, n)[0] for n in ("SHORT_BINBYTES", "BINBYTES", "BINBYTES8"))
@@ -199,7 +221,7 @@ def _fixed_op(w: Walk, op: int, pos: int, nxt: int) -> bool:
     if act == oc.A_POPN or act == oc.A_TUPLEN:
         n = oc.NPOP[op]
         w.need(pos, n)
-        value = None
+        value: Any = None
         if op == _OP["STACK_GLOBAL"]:
             module, name = w.text(stack[-2]), w.text(stack[-1])
             resolved = (module, name) if module is not None and name is not None else None
@@ -212,6 +234,8 @@ def _fixed_op(w: Walk, op: int, pos: int, nxt: int) -> bool:
             w.call(stack[-2], pos)
             if stack[-2] == _TORCH_PAYLOAD and type(stack[-1]) is Blob and w.nested is not None:
                 w.nested(w, pos, stack[-1])
+            elif stack[-2] == _ENCODE and type(stack[-1]) is EncodeArgs:
+                value = _encoded(w, stack[-1])  # bytes as protocols 0-2 write them
         elif op == _OP["NEWOBJ_EX"]:
             w.call(stack[-3], pos)
         del stack[len(stack) - n :]
@@ -265,6 +289,33 @@ def _fixed_op(w: Walk, op: int, pos: int, nxt: int) -> bool:
     else:  # NEXT_BUFFER, and any other push
         stack.append(None)
     return False
+
+
+def _is_text(w: Walk, v: Any) -> bool:
+    return type(v) is Text or (type(v) is int and w.buf[v] in _UNICODE_OPS)
+
+
+def _as_text(w: Walk, v: Text | int) -> Text:
+    """A text operand as a :class:`Text`: a short one is on the stack as its opcode's offset."""
+    if type(v) is Text:
+        return v
+    assert type(v) is int
+    start = v + oc.HEAD[w.buf[v]]
+    return Text(start, extent(w.buf, v, w.end) - start)
+
+
+def _encoded(w: Walk, args: EncodeArgs) -> Blob | None:
+    """The bytes ``_codecs.encode(text, encoding)`` makes of a long text payload, when the
+    encoding is latin-1 (what protocols 0-2 write): a payload a torch loader may read."""
+    text, encoding = args.text, args.encoding
+    if encoding not in ("latin1", "latin-1", "iso-8859-1") or text.n > _PAYLOAD_MAX:
+        return None
+    raw = bytes(w.buf[text.start : text.start + text.n])
+    try:
+        data = raw.decode("utf-8", "surrogatepass").encode("latin-1")
+    except UnicodeError:
+        return None
+    return Blob(text.start, len(data), data)
 
 
 def walk_record(w: Walk, pos: int) -> int:
@@ -323,6 +374,8 @@ def walk_record(w: Walk, pos: int) -> int:
                 if m < (marks[-1] if marks else 0):
                     raise w.fail(pos, "underflows the stack")
                 one = stack[m] if len(stack) == m + 1 and type(stack[m]) is Blob else None
+                if len(stack) == m + 2 and _is_text(w, stack[m]):  # (text, encoding)
+                    one = EncodeArgs(_as_text(w, stack[m]), w.text(stack[m + 1]))
                 del stack[m:]
                 push(one)  # (payload,): kept, for a REDUCE of torch's _load_from_bytes
                 pos += 1
@@ -351,7 +404,13 @@ def walk_record(w: Walk, pos: int) -> int:
                     push(pos)
                 else:
                     skipped += n
-                    push(Blob(hdr, n) if op in _BYTES_OPS else None)
+                    push(
+                        Blob(hdr, n)
+                        if op in _BYTES_OPS
+                        else Text(hdr, n)
+                        if op in _UNICODE_OPS
+                        else None
+                    )
                 pos = nxt
                 continue
             if op in counted:

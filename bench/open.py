@@ -1,0 +1,201 @@
+"""``python -m bench open``: a dataset's first open (index build + audit) against ``pickle.load``.
+
+For each dataset (8 files each, written once under ``--data``): ``pickle.load`` of every file,
+then the first ``PickleDataset(folder)`` (the index removed before each try), warm (files in the
+page cache) and cold (every data file evicted with ``posix_fadvise(POSIX_FADV_DONTNEED)`` before
+the try; bytes fetched from storage are ``read_bytes`` of ``/proc/self/io``). Best of
+``--repeat``. The first open's phases (scan, sizing, audit, write) are timed inside the warm
+open itself, by wrapping the functions that do them. Writes ``first-open.md``/``.json`` under
+``--out``; never asserts a speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import shlex
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pickleshard import PickleDataset
+from pickleshard.indexing import build as build_mod
+from pickleshard.indexing import describe as describe_mod
+
+from .report import describe_machine, report_head, save_results
+
+__all__ = ["main"]
+
+HERE = Path(__file__).resolve().parent
+KINDS = {
+    "arrays-12KB": "8 x 2,500 float32 (3,32,32) arrays + int labels",
+    "objects": "8 x 12,500 dicts (16-token list, str, float)",
+    "arrays-150KB": "8 x 1,000 float32 (3,112,112) arrays + int labels",
+}
+PHASES = {
+    "scan": (describe_mod, "scan_file"),
+    "sizing": (describe_mod, "_estimate"),
+    "audit": (describe_mod, "_globals"),
+    "write": (build_mod, "write_index"),
+}
+
+
+def _write(folder: Path, kind: str, per_file: int) -> None:
+    if folder.is_dir() and len(list(folder.glob("*.pkl"))) == 8:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for f in range(8):
+        obj: Any
+        if kind == "objects":
+            obj = [
+                {"tokens": rng.integers(0, 30000, 16).tolist(), "text": f"s{i}", "score": i / 3}
+                for i in range(per_file)
+            ]
+        else:
+            shape = (3, 32, 32) if kind == "arrays-12KB" else (3, 112, 112)
+            obj = (
+                [rng.random(shape, dtype=np.float32) for _ in range(per_file)],
+                list(range(per_file)),
+            )
+        with open(folder / f"part{f}.pkl", "wb") as fh:
+            pickle.dump(obj, fh, protocol=5)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+def _evict(folder: Path) -> None:
+    for p in folder.glob("*.pkl"):
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def _read_bytes() -> int:
+    with open("/proc/self/io") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("read_bytes"))
+
+
+def _load_all(folder: Path) -> None:
+    for p in sorted(folder.glob("*.pkl")):
+        with open(p, "rb") as fh:
+            pickle.load(fh)
+
+
+def _first_open(folder: Path) -> None:
+    shutil.rmtree(folder / ".pickleshard", ignore_errors=True)
+    PickleDataset(folder)
+
+
+@contextmanager
+def _timed_phases() -> Iterator[dict[str, float]]:
+    spent = dict.fromkeys(PHASES, 0.0)
+    saved = {}
+    for name, (mod, attr) in PHASES.items():
+        fn = getattr(mod, attr)
+        saved[name] = fn
+
+        def wrapped(*a: Any, _fn: Callable[..., Any] = fn, _n: str = name, **k: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return _fn(*a, **k)
+            finally:
+                spent[_n] += time.perf_counter() - t
+
+        setattr(mod, attr, wrapped)
+    try:
+        yield spent
+    finally:
+        for name, (mod, attr) in PHASES.items():
+            setattr(mod, attr, saved[name])
+
+
+def _best(fn: Callable[[], Any], repeat: int, cold: Path | None = None) -> tuple[float, int]:
+    best, fetched = float("inf"), 0
+    for _ in range(repeat):
+        if cold is not None:
+            _evict(cold)
+        before = _read_bytes()
+        t = time.perf_counter()
+        fn()
+        took = time.perf_counter() - t
+        if took < best:
+            best, fetched = took, _read_bytes() - before
+    return best, fetched
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench open", description=__doc__)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--data", type=Path, default=Path("/tmp/pickleshard-bench-open"))
+    p.add_argument("--out", type=Path, default=HERE / "results")
+    p.add_argument("--quick", action="store_true", help="a smoke run: 200 samples a file")
+    args = p.parse_args(argv)
+    per_file = {"arrays-12KB": 2500, "objects": 12500, "arrays-150KB": 1000}
+    rows: dict[str, dict[str, Any]] = {}
+    for kind in KINDS:
+        n = 200 if args.quick else per_file[kind]
+        folder = args.data / f"{kind}-{n}"
+        _write(folder, kind, n)
+        size = sum(f.stat().st_size for f in folder.glob("*.pkl"))
+        load_w, _ = _best(partial(_load_all, folder), args.repeat)
+        open_w, _ = _best(partial(_first_open, folder), args.repeat)
+        with _timed_phases() as spent:
+            _first_open(folder)
+        load_c, load_bytes = _best(partial(_load_all, folder), args.repeat, folder)
+        open_c, open_bytes = _best(partial(_first_open, folder), args.repeat, folder)
+        t = time.perf_counter()
+        PickleDataset(folder)
+        reopen = time.perf_counter() - t
+        rows[kind] = {
+            "bytes": size,
+            "load_warm": load_w,
+            "open_warm": open_w,
+            "ratio_warm": load_w / open_w,
+            "load_cold": load_c,
+            "open_cold": open_c,
+            "ratio_cold": load_c / open_c,
+            "load_cold_fetched": load_bytes,
+            "open_cold_fetched": open_bytes,
+            "reopen": reopen,
+            "phases": dict(spent),
+        }
+    machine = describe_machine(shlex.join([sys.executable, "-m", "bench", "open", *(argv or [])]))
+    lines = report_head("First open: index build + audit vs pickle.load of every file", machine)
+    lines += [
+        "",
+        f"Best of {args.repeat}. Ratio: pickle.load time / first-open time (above 1: the open "
+        "is faster). Cold: data files evicted before each try; fetched: read_bytes.",
+        "",
+        "| data | MB | load warm s | first open warm s | ratio | load cold s | open cold s "
+        "| ratio | open fetched | reopen s | scan | sizing | audit | write |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for kind, r in rows.items():
+        ph = r["phases"]
+        frac = r["open_cold_fetched"] / r["bytes"] if r["bytes"] else 0.0
+        lines.append(
+            f"| {KINDS[kind]} | {r['bytes'] / 1e6:.1f} | {r['load_warm']:.3f} | "
+            f"{r['open_warm']:.3f} | {r['ratio_warm']:.2f}x | {r['load_cold']:.3f} | "
+            f"{r['open_cold']:.3f} | {r['ratio_cold']:.2f}x | {frac:.1%} | {r['reopen']:.3f} | "
+            + " | ".join(f"{ph[k]:.3f}" for k in PHASES)
+            + " |"
+        )
+    name = "first-open" + ("-quick" if args.quick else "")
+    save_results(args.out, name, lines, {"rows": rows, "machine": machine})
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
