@@ -9,7 +9,6 @@ tagged); the output read back must equal it and ``[mix[i] for i in range(len(mix
 
 from __future__ import annotations
 
-import datetime
 import json
 import pickle
 from pathlib import Path
@@ -30,7 +29,7 @@ from pickleshard.pipelines.convert.run import convert
 from pickleshard.pipelines.mixed import recorded_mix
 from pickleshard.pipelines.verify.run import verify
 from pickleshard.testing import assert_same
-from pickleshard.testing.formats import tree_bytes
+from pickleshard.testing.formats import WritesUnpicklable, tree_bytes
 
 SIZES = (60, 35, 25)
 
@@ -235,7 +234,7 @@ def test_an_unencodable_value_names_its_source_file_and_position(tmp_path: Path)
     write_source(tmp_path / "a", 0, 10, files=1)
     (tmp_path / "b").mkdir()
     with open(tmp_path / "b" / "odd.pkl", "wb") as fh:
-        pickle.dump(([np.zeros(2, np.float32)] * 4, [datetime.date(2020, 1, 1)] * 4), fh)
+        pickle.dump(([np.zeros(2, np.float32)] * 4, [WritesUnpicklable()] * 4), fh)
     b = PickleDataset(tmp_path / "b", trusted=True)
     with pytest.raises(UnencodableValueError) as err:
         convert([tmp_path / "a", b], tmp_path / "out", weights=[1, 1], epoch_size=8, jobs=1)

@@ -1,0 +1,280 @@
+"""``python -m bench batch``: a shuffled batch of 64, read and collated, every way side by side.
+
+The data (written once under ``--data``): ``pickle.dump((x_list, y_list))`` files of
+float32 ``(3, 32, 32)`` arrays (12 KB) and int labels; of float32 ``(100, 1000)`` arrays (400 KB);
+and of small objects (dicts of a token list, a string, a float). For the arrays, a numpy memmap
+holding the same arrays stacked is the ceiling. Rows, in one process, the same shuffled batches,
+best of ``--rounds`` (3), rounds interleaved so that the machine's other load falls on every row:
+
+- **memmap fancy index** (the ceiling): ``torch.from_numpy(x[np.sort(b)])``, labels likewise;
+- **naive list + default_collate**: every file ``pickle.load``-ed into one list;
+- **memmap per sample + default_collate**: ``(x[i], int(y[i]))`` each;
+- **PickleDataset ds[i] + default_collate**;
+- **PickleDataset.__getitems__ + default_collate** (what ``DataLoader`` does by default);
+- **PickleDataset.__getitems__ + pickleshard.collate** (the batch read);
+- the same with the span checks off (framing, identity: the checks' cost);
+- ``DataLoader(batch_size=64, num_workers=W)`` with ``pickleshard.collate`` against the naive list,
+  for ``--workers`` (0, 2).
+
+``--cold`` adds, for the 12 KB arrays: a shuffled epoch of batch reads with every file evicted
+from the page cache first (``POSIX_FADV_DONTNEED``), against the whole-file cold epoch (each file
+``pickle.load``-ed then indexed, the naive way), bytes fetched from ``/proc/self/io``
+(``read_bytes``), and the disk's random-read floor (4 KiB ``pread`` at random offsets, evicted).
+
+Writes ``bench/results/batch-reads[-quick].md`` and ``.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, default_collate
+
+import pickleshard
+from pickleshard import PickleDataset
+
+from .report import describe_machine, report_head, save_results
+
+__all__ = ["main"]
+
+HERE = Path(__file__).resolve().parent
+BATCH = 64
+
+
+# -- data ---------------------------------------------------------------------------------------
+
+
+def _write(folder: Path, files: int, per_file: int, kind: str) -> Path:
+    done = folder / ".written"
+    if done.exists():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for f in range(files):
+        if kind == "objects":
+            xs: list[Any] = [
+                {
+                    "tokens": rng.integers(0, 30000, 16).tolist(),
+                    "text": f"sample {f}-{k}",
+                    "score": float(rng.random()),
+                }
+                for k in range(per_file)
+            ]
+        else:
+            shape = (3, 32, 32) if kind == "12KB" else (100, 1000)
+            xs = [rng.standard_normal(shape).astype(np.float32) for _ in range(per_file)]
+        ys = [int(v) for v in rng.integers(0, 10, per_file)]
+        with open(folder / f"part{f:03d}.pkl", "wb") as fh:
+            pickle.dump((xs, ys), fh, protocol=4)
+    done.touch()
+    return folder
+
+
+def _memmap(folder: Path, naive: list[tuple[Any, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    path = folder.with_suffix(".npy")
+    if not path.exists():
+        np.save(path, np.stack([x for x, _ in naive]))
+    return np.load(path, mmap_mode="c"), np.asarray([y for _, y in naive], np.int64)
+
+
+def _naive(folder: Path) -> list[tuple[Any, Any]]:
+    out: list[tuple[Any, Any]] = []
+    for path in sorted(folder.glob("*.pkl")):
+        with open(path, "rb") as fh:
+            xs, ys = pickle.load(fh)
+        out.extend(zip(xs, ys, strict=True))
+    return out
+
+
+# -- rows ---------------------------------------------------------------------------------------
+
+
+def _epoch(batches: list[list[int]], read: Callable[[list[int]], Any]) -> float:
+    """Samples/s of reading ``batches`` with ``read`` (its result touched, as a loop would)."""
+    start = time.perf_counter()
+    n = 0
+    for b in batches:
+        got = read(b)
+        n += len(b)
+        del got
+    return n / (time.perf_counter() - start)
+
+
+def _loader_epoch(loader: DataLoader[Any]) -> float:
+    start = time.perf_counter()
+    n = 0
+    for x, _ in loader:
+        n += len(x)
+    return n / (time.perf_counter() - start)
+
+
+def _rows(
+    kind: str, folder: Path, rounds: int, workers: tuple[int, ...], batches_max: int
+) -> dict[str, float]:
+    naive = _naive(folder)
+    ds = PickleDataset(folder, jobs=1)
+    unchecked = PickleDataset(folder, jobs=1)
+    unchecked.span_files.verify = False
+    n = len(ds)
+    order = np.random.default_rng(1).permutation(n)
+    batches = [order[i : i + BATCH].tolist() for i in range(0, n - BATCH + 1, BATCH)][:batches_max]
+    rows: dict[str, Callable[[list[int]], Any]] = {}
+    if kind != "objects":
+        xm, ym = _memmap(folder, naive)
+        rows["memmap fancy index (ceiling)"] = lambda b: (
+            torch.from_numpy(xm[np.sort(b)]),
+            torch.from_numpy(ym[np.sort(b)]),
+        )
+        rows["memmap per sample + default_collate"] = lambda b: default_collate(
+            [(xm[i], int(ym[i])) for i in b]
+        )
+    rows["naive list + default_collate"] = lambda b: default_collate([naive[i] for i in b])
+    rows["ds[i] + default_collate"] = lambda b: default_collate([ds[i] for i in b])
+    rows["__getitems__ + default_collate"] = lambda b: default_collate(ds.__getitems__(b))
+    rows["__getitems__ + pickleshard.collate"] = lambda b: pickleshard.collate(ds.__getitems__(b))
+    rows["same, checks off"] = lambda b: pickleshard.collate(unchecked.__getitems__(b))
+    for read in rows.values():  # warm: page cache, plans, readers
+        _epoch(batches[:4], read)
+    best = dict.fromkeys(rows, 0.0)
+    for r in range(rounds):
+        names = list(rows) if r % 2 == 0 else list(rows)[::-1]
+        for name in names:
+            best[name] = max(best[name], _epoch(batches, rows[name]))
+    sampler = order[: len(batches) * BATCH].tolist()
+    for w in workers:
+        ours = DataLoader(
+            ds, batch_size=BATCH, sampler=sampler, collate_fn=pickleshard.collate, num_workers=w
+        )
+        theirs = DataLoader(naive, batch_size=BATCH, sampler=sampler, num_workers=w)  # type: ignore[arg-type]
+        for name, loader in (
+            (f"DataLoader W={w}: naive list", theirs),
+            (f"DataLoader W={w}: pickleshard.collate", ours),
+        ):
+            best[name] = max(_loader_epoch(loader) for _ in range(max(1, rounds - 1)))
+    return best
+
+
+# -- cold ---------------------------------------------------------------------------------------
+
+
+def _evict(paths: list[Path]) -> None:
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def _read_bytes() -> int:
+    with open("/proc/self/io") as fh:
+        for line in fh:
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    return 0
+
+
+def _cold(folder: Path, batches_max: int) -> dict[str, Any]:
+    paths = sorted(folder.glob("*.pkl"))
+    ds = PickleDataset(folder, jobs=1)
+    n = len(ds)
+    order = np.random.default_rng(2).permutation(n)
+    batches = [order[i : i + BATCH].tolist() for i in range(0, n - BATCH + 1, BATCH)][:batches_max]
+    samples = len(batches) * BATCH
+    sample_bytes = samples * (3 * 32 * 32 * 4 + 8)
+    out: dict[str, Any] = {}
+    ds.span_files.close()
+    _evict(paths)
+    b0, t0 = _read_bytes(), time.perf_counter()
+    for b in batches:
+        pickleshard.collate(ds.__getitems__(b))
+    t_span, b_span = time.perf_counter() - t0, _read_bytes() - b0
+    _evict(paths)
+    b0, t0 = _read_bytes(), time.perf_counter()
+    naive = _naive(folder)
+    for b in batches:
+        default_collate([naive[i] for i in b])
+    t_whole, b_whole = time.perf_counter() - t0, _read_bytes() - b0
+    out["span epoch samples/s"] = samples / t_span
+    out["whole-file epoch samples/s"] = samples / t_whole
+    out["span / whole"] = t_whole / t_span
+    out["span bytes fetched / sample bytes"] = b_span / sample_bytes
+    out["whole bytes fetched / sample bytes"] = b_whole / sample_bytes
+    # the disk's random-read floor: 4 KiB preads at random offsets of an evicted file
+    _evict(paths)
+    fd = os.open(paths[0], os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        offs = np.random.default_rng(3).integers(0, size - 4096, 2000).tolist()
+        t0 = time.perf_counter()
+        for o in offs:
+            os.pread(fd, 4096, o)
+        out["disk random 4 KiB reads/s (queue depth 1)"] = len(offs) / (time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+    return out
+
+
+# -- report -------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench batch", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--data", type=Path, default=HERE / "data" / "batch")
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workers", default="0,2")
+    parser.add_argument("--quick", action="store_true", help="small data, one round")
+    parser.add_argument("--cold", action="store_true", help="add the evicted-cache rows")
+    args = parser.parse_args(argv)
+    workers = tuple(int(w) for w in args.workers.split(",") if w.strip())
+    quick = args.quick
+    sizes = {
+        "12KB": (8, 5000) if not quick else (4, 500),
+        "400KB": (4, 200) if not quick else (2, 50),
+        "objects": (8, 5000) if not quick else (4, 500),
+    }
+    rounds = 1 if quick else args.rounds
+    command = shlex.join(
+        ["python", "-m", "bench", "batch", *(sys.argv[2:] if argv is None else argv)]
+    )
+    machine = describe_machine(command)
+    raw: dict[str, Any] = {"machine": machine, "datasets": {}}
+    lines = report_head("Batch-first reads: a shuffled batch of 64, read and collated", machine)
+    for kind, (files, per_file) in sizes.items():
+        folder = _write(args.data / f"{kind}-{files}x{per_file}", files, per_file, kind)
+        best = _rows(kind, folder, rounds, workers, 10_000 if kind != "400KB" else 100)
+        raw["datasets"][kind] = best
+        ceiling = best.get("memmap fancy index (ceiling)")
+        naive = best["naive list + default_collate"]
+        lines += [
+            "",
+            f"## {kind} ({files} files x {per_file})",
+            "",
+            "| path | samples/s | vs ceiling | vs naive list |",
+            "|---|---|---|---|",
+        ]
+        for name, rate in best.items():
+            vs_c = f"{rate / ceiling:.2f}x" if ceiling else "-"
+            lines.append(f"| {name} | {rate:,.0f} | {vs_c} | {rate / naive:.2f}x |")
+    if args.cold:
+        folder = args.data / f"12KB-{sizes['12KB'][0]}x{sizes['12KB'][1]}"
+        cold = _cold(folder, 10_000)
+        raw["cold"] = cold
+        lines += ["", "## 12KB, cold (files evicted before each epoch)", ""]
+        lines += [f"- {k}: {v:,.2f}" for k, v in cold.items()]
+    save_results(args.out, "batch-reads-quick" if quick else "batch-reads", lines, raw)
+    return 0
