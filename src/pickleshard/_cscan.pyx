@@ -982,7 +982,7 @@ from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from posix.stat cimport fstat, struct_stat
 from posix.uio cimport iovec, preadv
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport calloc, free, malloc
 from posix.unistd cimport pread
 
 SLOW = object()  # SpanLoader's answer when the caller must take its own (Python) path
@@ -1102,39 +1102,70 @@ cdef extern from *:
     int ps_copy_guarded(char** dst, const char** src, const size_t* n, Py_ssize_t k) nogil
 
 
+cdef struct Workspace:
+    # what fill_items' reads of up to ``m`` items use, allocated once per call
+    unsigned char* scratch  # m * (2 * TPL_MAX + 9): each item's framing
+    char** dst  # 3 * m pieces of a copy out of a mapping
+    const char** src
+    size_t* n
+    iovec* iov  # FILL_IOV pieces of one preadv
+    unsigned char* gapbuf  # the bytes between coalesced spans
+
+
+cdef int _workspace(Workspace* ws, Py_ssize_t m, Py_ssize_t gap) except -1:
+    ws.scratch = <unsigned char*>malloc(<size_t>(m * (2 * TPL_MAX + 9) + 1))
+    ws.dst = <char**>malloc(<size_t>(3 * m + 1) * sizeof(char*))
+    ws.src = <const char**>malloc(<size_t>(3 * m + 1) * sizeof(char*))
+    ws.n = <size_t*>malloc(<size_t>(3 * m + 1) * sizeof(size_t))
+    ws.iov = <iovec*>malloc(FILL_IOV * sizeof(iovec))
+    ws.gapbuf = <unsigned char*>malloc(<size_t>(gap + 1))
+    if (ws.scratch == NULL or ws.dst == NULL or ws.src == NULL or ws.n == NULL
+            or ws.iov == NULL or ws.gapbuf == NULL):
+        _release(ws)
+        raise MemoryError()
+    return 0
+
+
+cdef void _release(Workspace* ws) noexcept:
+    free(ws.scratch)
+    free(ws.dst)
+    free(ws.src)
+    free(ws.n)
+    free(ws.iov)
+    free(ws.gapbuf)
+    ws.scratch = ws.gapbuf = NULL
+    ws.dst = NULL
+    ws.src = NULL
+    ws.n = NULL
+    ws.iov = NULL
+
+
 cdef void _copy_mapped(
-    const unsigned char* base, unsigned char* buf, unsigned char* scratch, Py_ssize_t stride,
+    const unsigned char* base, unsigned char* buf, Workspace* ws, Py_ssize_t stride,
     Py_ssize_t pre, Py_ssize_t row, Py_ssize_t m, const int64_t[:] starts,
     const int64_t[:] ends, const int64_t[:] items, const int64_t[:] rowpos,
     unsigned char[:] slow,
 ) noexcept nogil:
     """fill_items' reads out of a mapping: every item not ``slow`` copied (its framing into
-    ``scratch``), guarded; on SIGBUS every item is marked ``slow`` (read again by preadv)."""
+    the workspace's scratch), guarded; on SIGBUS every item is marked ``slow`` (read again)."""
     cdef Py_ssize_t j, i, k = 0, after
-    cdef char** dst = <char**>malloc(3 * m * sizeof(char*))
-    cdef const char** src = <const char**>malloc(3 * m * sizeof(char*))
-    cdef size_t* n = <size_t*>malloc(3 * m * sizeof(size_t))
-    if dst == NULL or src == NULL or n == NULL:
-        k = -1
-    else:
-        for j in range(m):
-            if slow[j]:
-                continue
-            i = items[j]
-            after = ends[i] - starts[i] - pre - row
-            dst[k], src[k], n[k] = <char*>(scratch + j * stride), <const char*>(base + starts[i]), <size_t>pre
-            dst[k + 1], src[k + 1], n[k + 1] = <char*>(buf + rowpos[j] * row), <const char*>(base + starts[i] + pre), <size_t>row
-            dst[k + 2], src[k + 2] = <char*>(scratch + j * stride + TPL_MAX), <const char*>(base + starts[i] + pre + row)
-            n[k + 2] = <size_t>after
-            k += 3
-        if ps_copy_guarded(dst, src, n, k) != 0:
-            k = -1
-    if k < 0:
+    cdef char** dst = ws.dst
+    cdef const char** src = ws.src
+    cdef size_t* n = ws.n
+    cdef unsigned char* scratch = ws.scratch
+    for j in range(m):
+        if slow[j]:
+            continue
+        i = items[j]
+        after = ends[i] - starts[i] - pre - row
+        dst[k], src[k], n[k] = <char*>(scratch + j * stride), <const char*>(base + starts[i]), <size_t>pre
+        dst[k + 1], src[k + 1], n[k + 1] = <char*>(buf + rowpos[j] * row), <const char*>(base + starts[i] + pre), <size_t>row
+        dst[k + 2], src[k + 2] = <char*>(scratch + j * stride + TPL_MAX), <const char*>(base + starts[i] + pre + row)
+        n[k + 2] = <size_t>after
+        k += 3
+    if ps_copy_guarded(dst, src, n, k) != 0:
         for j in range(m):
             slow[j] = 1
-    free(dst)
-    free(src)
-    free(n)
 
 
 cdef class SpanLoader:
@@ -1202,10 +1233,14 @@ cdef class SpanLoader:
     cdef int _same_file(self, int fd, object labels, object label) except -1:
         """Raise the ``stale`` error, naming the samples ``labels`` (a list; None: ``label``
         alone), if the file open at ``fd`` is not the one indexed."""
+        if self.verify and self._differs(fd):
+            raise self.stale(None, -1, [label] if labels is None else [int(v) for v in labels])
+        return 0
+
+    cdef int _differs(self, int fd) except -1:
+        """1 if the file open at ``fd`` is not the one indexed (``fstat``), else 0."""
         cdef struct_stat st
         cdef int r
-        if not self.verify:
-            return 0
         r = fstat(fd, &st)  # a fast syscall: not worth releasing the GIL
         if r != 0:
             PyErr_SetFromErrno(OSError)
@@ -1218,7 +1253,7 @@ cdef class SpanLoader:
                 and st.st_ctim.tv_sec * <int64_t>1000000000 + st.st_ctim.tv_nsec != self.id_ctime)
             or (self.id_ino >= 0 and <uint64_t>st.st_ino != <uint64_t>self.id_ino)
         ):
-            raise self.stale(None, -1, [label] if labels is None else [int(v) for v in labels])
+            return 1
         return 0
 
     def bound(self, int64_t limit, int64_t deepest, bint recursive, check):
@@ -1459,14 +1494,43 @@ cdef class SpanLoader:
         ``preadv`` (a page-cache copy without a system call per sample, as a memmap's fancy
         index is): guarded, so a file cut short under the mapping marks the items ``slow``
         instead of raising SIGBUS."""
-        cdef Py_ssize_t m = items.shape[0], nrows, row, j, g, nv, total, got, d, after, i
-        cdef Py_ssize_t pre = fr.hlen, short_at = -1, stride = 2 * TPL_MAX + 9
-        cdef Py_ssize_t n = starts.shape[0], filled
         cdef Py_buffer view
-        cdef unsigned char* scratch = NULL
-        cdef unsigned char* gapbuf = NULL
-        cdef unsigned char* buf
-        cdef iovec* iov = NULL
+        cdef Py_ssize_t nrows = len(rows), filled
+        if items.shape[0] == 0:
+            return 0
+        cdef Workspace ws
+        if gap < 0 or gap > FILL_GAP_MAX:
+            raise ValueError(f"gap must be within [0, {FILL_GAP_MAX}], got {gap}")
+        if mapped is not None and mapped.shape[0] and ps_guard_sigbus() != 0:
+            PyErr_SetFromErrno(OSError)
+        _workspace(&ws, items.shape[0], gap)
+        PyObject_GetBuffer(rows, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
+        try:
+            if nrows == 0 or view.len % nrows:
+                raise ValueError(f"{view.len} bytes of rows for {nrows} rows")
+            filled = self._fill(
+                fd, <unsigned char*>view.buf, view.len // nrows, nrows, fr, starts, ends,
+                direct, items, rowpos, labels, slow, gap, mapped, &ws,
+            )
+        finally:
+            PyBuffer_Release(&view)
+            _release(&ws)
+        return filled
+
+    cdef Py_ssize_t _fill(
+        self, int fd, unsigned char* buf, Py_ssize_t row, Py_ssize_t nrows, Framing fr,
+        const int64_t[:] starts, const int64_t[:] ends, const unsigned char[:] direct,
+        const int64_t[:] items, const int64_t[:] rowpos, const int64_t[:] labels,
+        unsigned char[:] slow, Py_ssize_t gap, const unsigned char[:] mapped, Workspace* ws,
+    ) except -1:
+        """:meth:`fill_items` into ``nrows`` rows of ``row`` bytes at ``buf``, with a workspace
+        for at least ``len(items)`` items and ``gap`` (and SIGBUS guarded when ``mapped``)."""
+        cdef Py_ssize_t m = items.shape[0], j, g, nv, total, got, d, after, i
+        cdef Py_ssize_t pre = fr.hlen, short_at = -1, stride = 2 * TPL_MAX + 9
+        cdef Py_ssize_t n = starts.shape[0], filled = 0
+        cdef unsigned char* scratch = ws.scratch
+        cdef unsigned char* gapbuf = ws.gapbuf
+        cdef iovec* iov = ws.iov
         cdef bint verify = self.verify
         if rowpos.shape[0] != m or labels.shape[0] != m or ends.shape[0] != n:
             raise ValueError(
@@ -1477,13 +1541,7 @@ cdef class SpanLoader:
             raise ValueError(f"gap must be within [0, {FILL_GAP_MAX}], got {gap}")
         if m == 0:
             return 0
-        nrows = len(rows)
-        PyObject_GetBuffer(rows, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
         try:
-            if nrows == 0 or view.len % nrows:
-                raise ValueError(f"{view.len} bytes of rows for {nrows} rows")
-            row = view.len // nrows
-            buf = <unsigned char*>view.buf
             if slow.shape[0] != m or (direct.shape[0] and direct.shape[0] != n):
                 raise ValueError(f"{slow.shape[0]} slow flags, {direct.shape[0]} direct, {n} spans")
             for j in range(m):  # everything checked before the first read
@@ -1500,24 +1558,15 @@ cdef class SpanLoader:
                     raise self.stale(
                         "its span does not fit the array's framing", starts[i], [labels[j]]
                     )
-            scratch = <unsigned char*>malloc(<size_t>(m * stride))
-            if scratch == NULL:
-                raise MemoryError()
             if mapped is not None and mapped.shape[0]:
                 for j in range(m):
                     if not slow[j] and ends[items[j]] > mapped.shape[0]:
                         break  # grown since it was mapped: preadv reads it all
                 else:
-                    if ps_guard_sigbus() != 0:
-                        PyErr_SetFromErrno(OSError)
                     with nogil:
-                        _copy_mapped(&mapped[0], buf, scratch, stride, pre, row, m, starts, ends, items, rowpos, slow)
+                        _copy_mapped(&mapped[0], buf, ws, stride, pre, row, m, starts, ends, items, rowpos, slow)
                     mapped = None  # done: the preadv loop below is skipped
                     short_at = m
-            iov = <iovec*>malloc(FILL_IOV * sizeof(iovec))
-            gapbuf = <unsigned char*>malloc(<size_t>(gap if gap else 1))
-            if iov == NULL or gapbuf == NULL:
-                raise MemoryError()
             with nogil:
                 j = m if short_at == m else 0
                 while j < m:
@@ -1555,7 +1604,6 @@ cdef class SpanLoader:
                     for j in range(short_at, m):
                         slow[j] = 1
             g = m if short_at < 0 else short_at
-            filled = 0
             if g == m:
                 short_at = -1
             if verify:
@@ -1574,10 +1622,7 @@ cdef class SpanLoader:
             for j in range(m):
                 filled += not slow[j]
         finally:
-            PyBuffer_Release(&view)
-            free(scratch)
-            free(iov)
-            free(gapbuf)
+            pass
         return filled
 
     def same_file(self, int fd, labels):
@@ -1674,6 +1719,114 @@ cdef class SpanLoader:
         else:
             self._count()
         return out
+
+
+cdef class FileBatch:
+    """What a batch read needs of one span-read file, built once per file and process
+    (``read.batchread.FileFill``): its descriptor, compiled ``loader`` and mapping (``mapped``,
+    an ``mmap`` or None); per array field ``k``: the batch column it fills (``afield[k]``), its
+    ``Framing`` (``frames[k]``), its spans (``starts[:, k]``, ``ends[:, k]``) and which samples
+    are read from their payloads (``direct[:, k]``; an empty array: all); per int field ``k``:
+    its column (``ifield[k]``) and values (``ivalues[:, k]``)."""
+
+    cdef int fd
+    cdef SpanLoader loader
+    cdef object mapping
+    cdef const unsigned char[:] mapped
+    cdef list frames
+    cdef const int64_t[:] afield, ifield
+    cdef const int64_t[:, :] starts, ends, ivalues
+    cdef const unsigned char[:, :] direct
+
+    def __init__(
+        self, int fd, SpanLoader loader, mapped, afield, list frames, starts, ends, direct,
+        ifield, ivalues,
+    ):
+        self.fd, self.loader, self.mapping, self.frames = fd, loader, mapped, frames
+        self.mapped = mapped if mapped is not None else b""
+        self.afield, self.starts, self.ends, self.direct = afield, starts, ends, direct
+        self.ifield, self.ivalues = ifield, ivalues
+        if not (
+            len(frames) == self.afield.shape[0] == self.starts.shape[1] == self.ends.shape[1]
+            and self.ivalues.shape[1] == self.ifield.shape[0]
+            and (self.direct.shape[0] == 0 or self.direct.shape[1] == self.afield.shape[0])
+        ):
+            raise ValueError("a FileBatch's per-field arrays do not agree")
+
+
+def fill_batch(
+    list files, const int64_t[:] cuts, const int64_t[:] items, const int64_t[:] rows,
+    const int64_t[:] labels, list columns, unsigned char[:] slow, Py_ssize_t gap,
+):
+    """A batch read in one call: ``files[g]`` (a :class:`FileBatch`) fills positions
+    ``cuts[g]:cuts[g + 1]`` of ``items`` (its samples, in offset order), ``rows`` (their rows in
+    the batch) and ``labels`` (the names errors give them) into ``columns`` (one per field: a
+    C-contiguous ``(B, ...)`` array for an array field, int64 ``(B,)`` for an int field, None
+    for others), by :meth:`SpanLoader.fill_items`' reads; each file's identity is checked after
+    its reads. ``slow`` marks what the caller reads its own way. Returns each file's count of
+    samples filled (int64)."""
+    cdef Py_ssize_t nf = len(columns), ng = len(files), g, a, b, k, c, j, nrows
+    cdef Py_buffer* views = <Py_buffer*>calloc(nf, sizeof(Py_buffer))
+    cdef char* held = <char*>calloc(nf, 1)
+    cdef FileBatch fb
+    cdef int64_t* out
+    cdef Py_ssize_t* rowbytes
+    cdef const unsigned char[:] nodirect = b""
+    cdef const unsigned char[:] direct
+    cdef Workspace ws
+    if views == NULL or held == NULL:
+        free(views)
+        free(held)
+        raise MemoryError()
+    if gap < 0 or gap > FILL_GAP_MAX:
+        raise ValueError(f"gap must be within [0, {FILL_GAP_MAX}], got {gap}")
+    if ps_guard_sigbus() != 0:
+        PyErr_SetFromErrno(OSError)
+    _workspace(&ws, items.shape[0], gap)
+    filled = np.zeros(ng, np.int64)
+    cdef int64_t[:] counts = filled
+    try:
+        if cuts.shape[0] != ng + 1 or items.shape[0] != rows.shape[0] or items.shape[0] != labels.shape[0] or slow.shape[0] != items.shape[0]:
+            raise ValueError(f"{ng} files, {cuts.shape[0]} cuts, {items.shape[0]} items")
+        for c in range(nf):
+            if columns[c] is not None:
+                PyObject_GetBuffer(columns[c], &views[c], PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
+                held[c] = 1
+        nrows = items.shape[0]
+        for g in range(ng):
+            fb = <FileBatch?>files[g]
+            a, b = cuts[g], cuts[g + 1]
+            if not 0 <= a <= b <= items.shape[0]:
+                raise IndexError(f"cut {a}:{b} of {items.shape[0]}")
+            for k in range(fb.ifield.shape[0]):
+                c = fb.ifield[k]
+                if not (0 <= c < nf and held[c] and views[c].len == nrows * 8):
+                    raise ValueError(f"field {c} is no int64 column of {nrows} rows")
+                out = <int64_t*>views[c].buf
+                for j in range(a, b):
+                    if not (0 <= items[j] < fb.ivalues.shape[0] and 0 <= rows[j] < nrows):
+                        raise IndexError(f"item {items[j]} into row {rows[j]}")
+                    out[rows[j]] = fb.ivalues[items[j], k]
+            for k in range(fb.afield.shape[0]):
+                c = fb.afield[k]
+                if not (0 <= c < nf and held[c] and views[c].len % nrows == 0):
+                    raise ValueError(f"field {c} is no array column of {nrows} rows")
+                direct = fb.direct[:, k] if fb.direct.shape[0] else nodirect
+                counts[g] = fb.loader._fill(
+                    fb.fd, <unsigned char*>views[c].buf, views[c].len // nrows, nrows,
+                    <Framing>fb.frames[k], fb.starts[:, k], fb.ends[:, k], direct,
+                    items[a:b], rows[a:b], labels[a:b], slow[a:b], gap, fb.mapped, &ws,
+                )
+            if fb.loader.verify and fb.loader._differs(fb.fd):
+                raise fb.loader.stale(None, -1, [int(v) for v in labels[a:b]])
+    finally:
+        for c in range(nf):
+            if held[c]:
+                PyBuffer_Release(&views[c])
+        free(views)
+        free(held)
+        _release(&ws)
+    return filled
 
 
 def take_into(const int64_t[:] values, const int64_t[:] items, const int64_t[:] rows, int64_t[:] out):

@@ -22,17 +22,18 @@ Whole files are visited in order of first appearance (the order
 
 from __future__ import annotations
 
-import itertools
 import mmap
+import os
 from collections.abc import Callable, Sequence
+from math import prod
 from typing import Any
 
 import numpy as np
 
-from ..picklekit.compiled import require
+from ..picklekit.compiled import CORE, require
 from ..safety.bounds import check_sample
 from ..scan.layouts import DecodedLayout
-from .batch import ARRAYS, INTS, Allocate, BatchColumn, SampleBatch
+from .batch import ARRAYS, INTS, OBJECTS, Allocate, BatchColumn, SampleBatch
 from .files import SpanFiles
 from .ints import IntColumn
 from .items import ArrayItems, compiled_framing
@@ -85,6 +86,18 @@ def plan_columns(
     return columns
 
 
+def _fits(plans: list[Plan], columns: list[BatchColumn]) -> bool:
+    """Whether a file holding ``plans`` is read into ``columns`` by :func:`fill_batch`: its
+    arrays' columns planned as its arrays, its ints' as int64."""
+    for plan, col in zip(plans, columns, strict=True):
+        if plan[:1] == ("arrays",):
+            if col.kind != ARRAYS or col.data.shape[1:] != plan[1] or col.data.dtype != plan[2]:
+                return False
+        elif plan[:1] != ("ints",) or col.kind != INTS:
+            return False
+    return True
+
+
 def _mapping(fd: int, size: int) -> Any:
     """File ``fd`` mapped read-only (its first ``size`` bytes), or None where it cannot be."""
     if size <= 0:
@@ -103,7 +116,8 @@ class FileFill:
 
     def __init__(self, reader: SpanReader, here: Opened, plan: ReadPlan) -> None:
         fd, loader = here.fd, here.loader
-        self.reader, self.fd, self.loader = reader, fd, loader
+        self.reader, self.here, self.fd, self.loader = reader, here, fd, loader
+        self.stats = reader.stats
         self.plans = [_span_plan(plan, f) for f in range(len(plan.hows))]
         self.arrays: list[tuple[int, ArrayItems, Any]] = []
         self.ints: list[tuple[int, np.ndarray]] = []
@@ -116,6 +130,7 @@ class FileFill:
                 assert isinstance(field, IntColumn)
                 self.ints.append((f, np.asarray(field.values, np.int64)))
         self.compiled = len(self.arrays) + len(self.ints) == len(plan.hows)
+        self.row_bytes = sum(f.spec.dtype.itemsize * prod(f.spec.shape) for _, f, _ in self.arrays)
         self.take: Any = require().take_into if compiled else None
         # the file mapped whole, read by memcpy (see SpanLoader.fill_items); None: by preadv
         self.mapped = _mapping(fd, reader.identity.size) if self.arrays else None
@@ -125,6 +140,69 @@ class FileFill:
         # these samples (fixed arrays, int64 ints) all decode to one size and depth: held to
         # the bounds once, by the first one read
         self.bounded = reader.bounds is None
+        # the whole file's part of a batch in C (SpanLoader's reads, the ints, the identity),
+        # for a batch whose columns fit and arrays that need no byte swap
+        self.batch: Any = None
+        if self.compiled and not any(f.spec.swap for _, f, _ in self.arrays):
+            arrays, ints = self.arrays, self.ints
+            n = len(reader.scan.starts)
+            direct = np.zeros((0, 0), np.uint8)
+            if any(len(d) for d in self.direct):
+                direct = np.ones((n, len(arrays)), np.uint8)
+                for k, d in enumerate(self.direct):
+                    if len(d):
+                        direct[:, k] = d
+            self.batch = require().FileBatch(
+                fd,
+                loader,
+                self.mapped,
+                np.asarray([f for f, _, _ in arrays], np.int64),
+                [fr for _, _, fr in arrays],
+                np.ascontiguousarray(np.stack([a.starts for _, a, _ in arrays], 1).reshape(n, -1)),
+                np.ascontiguousarray(np.stack([a.ends for _, a, _ in arrays], 1).reshape(n, -1)),
+                direct,
+                np.asarray([f for f, _ in ints], np.int64),
+                np.ascontiguousarray(np.stack([v for _, v in ints], 1).reshape(n, -1))
+                if ints
+                else np.zeros((n, 0), np.int64),
+            )
+
+    def filled(
+        self,
+        count: int,
+        slow: np.ndarray,
+        items: np.ndarray,
+        labels: np.ndarray,
+        rows: np.ndarray,
+        columns: list[BatchColumn],
+    ) -> None:
+        """After :func:`fill_batch` put ``count`` of samples ``items`` in their rows: their
+        counts, the bounds (once), and the samples it left (``slow``) read by the reference."""
+        m = len(items)
+        for _, field, _ in self.arrays:
+            field.stats.array_items += count
+            field.stats.bytes_read += count * field.spec.dtype.itemsize * prod(field.spec.shape)
+        slow_at = np.flatnonzero(slow).tolist() if count < m or not self.arrays else []
+        if not self.bounded and len(slow_at) < m:
+            self._bound(slow, rows, labels, columns)
+        for j in slow_at:
+            self._reference(int(items[j]), int(labels[j]), int(rows[j]), columns)
+
+    def _bound(
+        self, slow: np.ndarray, rows: np.ndarray, labels: np.ndarray, columns: list[BatchColumn]
+    ) -> None:
+        j = int(np.argmin(slow))
+        sample = tuple([c.value(int(rows[j])) for c in columns])
+        bounds = self.reader.bounds
+        assert bounds is not None
+        check_sample(sample, self.reader.path, int(labels[j]), *bounds)
+        self.bounded = True
+
+    def _reference(self, item: int, label: int, row: int, columns: list[BatchColumn]) -> None:
+        """Sample ``item`` read, checked and its errors named by the reference path."""
+        sample = self.reader.one(item, label)
+        for col, value in zip(columns, sample, strict=True):
+            col.put(row, value)
 
     def fits(self, columns: list[BatchColumn]) -> bool:
         """Whether the compiled path can fill ``columns`` (every array field planned as
@@ -180,19 +258,8 @@ class FileFill:
                 mine = rows[slow == 0]
                 data[mine] = data[mine].byteswap()
             short = short or done < m
-            field.stats.array_items += done
-            field.stats.bytes_read += done * data[0].nbytes
         self.loader.same_file(self.fd, labels)  # after the reads: a raced write shows by now
-        slow_at = np.flatnonzero(slow).tolist() if short else []
-        if not self.bounded and len(slow_at) < m:
-            j = int(np.argmin(slow))
-            sample = tuple([c.value(int(rows[j])) for c in columns])
-            check_sample(sample, reader.path, int(labels[j]), *reader.bounds)  # type: ignore[misc]
-            self.bounded = True
-        for j in slow_at:  # the reference reads, checks and names the errors
-            sample = reader.one(int(items[j]), int(labels[j]))
-            for col, value in zip(columns, sample, strict=True):
-                col.put(int(rows[j]), value)
+        self.filled(m if not short else m - int(slow.sum()), slow, items, labels, rows, columns)
 
     @staticmethod
     def _direct(field: ArrayItems) -> np.ndarray:
@@ -228,54 +295,110 @@ class BatchReader:
         self.firsts = np.asarray(firsts, np.int64)
         self.is_span, self.spans, self.whole, self.finish = list(is_span), spans, whole, finish
         self.nfields, self.total = nfields, total
+        self._compiled_fill: Any = require().fill_batch if CORE is not None else None
+        self._fills: list[FileFill | None] = []
+        self._pid = -1
+        self._interned: dict[tuple[Plan, ...], list[Plan]] = {}  # files' plans, shared
 
     def read(self, indices: Sequence[int], allocate: Allocate | None = None) -> SampleBatch:
         """Samples ``indices`` (negative ones count from the end), in request order."""
         wanted = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = self.total
-        if len(wanted) and (int(wanted.min()) < -n or int(wanted.max()) >= n):
-            bad = next(int(i) for i in wanted.tolist() if not -n <= i < n)
-            raise IndexError(f"sample index {bad} out of range for a dataset of {n} samples")
-        if len(wanted) and wanted.min() < 0:
+        # samples are numbered file after file, in offset order within a file: sorting the
+        # indices orders the batch by file, then offset
+        order = np.argsort(wanted, kind="stable")
+        if len(wanted) and (wanted[order[0]] < 0 or wanted[order[-1]] >= n):
+            if wanted[order[0]] < -n or wanted[order[-1]] >= n:
+                bad = next(int(i) for i in wanted.tolist() if not -n <= i < n)
+                raise IndexError(f"sample index {bad} out of range for a dataset of {n} samples")
             wanted = np.where(wanted < 0, wanted + n, wanted)
-        files = np.searchsorted(self.firsts, wanted, "right") - 1
-        items = wanted - self.firsts[files]
-        order = np.lexsort((items, files))  # by file, then item: offset order within a file
-        in_order, items_o, wanted_o = files[order], items[order], wanted[order]
-        cuts = [0, *(np.flatnonzero(in_order[1:] != in_order[:-1]) + 1).tolist(), len(order)]
-        fills: list[tuple[FileFill, int, int]] = []
-        wholes: list[tuple[int, np.ndarray]] = []
+            order = np.argsort(wanted, kind="stable")
+        wanted_o = wanted[order]
+        in_order = np.searchsorted(self.firsts, wanted_o, "right") - 1
+        items_o = wanted_o - self.firsts[in_order]
+        heads = np.flatnonzero(np.diff(in_order, prepend=-1))
+        cuts = [*heads.tolist(), len(order)]
+        fills = self._process_fills()
+        span: list[tuple[FileFill, int, int]] = []
+        wholes: list[tuple[int, int, int]] = []
         is_span = self.is_span
-        for a, b in itertools.pairwise(cuts):
-            pos = int(in_order[a]) if a < b else -1
-            if pos < 0:
-                continue
+        for k, pos in enumerate(in_order[heads].tolist()):
             if is_span[pos]:
-                fills.append((self._fill(pos), a, b))
+                fill = fills[pos]
+                if fill is None or fill.here.batch is not fill:  # none yet, or its file closed
+                    fill = fills[pos] = self._fill(pos)
+                span.append((fill, cuts[k], cuts[k + 1]))
             else:
-                wholes.append((pos, order[a:b]))
-        plans = [fill.plans for fill, _, _ in fills]
+                wholes.append((pos, cuts[k], cuts[k + 1]))
+        plans = list({id(f.plans): f.plans for f, _, _ in span}.values())  # files share one
         decoded: list[DecodedLayout] = []
-        wholes.sort(key=lambda pg: int(pg[1].min()))  # in order of first appearance
-        for pos, g in wholes:  # loaded before the columns are planned: their values say
+        # whole files in order of first appearance in the batch (as BlockShuffleSampler plans)
+        wholes.sort(key=lambda w: int(order[w[1] : w[2]].min()))
+        for pos, a, _ in wholes:  # loaded before the columns are planned: their values say
             got = self.whole(pos)
             decoded.append(got)
-            plans.append([_value_plan(col[int(items[g[0]])]) for col in got.columns])
+            plans.append([_value_plan(col[int(items_o[a])]) for col in got.columns])
         columns = plan_columns(plans, self.nfields, len(wanted), allocate)
-        for fill, a, b in fills:
-            fill.fill(items_o[a:b], wanted_o[a:b], order[a:b], columns)
-        for (pos, g), got in zip(wholes, decoded, strict=True):
-            self._gather(pos, got, g, items[g], wanted[g], columns)
+        fitting = {id(p): _fits(p, columns) for p in plans[: len(plans) - len(wholes)]}
+        fast = [g for g in span if g[0].batch is not None and fitting[id(g[0].plans)]]
+        if fast:
+            self._fill_batch(fast, len(fast) == len(span), order, items_o, wanted_o, columns)
+        for fill, a, b in span if len(fast) < len(span) else ():
+            if fill.batch is None or not fitting[id(fill.plans)]:
+                fill.fill(items_o[a:b], wanted_o[a:b], order[a:b], columns)
+        for (pos, a, b), got in zip(wholes, decoded, strict=True):
+            self._gather(pos, got, order[a:b], items_o[a:b], wanted_o[a:b], columns)
         return SampleBatch(columns, len(wanted))
+
+    def _process_fills(self) -> list[FileFill | None]:
+        """This process's :class:`FileFill` of each file (None: not built yet); a forked
+        worker starts with none of its parent's."""
+        pid = os.getpid()
+        if self._pid != pid:
+            self._fills, self._pid = [None] * len(self.is_span), pid
+        return self._fills
+
+    def _fill_batch(
+        self,
+        fast: list[tuple[FileFill, int, int]],
+        every: bool,
+        order: np.ndarray,
+        items_o: np.ndarray,
+        wanted_o: np.ndarray,
+        columns: list[BatchColumn],
+    ) -> None:
+        """The files of ``fast`` (each with its run ``a:b`` of the batch in file order) read
+        by one compiled call; ``every``: they are the whole batch."""
+        if every:
+            rows, items, labels = order, items_o, wanted_o
+            cuts = np.asarray([a for _, a, _ in fast] + [fast[-1][2]], np.int64)
+        else:
+            at = np.concatenate([np.arange(a, b) for _, a, b in fast])
+            rows, items, labels = order[at], items_o[at], wanted_o[at]
+            cuts = np.cumsum([0] + [b - a for _, a, b in fast]).astype(np.int64)
+        slow = np.zeros(len(items), np.uint8)
+        data = [c.data if c.kind != OBJECTS else None for c in columns]
+        counts = self._compiled_fill(
+            [f.batch for f, _, _ in fast], cuts, items, rows, labels, data, slow, FILL_GAP
+        ).tolist()
+        bounds = cuts.tolist()
+        for k, (fill, _, _) in enumerate(fast):
+            a, b, done = bounds[k], bounds[k + 1], counts[k]
+            if done == b - a and fill.bounded:  # the common case, kept short
+                fill.stats.array_items += done * len(fill.arrays)
+                fill.stats.bytes_read += done * fill.row_bytes
+            else:
+                fill.filled(done, slow[a:b], items[a:b], labels[a:b], rows[a:b], columns)
 
     def _fill(self, pos: int) -> FileFill:
         """File ``pos``'s :class:`FileFill`, kept with its reader's file as this process
-        opened it (a reader opened anew, or a forked worker's, builds its own)."""
+        opened it (a reader opened anew builds its own)."""
         reader = self.spans.reader(pos)
         here, plan = reader.opened()
         fill = here.batch
         if fill is None:
             fill = here.batch = FileFill(reader, here, plan)
+            fill.plans = self._interned.setdefault(tuple(fill.plans), fill.plans)
         return fill  # type: ignore[no-any-return]
 
     def _gather(

@@ -162,6 +162,9 @@ class SpanReader:
     # -- the file -----------------------------------------------------------------------------
 
     def close(self) -> None:
+        here = self._here.peek()
+        if here is not None:  # what the batch path keeps for the file goes with it
+            here.batch = None
         self.source.close()
         self._here.close()
 
