@@ -140,7 +140,7 @@ def _rows(
         )
     rows["naive list + default_collate"] = lambda b: default_collate([naive[i] for i in b])
     rows["ds[i] + default_collate"] = lambda b: default_collate([ds[i] for i in b])
-    rows["__getitems__ + default_collate"] = lambda b: default_collate(ds.__getitems__(b))
+    rows["__getitems__ + default_collate"] = lambda b: default_collate(list(ds.__getitems__(b)))
     rows["__getitems__ + pickleshard.collate"] = lambda b: pickleshard.collate(ds.__getitems__(b))
     rows["same, checks off"] = lambda b: pickleshard.collate(unchecked.__getitems__(b))
     for read in rows.values():  # warm: page cache, plans, readers
@@ -155,7 +155,12 @@ def _rows(
         ours = DataLoader(
             ds, batch_size=BATCH, sampler=sampler, collate_fn=pickleshard.collate, num_workers=w
         )
-        theirs = DataLoader(naive, batch_size=BATCH, sampler=sampler, num_workers=w)  # type: ignore[arg-type]
+        theirs: DataLoader[Any] = DataLoader(
+            naive,  # type: ignore[arg-type]
+            batch_size=BATCH,
+            sampler=sampler,
+            num_workers=w,
+        )
         for name, loader in (
             (f"DataLoader W={w}: naive list", theirs),
             (f"DataLoader W={w}: pickleshard.collate", ours),

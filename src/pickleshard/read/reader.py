@@ -22,11 +22,9 @@ before its samples are returned, as :class:`~pickleshard.errors.FileChangedError
 and the sample. What no check can see: a file whose payload bytes alone changed while its size,
 mtime *and* ctime stayed.
 
-The sample label that errors name (a dataset's global index) is an argument of every read.
-:meth:`read_sample` / :meth:`read_samples` take indices as a caller gives them (negative ones
-count from the end; out of range is an ``IndexError``); :meth:`one` / :meth:`many` are what a
-dataset calls once it has checked and ordered its indices.
-"""
+Errors name a sample label (a dataset's global index), an argument of every read.
+:meth:`read_sample` / :meth:`read_samples` take indices as a caller gives them; :meth:`one` /
+:meth:`many` what a dataset calls once it has checked and ordered its indices."""
 
 from __future__ import annotations
 
