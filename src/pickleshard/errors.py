@@ -376,16 +376,18 @@ class AlreadyRegisteredError(PickleshardError, ValueError):
 class MissingDependencyError(PickleshardError, ImportError):
     """An optional backend is not installed; the message names the extra that provides it."""
 
-    def __init__(self, package: str, extra: str, purpose: str) -> None:
+    def __init__(self, package: str, extra: str, purpose: str, path: str | None = None) -> None:
         self.package = package
         self.extra = extra
         self.purpose = purpose
+        self.path = path  # the file that needs it, when there is one
+        where = f"{path}: " if path else ""
         super().__init__(
-            f"{purpose} needs the {package!r} package: pip install 'pickleshard[{extra}]'"
+            f"{where}{purpose} needs the {package!r} package: pip install 'pickleshard[{extra}]'"
         )
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.package, self.extra, self.purpose))
+        return (type(self), (self.package, self.extra, self.purpose, self.path))
 
 
 class NotSpanIndexableError(FileProblem, ValueError):
