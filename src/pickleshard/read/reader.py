@@ -184,14 +184,7 @@ class SpanReader:
         return _Opened(fd, loader)
 
     def _check_opened(self) -> None:
-        now = self.source.identity()
-        if now.size < self.identity.size:  # as SpanFiles says it before it builds a reader
-            raise TruncatedPickleError(
-                self.path,
-                f"file is {now.size} bytes, {self.identity.size} when indexed: cut short since",
-                offset=now.size,
-            )
-        what = self.identity.differs_from(now)
+        what = self.identity.differs_from(self.source.identity())  # a shorter size included
         if what is not None:
             raise changed(self.path, what, None, None)
 
@@ -243,6 +236,15 @@ class SpanReader:
         if what is None:
             what = self.identity.differs_from(self.source.identity()) or "its identity changed"
         return changed(self.path, what, offset if offset >= 0 else None, samples)
+
+    def _named(self, exc: PickleshardError, label: int | None) -> PickleshardError:
+        """:func:`named`; but bytes that end early in a file whose identity changed since it
+        was indexed are a changed file (cut short or rewritten), not a damaged one."""
+        if isinstance(exc, TruncatedPickleError) and self.verify and self._here.opened:
+            what = self.identity.differs_from(self.source.identity())
+            if what is not None:
+                return changed(self.path, what, exc.offset, None if label is None else [label])
+        return named(exc, label)
 
     def _bad_span(self, start: int, exc: Exception, label: int | None) -> Exception:
         """The error for the span at ``start`` that raised ``exc`` read for sample ``label``."""
@@ -307,7 +309,7 @@ class SpanReader:
             try:
                 got = here.loader.load_sample(here.fd, i, self.verify, label)
             except PickleshardError as exc:
-                raise named(exc, label) from None
+                raise self._named(exc, label) from None
             except Exception as exc:  # bad bytes make the unpickler raise many types
                 if plan.span_field < 0:  # only the span can meet bad bytes
                     raise
@@ -339,7 +341,7 @@ class SpanReader:
                 self.source.prefetch(self._ranges(plan, items))
             except PickleshardError as exc:  # named by the sample whose bytes it was reading
                 at = getattr(exc, "offset", None)
-                raise named(exc, self._label_at(at, items, labels)) from None
+                raise self._named(exc, self._label_at(at, items, labels)) from None
         if len(items) < BATCH_READ_MIN or not plan.by_field:
             return self._each(here, plan, items, labels)
         out = self._by_field(here.loader, plan, items, labels)
@@ -379,7 +381,7 @@ class SpanReader:
             if spans:
                 self.spans.many(out, i, starts, spans, label, self._here.get().loader)
         except PickleshardError as exc:
-            raise named(exc, label) from None
+            raise self._named(exc, label) from None
         return tuple(out)
 
     def _each(
@@ -394,7 +396,7 @@ class SpanReader:
                     here.fd, items, labels, self._fallback
                 )
             except PickleshardError as exc:
-                raise named(exc, labels[loader.at]) from None
+                raise self._named(exc, labels[loader.at]) from None
             except Exception as exc:  # bad bytes make the unpickler raise many types
                 if plan.span_field < 0:  # only the span can meet bad bytes
                     raise
@@ -441,6 +443,6 @@ class SpanReader:
                 try:
                     self.spans.many(row, i, starts_l[k], spans, label, loader)
                 except PickleshardError as exc:
-                    raise named(exc, label) from None
+                    raise self._named(exc, label) from None
             out[k] = tuple(row)
         return out
