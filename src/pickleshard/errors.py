@@ -8,6 +8,7 @@ about and says what was expected there.
 
 from __future__ import annotations
 
+import copy
 import os
 import pickle
 from collections.abc import Iterable
@@ -88,6 +89,13 @@ class FileProblem(PickleshardError):
             return
         self.path = os.fspath(path)
         super().__init__(f"{_where(path, offset, sample)}: {message}")
+
+    def with_fix(self, fix: str) -> FileProblem:
+        """A copy of this error whose message ends with ``fix`` (what the caller can do that
+        the code which raised it did not know of)."""
+        out = copy.copy(self)
+        out.args = (f"{self.args[0]}; {fix}", *self.args[1:])
+        return out
 
     def __reduce__(self) -> tuple[object, ...]:
         # Errors cross process boundaries (index workers): keep the keyword arguments, and the

@@ -20,7 +20,14 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from ..errors import FileProblem, UnsupportedLayoutError
+from ..errors import (
+    CorruptPickleError,
+    EmptyPickleError,
+    FileProblem,
+    NotAPickleError,
+    TruncatedPickleError,
+    UnsupportedLayoutError,
+)
 from ..executors import ExecutorLike, IndexExecutor, resolve_executor
 from ..index.files import SkippedFile, skip_record
 from ..index.model import DatasetIndex
@@ -52,6 +59,10 @@ def describe_or_problem(
         return exc
 
 
+# a file cut short, empty or not a pickle: leaving it out (skip_bad) is the usual fix
+_DAMAGED = (TruncatedPickleError, EmptyPickleError, NotAPickleError)
+
+
 def _describe_all(
     source: ResolvedSource,
     staging: Path | None,
@@ -74,11 +85,21 @@ def _describe_all(
         try:
             for pos, got in results:
                 if isinstance(got, FileProblem) and not skip_bad:
-                    raise got
+                    raise _damaged(got)
                 yield pos, got
                 bar.update()
         finally:  # stopped early (an error here or in the caller): the executor cancels
             results.close()
+
+
+def _damaged(exc: FileProblem) -> FileProblem:
+    """``exc``, saying how to index the other files when it is a damaged file's."""
+    if isinstance(exc, _DAMAGED) or type(exc) is CorruptPickleError:
+        return exc.with_fix(
+            "pass skip_bad=True (pickleshard index --skip-bad) to index the other files and "
+            "list this one, or replace it"
+        )
+    return exc
 
 
 def _check_fields(
