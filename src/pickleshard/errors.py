@@ -388,10 +388,10 @@ class MissingDependencyError(PickleshardError, ImportError):
         self.package = package
         self.extra = extra
         self.purpose = purpose
-        self.path = path  # the file that needs it, when there is one
         where = f"{path}: " if path else ""
         super().__init__(
-            f"{where}{purpose} needs the {package!r} package: pip install 'pickleshard[{extra}]'"
+            f"{where}{purpose} needs the {package!r} package: pip install 'pickleshard[{extra}]'",
+            path=path,  # ImportError's own attribute: the file that needs the package
         )
 
     def __reduce__(self) -> tuple[object, ...]:
