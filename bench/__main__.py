@@ -61,7 +61,7 @@ def _kinds(text: str) -> tuple[Kind, ...]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__, allow_abbrev=False)
     p.add_argument("--files", type=int, default=8)
     p.add_argument("--per-file", type=int, default=5000)
     p.add_argument("--shape", type=_ints, default=(3, 32, 32), help="sample shape, e.g. 3,32,32")

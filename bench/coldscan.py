@@ -155,7 +155,7 @@ def _table(rows: list[dict[str, Any]]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench scan --cold", description=__doc__.split("\n")[0]
+        allow_abbrev=False, prog="python -m bench scan --cold", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--quick", action="store_true", help="a tiny smoke run")
     parser.add_argument("--runs", type=int, default=3, help="cold passes per method")

@@ -154,7 +154,9 @@ def _table(rows: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench compressed", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m bench compressed", description=__doc__, allow_abbrev=False
+    )
     p.add_argument("--samples", type=int, default=8000, help="images in the file")
     p.add_argument("--reads", type=int, default=2000, help="random ds[i] reads timed")
     p.add_argument("--data", type=Path, default=HERE / "data" / "compressed")

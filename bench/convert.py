@@ -355,7 +355,7 @@ def _tables(rows: Sequence[Row]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.convert", description=__doc__.split("\n")[0]
+        allow_abbrev=False, prog="python -m bench.convert", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--quick", action="store_true", help="a tiny smoke run (4 files x 250)")
     parser.add_argument("--small", action="store_true", help="4 files x 2500 samples")

@@ -151,7 +151,9 @@ def _report(raw: dict[str, Any], machine: dict[str, str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench executors", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m bench executors", description=__doc__, allow_abbrev=False
+    )
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--quick", action="store_true")

@@ -78,7 +78,9 @@ def _parts(where: Path) -> tuple[Callable[[], Any], Callable[[], Any], Callable[
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench index-open", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m bench index-open", description=__doc__, allow_abbrev=False
+    )
     p.add_argument("--files", type=int, default=100)
     p.add_argument("--per-file", type=int, default=10_000)
     p.add_argument("--repeat", type=int, default=7)

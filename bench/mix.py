@@ -104,7 +104,9 @@ def _pair(folders: list[Path], workers: int, rounds: int) -> list[dict[str, Any]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench mix", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench mix", description=__doc__.split("\n")[0], allow_abbrev=False
+    )
     parser.add_argument("--files", type=int, default=4, help="files per source")
     parser.add_argument("--per-file", type=int, default=5000)
     parser.add_argument("--workers", default="0,2", help="DataLoader num_workers, e.g. 0,2")

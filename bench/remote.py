@@ -288,7 +288,9 @@ def _lines(raw: dict[str, Any], machine: dict[str, str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench remote", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m bench remote", description=__doc__, allow_abbrev=False
+    )
     p.add_argument("--files", type=int, default=4)
     p.add_argument("--per-file", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=16)

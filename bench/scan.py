@@ -238,7 +238,7 @@ def _memory_lines(mem: list[dict[str, Any]]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.scan", description=__doc__.split("\n")[0]
+        allow_abbrev=False, prog="python -m bench.scan", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--quick", action="store_true", help="a tiny smoke run")
     parser.add_argument("--repeat", type=int, default=3, help="passes per method; best kept")

@@ -159,7 +159,9 @@ def _prepare(kind: str, path: Path) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.whole_workers", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.whole_workers", description=__doc__, allow_abbrev=False
+    )
     p.add_argument("--mib", type=float, default=48, help="file size in MiB (default 48)")
     p.add_argument("--full", action="store_true", help=f"the issue's file: {FULL_MIB} MiB")
     p.add_argument("--workers", type=int, default=2)

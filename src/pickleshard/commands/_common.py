@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from ..executors import dask_address
-from ..safety.allowlist import available_presets, preset_names
+from ..safety.allowlist import available_presets, parse_allow_globals, preset_names
 from ..safety.policy import UnpicklePolicy
 from ..scan.layouts import LAYOUT_CHOICE_HELP, LAYOUT_CHOICES
 
@@ -18,6 +18,7 @@ __all__ = [
     "add_layout_flag",
     "add_safety_flags",
     "add_storage_flags",
+    "allowed_globals",
     "parse_executor",
     "parse_size",
     "policy_from_args",
@@ -81,7 +82,21 @@ def add_executor_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _global_name(text: str) -> str:
+    """An ``--allow-global`` value, checked when parsed: ``module.name`` or ``module:qualname``
+    (a preset's name given here is pointed to ``--allow``)."""
+    try:
+        parse_allow_globals([text])
+    except ValueError as exc:
+        hint = f"; {text!r} is a preset: --allow {text}" if text in available_presets() else ""
+        raise argparse.ArgumentTypeError(f"{exc}{hint}") from None
+    return text
+
+
 def add_safety_flags(p: argparse.ArgumentParser) -> None:
+    """The safety options every subcommand that reads pickles takes, the same everywhere:
+    ``--trusted``, ``--allow-global MODULE.NAME``, ``--allow PRESET``, ``--encoding`` (and the
+    storage options of the paths it reads)."""
     g = p.add_argument_group("safety (unpickling runs code; only allowlisted globals load)")
     g.add_argument(
         "--trusted", action="store_true", help="load any global: only for files you trust"
@@ -90,6 +105,7 @@ def add_safety_flags(p: argparse.ArgumentParser) -> None:
         "--allow-global",
         action="append",
         default=[],
+        type=_global_name,
         metavar="MODULE.NAME",
         help="also allow this global (repeatable)",
     )
@@ -161,11 +177,11 @@ def add_layout_flag(p: argparse.ArgumentParser) -> None:
 
 def policy_from_args(args: argparse.Namespace) -> UnpicklePolicy:
     return UnpicklePolicy.from_args(
-        trusted=args.trusted, allow_globals=_allowed(args), encoding=args.encoding
+        trusted=args.trusted, allow_globals=allowed_globals(args), encoding=args.encoding
     )
 
 
-def _allowed(args: argparse.Namespace) -> list[str]:
+def allowed_globals(args: argparse.Namespace) -> list[str]:
     """``--allow-global`` names and the globals of the ``--allow`` presets."""
     return [*args.allow_global, *preset_names(getattr(args, "allow", []))]
 
@@ -174,7 +190,7 @@ def safety_kwargs(args: argparse.Namespace) -> dict[str, object]:
     """The ``trusted``/``allow_globals``/``encoding`` keywords of the Python API."""
     return {
         "trusted": args.trusted,
-        "allow_globals": _allowed(args),
+        "allow_globals": allowed_globals(args),
         "encoding": args.encoding,
     }
 
