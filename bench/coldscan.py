@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     if all(r["fetched"] in (None, 0) for r in rows if r["method"] == "pickle.load"):
         print("warning: a cold pickle.load fetched nothing: eviction or read_bytes does not "
               "work on this file system (tmpfs, overlay); use a block device", file=sys.stderr)  # fmt: skip
-    name = "issue13-cold-scan-quick" if args.quick else "issue13-cold-scan"
+    name = "cold-scan-quick" if args.quick else "cold-scan"
     lines = report_head("Index build from a cold page cache: time and bytes fetched", machine)
     lines += ["", "## Setup", "", *(__doc__ or "").strip().splitlines()[2:], ""]
     lines += ["## Runs", "", *_table(rows), ""]

@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block-kib", type=int, default=1024, help="block cache block size")
     p.add_argument("--litdata-path", default="", help="a folder to import litdata from")
     p.add_argument("--out", type=Path, default=HERE / "results")
-    p.add_argument("--name", default="issue15-remote")
+    p.add_argument("--name", default="remote-s3")
     args = p.parse_args(argv)
     command = shlex.join(
         ["python", "-m", "bench", "remote", *(sys.argv[2:] if argv is None else argv)]

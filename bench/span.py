@@ -34,7 +34,7 @@ a shuffled span epoch of ``--big-samples`` samples with 2 DataLoader workers, in
 PSS summed over the process and its workers, sampled every 50 ms, against the 256 MiB budget
 the issue names and the file's size.
 
-Writes ``bench/results/issue3-span[-quick].md`` and ``.json``.
+Writes ``bench/results/span-vs-memmap[-quick].md`` and ``.json``.
 """
 
 from __future__ import annotations
@@ -409,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"-- one {gb} GB file, {n:,} shuffled samples, 2 workers", flush=True)
         mem = _big_memory(args.data, gb, n, 2)
     machine["load average at end"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    name = "issue3-span-quick" if args.quick else "issue3-span"
+    name = "span-vs-memmap-quick" if args.quick else "span-vs-memmap"
     lines = report_head(
         "Shuffled epochs by span from the original pickles vs numpy memmap", machine
     )
