@@ -292,3 +292,27 @@ def test_errors_exit_1_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFix
     err = capsys.readouterr().err
     assert "bad.pkl" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("obj", "said"),
+    [
+        (([1, 2], [3, 4]), "columns (a tuple or list of columns)"),
+        ({"x": [1, 2], "y": [3, 4]}, "columns (a dict of columns)"),
+        ([(1, 3), (2, 4)], "records (a list of tuples)"),
+        ([{"x": 1, "y": 3}, {"x": 2, "y": 4}], "records (a list of dicts)"),
+    ],
+)
+def test_layouts_are_named_as_layout_takes_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], obj: Any, said: str
+) -> None:
+    (tmp_path / "d").mkdir()
+    path = tmp_path / "d" / "a.pkl"
+    path.write_bytes(pickle.dumps(obj, 5))
+    assert main(["inspect", str(path)]) == 0
+    line = next(t for t in capsys.readouterr().out.splitlines() if t.startswith("  layout "))
+    assert line == f"  layout   {said}"
+    assert said.split()[0] in LAYOUT_CHOICES
+    assert "_" not in line  # no internal name (dict_rows) that --layout refuses
+    assert main(["index", str(tmp_path / "d")]) == 0
+    assert f"; layout {said};" in capsys.readouterr().out

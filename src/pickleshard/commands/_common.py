@@ -8,10 +8,11 @@ import re
 import sys
 from typing import Any
 
+from ..errors import UnsupportedLayoutError
 from ..executors import dask_address
 from ..safety.allowlist import available_presets, parse_allow_globals, preset_names
 from ..safety.policy import UnpicklePolicy
-from ..scan.layouts import LAYOUT_CHOICE_HELP, LAYOUT_CHOICES
+from ..scan.layouts import APPENDED, LAYOUT_CHOICE_HELP, LAYOUT_CHOICES, layout_named
 
 __all__ = [
     "add_executor_flag",
@@ -19,6 +20,7 @@ __all__ = [
     "add_safety_flags",
     "add_storage_flags",
     "allowed_globals",
+    "layout_words",
     "parse_executor",
     "parse_size",
     "policy_from_args",
@@ -173,6 +175,41 @@ def add_layout_flag(p: argparse.ArgumentParser) -> None:
         help=f"what a file or record is: {', '.join(readings)}; auto (default) "
         f"{LAYOUT_CHOICE_HELP['auto']}",
     )
+
+
+# what each layout of the table looks like, to say beside the --layout choice that reads it
+_SHAPES = {
+    "columns": "a tuple or list of columns",
+    "dict_columns": "a dict of columns",
+    "rows": "a list of tuples",
+    "dict_rows": "a list of dicts",
+    "items": "a list, one sample per item",
+    "samples": "one sample per pickle",
+    "dict_samples": "one dict per pickle",
+}
+
+
+def layout_words(name: str) -> str:
+    """A layout as files and indexes name it (``dict_rows``, ``appended_columns``), in the
+    vocabulary of ``--layout``: the choice that reads it, then its shape (``records (a list of
+    dicts)``); a name the table does not know, as it is."""
+    try:
+        layout = layout_named(name, "")
+    except UnsupportedLayoutError:
+        return name
+    appended = name.startswith(APPENDED)
+    shape = _SHAPES.get(layout.name, layout.name)
+    if not layout.per_sample:
+        choice = "columns"
+    elif layout.per_pickle and not appended:
+        choice, shape = "file", "the file's one pickle is the sample"
+    elif appended and not layout.per_pickle:  # chunks of rows: only auto reads those
+        choice = "auto"
+    else:
+        choice = "records"
+    if appended and not layout.per_pickle:
+        shape = f"appended pickles, each {shape}"
+    return f"{choice} ({shape})"
 
 
 def policy_from_args(args: argparse.Namespace) -> UnpicklePolicy:

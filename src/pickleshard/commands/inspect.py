@@ -33,7 +33,13 @@ from ..io.listing import resolve_source
 from ..io.options import SourceOptions
 from ..scan.access import fetched_since
 from . import COMMANDS
-from ._common import add_layout_flag, add_safety_flags, allowed_globals, storage_options
+from ._common import (
+    add_layout_flag,
+    add_safety_flags,
+    allowed_globals,
+    layout_words,
+    storage_options,
+)
 
 EXIT_ERROR = 1
 EXIT_STRICT = 3
@@ -74,7 +80,7 @@ def render(r: FileReport, fetched: int | None = None) -> str:
             f"decompressed ({c['seek']}); what follows is the decompressed stream"
         )
     indexable = "span-indexable" if r.span_indexable else f"not span-indexable: {r.reason}"
-    lines.append(f"  layout   {r.layout}")
+    lines.append(f"  layout   {layout_words(r.layout)}")
     if r.ambiguity is not None:  # the reading chosen, and the other one as plausible
         a = r.ambiguity
         lines.append(f"  chosen   {a.chosen} (--layout {a.keep})")
