@@ -8,7 +8,6 @@ about and says what was expected there.
 
 from __future__ import annotations
 
-import copy
 import os
 import pickle
 from collections.abc import Iterable
@@ -89,13 +88,6 @@ class FileProblem(PickleshardError):
             return
         self.path = os.fspath(path)
         super().__init__(f"{_where(path, offset, sample)}: {message}")
-
-    def with_fix(self, fix: str) -> FileProblem:
-        """A copy of this error whose message ends with ``fix`` (what the caller can do that
-        the code which raised it did not know of)."""
-        out = copy.copy(self)
-        out.args = (f"{self.args[0]}; {fix}", *self.args[1:])
-        return out
 
     def __reduce__(self) -> tuple[object, ...]:
         # Errors cross process boundaries (index workers): keep the keyword arguments, and the
@@ -385,9 +377,7 @@ class MissingDependencyError(PickleshardError, ImportError):
     """An optional backend is not installed; the message names the extra that provides it."""
 
     def __init__(self, package: str, extra: str, purpose: str, path: str | None = None) -> None:
-        self.package = package
-        self.extra = extra
-        self.purpose = purpose
+        self.package, self.extra, self.purpose = package, extra, purpose
         where = f"{path}: " if path else ""
         super().__init__(
             f"{where}{purpose} needs the {package!r} package: pip install 'pickleshard[{extra}]'",

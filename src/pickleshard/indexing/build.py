@@ -9,6 +9,7 @@ executor's business (:mod:`pickleshard.executors.local`): local processes by def
 
 from __future__ import annotations
 
+import copy
 import os
 import secrets
 import shutil
@@ -95,10 +96,10 @@ def _describe_all(
 def _damaged(exc: FileProblem) -> FileProblem:
     """``exc``, saying how to index the other files when it is a damaged file's."""
     if isinstance(exc, _DAMAGED) or type(exc) is CorruptPickleError:
-        return exc.with_fix(
-            "pass skip_bad=True (pickleshard index --skip-bad) to index the other files and "
-            "list this one, or replace it"
-        )
+        out = copy.copy(exc)  # the same error, its message ending with the fix
+        fix = "pass skip_bad=True (pickleshard index --skip-bad) to index the other files and "
+        out.args = (f"{exc.args[0]}; {fix}list this one, or replace it", *exc.args[1:])
+        return out
     return exc
 
 

@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..errors import PickleshardError, TruncatedPickleError
+from ..errors import CorruptPickleError, FileChangedError, PickleshardError
 from ..io import ByteSource, open_source
 from ..io.handles import ProcessLocal
 from ..io.identity import FileIdentity
@@ -238,9 +238,11 @@ class SpanReader:
         return changed(self.path, what, offset if offset >= 0 else None, samples)
 
     def _named(self, exc: PickleshardError, label: int | None) -> PickleshardError:
-        """:func:`named`; but bytes that end early in a file whose identity changed since it
-        was indexed are a changed file (cut short or rewritten), not a damaged one."""
-        if isinstance(exc, TruncatedPickleError) and self.verify and self._here.opened:
+        """:func:`named`; but bytes that end early or do not unpickle in a file whose identity
+        changed since it was indexed are a changed file (cut short or rewritten), not a damaged
+        one."""
+        bad_bytes = isinstance(exc, CorruptPickleError) and not isinstance(exc, FileChangedError)
+        if bad_bytes and self.verify and self._here.opened:
             what = self.identity.differs_from(self.source.identity())
             if what is not None:
                 return changed(self.path, what, exc.offset, None if label is None else [label])
@@ -249,7 +251,7 @@ class SpanReader:
     def _bad_span(self, start: int, exc: Exception, label: int | None) -> Exception:
         """The error for the span at ``start`` that raised ``exc`` read for sample ``label``."""
         if not isinstance(exc, MemoIdPastSpan):
-            return damaged(self.path, start, exc)
+            return self._named(damaged(self.path, start, exc), label)
         # a file rewritten since its scan is the likelier cause, but only its identity can say
         mine = self._here.opened
         what = self.identity.differs_from(self.source.identity()) if self.verify and mine else None
