@@ -241,8 +241,8 @@ class SpanReader:
         """:func:`named`; but bytes that end early or do not unpickle in a file whose identity
         changed since it was indexed are a changed file (cut short or rewritten), not a damaged
         one."""
-        bad_bytes = isinstance(exc, CorruptPickleError) and not isinstance(exc, FileChangedError)
-        if bad_bytes and self.verify and self._here.opened:
+        mine = self.verify and self._here.opened
+        if isinstance(exc, CorruptPickleError) and not isinstance(exc, FileChangedError) and mine:
             what = self.identity.differs_from(self.source.identity())
             if what is not None:
                 return changed(self.path, what, exc.offset, None if label is None else [label])
