@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-suite peers clean
+.PHONY: demo test lint bench bench-suite peers wheel clean
 
 # The editable install compiles the scanner's Cython core (setup.py): editing the .pyx
 # re-runs it here; by hand, `pip install -e .` rebuilds it.
@@ -28,6 +28,10 @@ test: lint
 
 bench: $(STAMP)
 	$(PY) -m bench
+
+# the wheel a user installs (README "Install"): dist/pickleshard-*.whl, the compiled core inside
+wheel: $(STAMP)
+	$(PY) -m build --wheel
 
 # The peers (LitData, Mosaic Streaming) pin an older numpy than pickleshard's environment: they
 # get their own virtualenv, used by the suite's peer rows through --peer-python.

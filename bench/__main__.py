@@ -31,7 +31,14 @@ from typing import Any
 from .data import DataSpec, ensure_data
 from .measure import MiB
 from .plot import write_plot
-from .report import TITLE, describe_machine, load_results, markdown_report, results_json
+from .report import (
+    TITLE,
+    describe_machine,
+    load_results,
+    markdown_report,
+    results_json,
+    table,
+)
 from .runner import Kind, Order, RowResult, RowSpec, run_isolated
 
 __all__ = ["main"]
@@ -63,7 +70,7 @@ def _kinds(text: str) -> tuple[Kind, ...]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__, allow_abbrev=False)
     p.add_argument("--files", type=int, default=8)
     p.add_argument("--per-file", type=int, default=5000)
     p.add_argument("--shape", type=_ints, default=(3, 32, 32), help="sample shape, e.g. 3,32,32")
@@ -81,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--datasets", type=_kinds, default=KINDS, help=f"subset of {','.join(KINDS)}")
     p.add_argument("--data", type=Path, default=HERE / "data", help="where synthetic data is kept")
     p.add_argument("--out", type=Path, default=HERE / "results", help="where results are written")
-    p.add_argument("--name", default="issue2-wholefile", help="results file stem")
+    p.add_argument("--name", default="whole-file-vs-baselines", help="results file stem")
     p.add_argument(
         "--render",
         type=Path,
@@ -181,19 +188,18 @@ def _measure(args: argparse.Namespace, command: str) -> dict[str, Any]:
 
 
 def _write_report(raw: dict[str, Any], out: Path, name: str) -> None:
-    """Print the Markdown report and write it with its PNG (when matplotlib is there) to ``out``."""
+    """Print the results table; write the whole report (machine, setup, table, ratios) with its
+    PNG (when matplotlib is there) to ``out``."""
     title, machine, setup, rows = load_results(raw)
     cache_bytes = rows[0].spec.cache_bytes if rows else 0
     report = markdown_report(title, machine, setup, rows, cache_bytes)
     print()
-    print(report)
+    print(table(rows))
     out.mkdir(parents=True, exist_ok=True)
     if write_plot(rows, out / f"{name}.png", title):
         report += f"\n![samples/s and peak PSS per row]({name}.png)\n"
-    else:
-        print("no matplotlib: no PNG plot")
     (out / f"{name}.md").write_text(report)
-    print(f"wrote {out / name}.md")
+    print(f"\nthe setup, the machine and the ratios: {out / name}.md (raw numbers: .json)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -155,7 +155,7 @@ def _table(rows: list[dict[str, Any]]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench scan --cold", description=__doc__.split("\n")[0]
+        allow_abbrev=False, prog="python -m bench scan --cold", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--quick", action="store_true", help="a tiny smoke run")
     parser.add_argument("--runs", type=int, default=3, help="cold passes per method")
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     if all(r["fetched"] in (None, 0) for r in rows if r["method"] == "pickle.load"):
         print("warning: a cold pickle.load fetched nothing: eviction or read_bytes does not "
               "work on this file system (tmpfs, overlay); use a block device", file=sys.stderr)  # fmt: skip
-    name = "issue13-cold-scan-quick" if args.quick else "issue13-cold-scan"
+    name = "cold-scan-quick" if args.quick else "cold-scan"
     lines = report_head("Index build from a cold page cache: time and bytes fetched", machine)
     lines += ["", "## Setup", "", *(__doc__ or "").strip().splitlines()[2:], ""]
     lines += ["## Runs", "", *_table(rows), ""]

@@ -17,7 +17,7 @@ plain zstd, each in its own folder. For each, in one run:
   1/8 of the decompressed file, as when the file is 8x the cache (gzip keeps rapidgzip's own chunk cache, which this
   does not bound; the plain file keeps the page cache).
 
-Writes ``bench/results/issue14-compressed.md`` and ``.json``; never asserts a speed.
+Writes ``bench/results/compressed.md`` and ``.json``; never asserts a speed.
 """
 
 from __future__ import annotations
@@ -154,12 +154,14 @@ def _table(rows: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench compressed", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m bench compressed", description=__doc__, allow_abbrev=False
+    )
     p.add_argument("--samples", type=int, default=8000, help="images in the file")
     p.add_argument("--reads", type=int, default=2000, help="random ds[i] reads timed")
     p.add_argument("--data", type=Path, default=HERE / "data" / "compressed")
     p.add_argument("--out", type=Path, default=HERE / "results")
-    p.add_argument("--name", default="issue14-compressed")
+    p.add_argument("--name", default="compressed")
     args = p.parse_args(argv)
     command = shlex.join(["python", "-m", "bench", "compressed", *(argv or [])])
     machine = describe_machine(command)

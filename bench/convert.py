@@ -19,7 +19,7 @@ Parquet and Arrow rows come from :mod:`bench.convert_arrow`.
    and by the naive loop (``pickle.load`` whole, dump slices), each in a fresh process: seconds
    per GB and peak PSS against the file's size.
 
-Writes ``bench/results/issue6-convert[-quick].md`` and ``.json``. ``--quick`` is a smoke run.
+Writes ``bench/results/convert[-quick].md`` and ``.json``. ``--quick`` is a smoke run.
 """
 
 from __future__ import annotations
@@ -352,14 +352,14 @@ def _tables(rows: Sequence[Row]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.convert", description=__doc__.split("\n")[0]
+        allow_abbrev=False, prog="python -m bench.convert", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--quick", action="store_true", help="a tiny smoke run (4 files x 250)")
     parser.add_argument("--small", action="store_true", help="4 files x 2500 samples")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--data", type=Path, default=HERE / "data", help="where datasets live")
     parser.add_argument("--out", type=Path, default=HERE / "results")
-    parser.add_argument("--name", help="results file name (default issue6-convert[-quick])")
+    parser.add_argument("--name", help="results file name (default convert[-quick])")
     args = parser.parse_args(argv)
     files, per_file = SIZES["quick" if args.quick else "small" if args.small else "full"]
     spec = DataSpec(args.data, files, per_file, (3, 32, 32))
@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     source = sum(p.stat().st_size for p in spec.paths)
-    name = args.name or ("issue6-convert-quick" if args.quick else "issue6-convert")
+    name = args.name or ("convert-quick" if args.quick else "convert")
     lines = report_head(f"Conversion and converted-format readers ({spec.name})", machine)
     lines += ["", "## Setup", "", f"- {spec.num_samples} samples in {files} files, {source / 1e6:,.0f} MB of pickles; index built before conversion rows; outputs in the page cache when read"]  # fmt: skip
     lines += ["- output sizes (MB): " + ", ".join(f"{k} {v / 1e6:,.0f}" for k, v in sizes.items())]

@@ -10,7 +10,7 @@ rows: a run with ``--executor dask`` and no address pays them once per command. 
 output is compared byte for byte with the local one (the index with its random file-name
 token aside).
 
-Writes ``bench/results/issue15-dask[-quick].md`` and ``.json``. ``--quick`` is a smoke run.
+Writes ``bench/results/executors-dask[-quick].md`` and ``.json``. ``--quick`` is a smoke run.
 """
 
 from __future__ import annotations
@@ -151,13 +151,15 @@ def _report(raw: dict[str, Any], machine: dict[str, str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench executors", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m bench executors", description=__doc__, allow_abbrev=False
+    )
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--data", type=Path, default=HERE / "data")
     p.add_argument("--out", type=Path, default=HERE / "results")
-    p.add_argument("--name", default="issue15-dask")
+    p.add_argument("--name", default="executors-dask")
     args = p.parse_args(argv)
     command = shlex.join(["python", "-m", "bench", "executors", *(argv or [])])
     machine = describe_machine(command)

@@ -49,7 +49,9 @@ NAMES = {
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench first-epoch", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m bench first-epoch", description=__doc__, allow_abbrev=False
+    )
     p.add_argument("--files", type=int, default=8)
     p.add_argument("--per-file", type=int, default=2500)
     p.add_argument("--batch-size", type=int, default=64)

@@ -10,7 +10,7 @@ best of ``--repeat``, all from the page cache:
   CRC-32 computed, content checks);
 - its parts: header checks, arrays mapped + checksums, content checks (vectorised numpy).
 
-Writes ``bench/results/issue12-index-open[-quick|-Nfiles].md`` and ``.json``; never asserts a
+Writes ``bench/results/index-open[-quick|-Nfiles].md`` and ``.json``; never asserts a
 speed. The default (100 files of 10,000) and ``--files 10000 --per-file 100`` (the same samples
 in many small files: index.json is 11 MB, its per-file checks dominate) are the two published.
 """
@@ -78,7 +78,9 @@ def _parts(where: Path) -> tuple[Callable[[], Any], Callable[[], Any], Callable[
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench index-open", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m bench index-open", description=__doc__, allow_abbrev=False
+    )
     p.add_argument("--files", type=int, default=100)
     p.add_argument("--per-file", type=int, default=10_000)
     p.add_argument("--repeat", type=int, default=7)
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": rows,
         "machine": machine,
     }
-    name = "issue12-index-open" + (
+    name = "index-open" + (
         "-quick" if args.quick else "" if args.files == 100 else f"-{args.files}files"
     )
     save_results(args.out, name, lines, raw)

@@ -17,7 +17,7 @@ started, so their start-up, which varies by tenths of a second, is in neither ro
 machine's other load falls on both, the shortest epoch of each kept. The ratio is mix samples/s
 over one samples/s. Target (issue 29): >= 0.95x.
 
-Writes ``bench/results/issue29-mix[-quick].md`` and ``.json``.
+Writes ``bench/results/mix[-quick].md`` and ``.json``.
 """
 
 from __future__ import annotations
@@ -104,7 +104,9 @@ def _pair(folders: list[Path], workers: int, rounds: int) -> list[dict[str, Any]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench mix", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench mix", description=__doc__.split("\n")[0], allow_abbrev=False
+    )
     parser.add_argument("--files", type=int, default=4, help="files per source")
     parser.add_argument("--per-file", type=int, default=5000)
     parser.add_argument("--workers", default="0,2", help="DataLoader num_workers, e.g. 0,2")
@@ -138,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     worst = min(ratios.values())
     verdict = "met" if worst >= TARGET else "not met"
     lines += ["", f"Target mix / one >= {TARGET}x: {verdict} (lowest {worst:.3f}x).", ""]
-    name = "issue29-mix-quick" if args.quick else "issue29-mix"
+    name = "mix-quick" if args.quick else "mix"
     save_results(args.out, name, lines, {"machine": machine, "rows": rows, "ratios": ratios})
     return 0
 

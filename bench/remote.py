@@ -298,7 +298,9 @@ def _lines(raw: dict[str, Any], machine: dict[str, str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench remote", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m bench remote", description=__doc__, allow_abbrev=False
+    )
     p.add_argument("--files", type=int, default=4)
     p.add_argument("--per-file", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=16)
@@ -314,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2, help="index rows: runs per row (best)")
     p.add_argument("--skip-epoch", action="store_true", help="only the index rows")
     p.add_argument("--out", type=Path, default=HERE / "results")
-    p.add_argument("--name", default="issue15-remote")
+    p.add_argument("--name", default="remote-s3")
     args = p.parse_args(argv)
     command = shlex.join(
         ["python", "-m", "bench", "remote", *(sys.argv[2:] if argv is None else argv)]

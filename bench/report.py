@@ -156,26 +156,24 @@ def table(rows: Sequence[RowResult]) -> str:
     return "\n".join(lines)
 
 
-def targets(rows: Sequence[RowResult], cache_bytes: int, workers: int = 2) -> list[str]:
-    """The issue's done-when figures at ``workers``, stated, not asserted."""
+def ratios(rows: Sequence[RowResult], cache_bytes: int, workers: int = 2) -> list[str]:
+    """The comparisons that matter at ``workers``, stated as measured (the targets they are
+    held to are in docs/benchmarks.md, not in a user's terminal or results file)."""
     ours = _ref(rows, "pickleshard", "shuffled", workers)
     if ours is None:
-        return [f"- no PickleDataset shuffled row at {workers} workers: targets not evaluated"]
+        return [f"- no PickleDataset shuffled row at {workers} workers"]
     out: list[str] = []
-    for order, goal in (("sequential", 0.8), ("shuffled", 1000.0)):
+    for order in ("sequential", "shuffled"):
         ratio = _ratio(ours, _ref(rows, "folk", order, workers))
-        if ratio is None:
-            out.append(f"- vs folk {order}: no folk {order} row at {workers} workers")
-            continue
-        verdict = "met" if ratio >= goal else "NOT met"
-        out.append(
-            f"- shuffled PickleDataset / folk {order} rate at {workers} workers: "
-            f"{_fmt_ratio(ratio)} (target ≥ {_fmt_ratio(goal)}): {verdict}"
-        )
+        if ratio is not None:
+            out.append(
+                f"- shuffled PickleDataset / folk {order} rate at {workers} workers: "
+                f"{_fmt_ratio(ratio)}"
+            )
     span = _ref(rows, "span", "shuffled", workers)
     if span is not None:
         out.append(
-            f"- (not a target) shuffled span-mode PickleDataset at {workers} workers: "
+            f"- shuffled span-mode PickleDataset at {workers} workers: "
             f"{_fmt_ratio(_ratio(span, _ref(rows, 'folk', 'sequential', workers)))} folk "
             f"sequential, {_fmt_ratio(_ratio(span, _ref(rows, 'folk', 'shuffled', workers)))} "
             "folk shuffled"
@@ -184,24 +182,20 @@ def targets(rows: Sequence[RowResult], cache_bytes: int, workers: int = 2) -> li
     folk_shuffled = _ref(rows, "folk", "shuffled", workers)
     if null is not None and folk_shuffled is not None:
         out.append(
-            f"- ceiling of the loop itself at {workers} workers (null row): "
+            f"- the loop itself at {workers} workers (null row): "
             f"{null.samples_per_s:,.0f} samples/s = "
             f"{_fmt_ratio(_ratio(null, folk_shuffled))} folk shuffled"
         )
-    if null is None:
-        out.append("- memory: no null row to measure the fixed overhead")
-        return out
-    for metric, mine, fixed in (
-        ("peak PSS", ours.peak_pss, null.peak_pss),
-        ("peak alone", ours.peak_alone, null.peak_alone),
-    ):
-        bound = cache_bytes + fixed
-        verdict = "met" if mine <= bound else "NOT met"
-        out.append(
-            f"- {metric} {mine / MiB:,.0f} MiB vs cache budget {cache_bytes / MiB:,.0f} MiB + fixed "
-            f"overhead {fixed / MiB:,.0f} MiB (the null row's {metric} at {workers} workers) = "
-            f"{bound / MiB:,.0f} MiB: {verdict} (margin {(bound - mine) / MiB:+,.0f} MiB)"
-        )
+    if null is not None:
+        for metric, mine, fixed in (
+            ("peak PSS", ours.peak_pss, null.peak_pss),
+            ("peak alone", ours.peak_alone, null.peak_alone),
+        ):
+            out.append(
+                f"- shuffled PickleDataset {metric} at {workers} workers: {mine / MiB:,.0f} MiB = "
+                f"the null row's {fixed / MiB:,.0f} MiB + {(mine - fixed) / MiB:,.0f} MiB "
+                f"(cache budget {cache_bytes / MiB:,.0f} MiB)"
+            )
     return out
 
 
@@ -266,9 +260,9 @@ def markdown_report(
         "",
         table(rows),
         "",
-        "## Targets (num_workers=2)",
+        "## Ratios (num_workers=2)",
         "",
-        *targets(rows, cache_bytes),
+        *ratios(rows, cache_bytes),
         "",
     ]
     return "\n".join(parts)

@@ -14,7 +14,7 @@ one of ``--big-small-gb`` GB of 12 KB arrays (the file ``python -m bench span`` 
 samples per GB, so the most per-sample scan tables), measured in a fresh process as PSS
 (:mod:`pickleshard.pipelines.memory`) and as peak RSS (VmHWM).
 
-Writes ``bench/results/issue3-scan[-quick].md`` and ``.json``. ``--cold`` runs
+Writes ``bench/results/scan[-quick].md`` and ``.json``. ``--cold`` runs
 :mod:`bench.coldscan` instead (files evicted from the page cache, bytes fetched beside time). ``--quick`` is a smoke run. The
 issue's targets: scan >= 20x faster than unpickling on array data; peak memory < 100 MB.
 """
@@ -238,7 +238,7 @@ def _memory_lines(mem: list[dict[str, Any]]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.scan", description=__doc__.split("\n")[0]
+        allow_abbrev=False, prog="python -m bench.scan", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--quick", action="store_true", help="a tiny smoke run")
     parser.add_argument("--repeat", type=int, default=3, help="passes per method; best kept")
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     small_gb = 0.05 if args.quick else args.big_small_gb
     mem = [_peak_memory(args.data, big_gb, e) for e in ("compiled", "python")]
     mem += [_peak_memory(args.data, small_gb, e, (3, 32, 32)) for e in ("compiled", "python")]
-    name = "issue3-scan-quick" if args.quick else "issue3-scan"
+    name = "scan-quick" if args.quick else "scan"
     lines = report_head("Index build: the opcode scanner vs unpickling", machine)
     lines += ["", "## Setup", "", *_SETUP.strip().splitlines()]
     lines += ["", "## Scan time", "", *_table(rows), "", "## Scanner peak memory", ""]

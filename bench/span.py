@@ -34,7 +34,7 @@ a shuffled span epoch of ``--big-samples`` samples with 2 DataLoader workers, in
 PSS summed over the process and its workers, sampled every 50 ms, against the 256 MiB budget
 the issue names and the file's size.
 
-Writes ``bench/results/issue3-span[-quick].md`` and ``.json``.
+Writes ``bench/results/span-vs-memmap[-quick].md`` and ``.json``.
 """
 
 from __future__ import annotations
@@ -385,7 +385,7 @@ def _memory_lines(m: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.span", description=__doc__.split("\n")[0]
+        allow_abbrev=False, prog="python -m bench.span", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--quick", action="store_true", help="a tiny smoke run")
     parser.add_argument("--repeat", type=int, default=3, help="epochs per method; best kept")
@@ -409,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"-- one {gb} GB file, {n:,} shuffled samples, 2 workers", flush=True)
         mem = _big_memory(args.data, gb, n, 2)
     machine["load average at end"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    name = "issue3-span-quick" if args.quick else "issue3-span"
+    name = "span-vs-memmap-quick" if args.quick else "span-vs-memmap"
     lines = report_head(
         "Shuffled epochs by span from the original pickles vs numpy memmap", machine
     )

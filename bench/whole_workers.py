@@ -12,6 +12,8 @@ through ``DataLoader(batch_size, shuffle=True, num_workers=2)`` by:
   epoch starts cold: a worker decodes the file once into ``<index>/whole`` and both map it.
 - ``pickleshard-unshared`` (with ``--unshared``): the same, with the mapped cache turned off
   (each worker decodes and holds its own copy): what the issue measured.
+- ``pickleshard-first-use`` (with ``--first-use``): ``PickleDataset(folder, cache_bytes=...)``
+  with no index yet, in the default mode: the row builds the index, as a user's first run does.
 
 Each kind runs in a fresh process. Peak PSS of its process tree (main + workers, psutil
 ``memory_full_info`` every ``--interval`` s) is sampled from this process, over the row's whole
@@ -99,6 +101,8 @@ def _dataset(kind: str, path: Path, cache_bytes: int) -> Any:
         return NaiveDataset(path)
     from pickleshard import PickleDataset
 
+    if kind == "pickleshard-first-use":  # what a user writes: the index is built here
+        return PickleDataset(path.parent, cache_bytes=cache_bytes)
     return PickleDataset(path.parent, mode="whole", cache_bytes=cache_bytes, rebuild="never")
 
 
@@ -148,8 +152,11 @@ def _watch(proc: subprocess.Popen[str], interval: float) -> int:
 
 
 def _prepare(kind: str, path: Path) -> None:
-    """Index built (untimed, in this process) and whole-file cache entries removed: cold."""
-    if kind.startswith("pickleshard"):
+    """Index built (untimed, in this process) and whole-file cache entries removed: cold; for
+    ``pickleshard-first-use``, no index at all (the row builds it)."""
+    if kind == "pickleshard-first-use":
+        shutil.rmtree(path.parent / ".pickleshard", ignore_errors=True)
+    elif kind.startswith("pickleshard"):
         from pickleshard import build_index
 
         index = path.parent / ".pickleshard"
@@ -159,7 +166,9 @@ def _prepare(kind: str, path: Path) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.whole_workers", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.whole_workers", description=__doc__, allow_abbrev=False
+    )
     p.add_argument("--mib", type=float, default=48, help="file size in MiB (default 48)")
     p.add_argument("--full", action="store_true", help=f"the issue's file: {FULL_MIB} MiB")
     p.add_argument("--workers", type=int, default=2)
@@ -169,6 +178,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=1, help="rows of each kind, alternating")
     p.add_argument("--interval", type=float, default=0.05, help="seconds between PSS samples")
     p.add_argument("--unshared", action="store_true", help="also the unshared worker caches")
+    p.add_argument(
+        "--first-use",
+        action="store_true",
+        help="also PickleDataset(folder, cache_bytes=...) with no index yet, default mode: the "
+        "index is built in the row, as on a user's first run",
+    )
     p.add_argument("--data", type=Path, default=HERE / "data")
     p.add_argument("--child", help=argparse.SUPPRESS)
     return p
@@ -182,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(_row(args.child, path, args)))
         return 0
     kinds = [*KINDS, *(["pickleshard-unshared"] if args.unshared else [])]
+    kinds += ["pickleshard-first-use"] if args.first_use else []
     rest = list(sys.argv[1:] if argv is None else argv)
     env = {
         **os.environ,

@@ -217,7 +217,7 @@ def _table(results: list[dict[str, Any]]) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m bench.worker_memory", description=__doc__.split("\n")[0]
+        allow_abbrev=False, prog="python -m bench.worker_memory", description=__doc__.split("\n")[0]
     )
     p.add_argument("--samples", type=int, default=1_000_000, help="index entries (default 1M)")
     p.add_argument("--files", type=int, default=50)

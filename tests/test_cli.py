@@ -175,6 +175,56 @@ def test_allow_refuses_an_unknown_preset_naming_the_presets(
     assert all(repr(name) in err for name in allowlist.PRESETS)
 
 
+LOADING = ["index", "inspect", "convert", "verify", "split"]  # the commands that read pickles
+
+
+@pytest.mark.parametrize("command", LOADING)
+def test_every_loading_command_takes_the_same_safety_options(
+    capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    text = " ".join(_help(capsys, command).split())
+    assert "safety (unpickling runs code; only allowlisted globals load):" in text
+    for flag in ("--trusted", "--allow-global MODULE.NAME", "--allow PRESET", "--encoding"):
+        assert flag in text
+
+
+@pytest.mark.parametrize("command", LOADING)
+def test_no_option_is_reachable_by_an_abbreviation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    paths = [str(tmp_path / "a.pkl"), str(tmp_path / "out")][: 1 if command == "inspect" else 2]
+    for cut in (["--allow-g", "a.b"], ["--trust"], ["--allow", "pand"]):
+        with pytest.raises(SystemExit) as exc:
+            main([command, *paths, *cut])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert "unrecognized arguments" in err or "invalid choice: 'pand'" in err
+    with pytest.raises(SystemExit):
+        main(["--deb", "index", str(tmp_path)])
+
+
+def test_a_preset_given_as_a_global_points_to_allow(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["inspect", str(tmp_path / "a.pkl"), "--allow-global", "pandas"])
+    assert exc.value.code == 2
+    assert "'pandas' is a preset: --allow pandas" in capsys.readouterr().err
+
+
+def test_inspect_counts_allow_and_trusted_as_loading_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], absolutes_preset: str
+) -> None:
+    path = tmp_path / "a.pkl"
+    path.write_bytes(pickle.dumps(([1, 2, 3], [Negated(4), 5, Negated(6)]), 4))
+    assert main(["inspect", "--strict", str(path)]) == 3
+    assert "builtins.abs (not allowed)" in capsys.readouterr().err
+    assert main(["inspect", "--strict", str(path), "--allow", absolutes_preset]) == 0
+    assert "allowed      builtins.abs" in capsys.readouterr().out
+    assert main(["inspect", "--strict", str(path), "--trusted"]) == 0
+    assert main(["index", str(path), "--index", str(tmp_path / "i"), "--trusted"]) == 0
+
+
 @pytest.mark.parametrize("command", ["convert", "index", "inspect", "verify"])
 def test_layout_help_reads_the_layout_choices(
     capsys: pytest.CaptureFixture[str], command: str
@@ -242,3 +292,27 @@ def test_errors_exit_1_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFix
     err = capsys.readouterr().err
     assert "bad.pkl" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("obj", "said"),
+    [
+        (([1, 2], [3, 4]), "columns (a tuple or list of columns)"),
+        ({"x": [1, 2], "y": [3, 4]}, "columns (a dict of columns)"),
+        ([(1, 3), (2, 4)], "records (a list of tuples)"),
+        ([{"x": 1, "y": 3}, {"x": 2, "y": 4}], "records (a list of dicts)"),
+    ],
+)
+def test_layouts_are_named_as_layout_takes_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], obj: Any, said: str
+) -> None:
+    (tmp_path / "d").mkdir()
+    path = tmp_path / "d" / "a.pkl"
+    path.write_bytes(pickle.dumps(obj, 5))
+    assert main(["inspect", str(path)]) == 0
+    line = next(t for t in capsys.readouterr().out.splitlines() if t.startswith("  layout "))
+    assert line == f"  layout   {said}"
+    assert said.split()[0] in LAYOUT_CHOICES
+    assert "_" not in line  # no internal name (dict_rows) that --layout refuses
+    assert main(["index", str(tmp_path / "d")]) == 0
+    assert f"; layout {said};" in capsys.readouterr().out

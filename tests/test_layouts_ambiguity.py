@@ -268,7 +268,7 @@ def test_inspect_shows_the_reading_and_the_alternative(
     assert "or       one sample per file (the whole object) (--layout file)" in out
     assert main(["inspect", "--layout", "file", str(per_file / "0.pkl")]) == 0
     out = capsys.readouterr().out
-    assert "layout   samples" in out
+    assert "layout   file (the file's one pickle is the sample)" in out
     assert "chosen" not in out
 
 

@@ -482,6 +482,6 @@ def test_the_mix_benchmark_runs_and_reports_a_ratio(tmp_path: Path) -> None:
     cmd += ["--data", str(tmp_path / "data"), "--out", str(tmp_path)]
     done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    report = (tmp_path / "issue29-mix-quick.md").read_text()
+    report = (tmp_path / "mix-quick.md").read_text()
     assert "| 0 |" in report
     assert "Target mix / one >= 0.95x" in report

@@ -41,14 +41,47 @@ def test_the_first_differing_sample_and_field_are_named(tmp_path: Path) -> None:
     with pytest.raises(VerifyMismatchError) as info:
         verify(tmp_path / "changed", out)
     assert info.value.sample == 4
-    assert "field 'y' differs: got int 4, expected int 99" in str(info.value)
+    assert "field 'y' differs: 4, expected 99" in str(info.value)
+
+
+def test_an_array_mismatch_says_which_elements_differ(tmp_path: Path) -> None:
+    _, out = _converted(tmp_path)
+    xs = [np.full((2, 2), k, dtype=np.int16) for k in range(6)]
+    xs[2][1, 0] = 50
+    write_files(tmp_path / "changed", [(xs, list(range(6)))])
+    with pytest.raises(VerifyMismatchError) as info:
+        verify(tmp_path / "changed", out)
+    assert info.value.sample == 2
+    assert "1 of 4 elements differ; the first at [1, 0]: np.int16(2), expected np.int16(50)" in (
+        str(info.value)
+    )
+
+
+@pytest.mark.parametrize(
+    ("got", "want", "said"),
+    [
+        (np.zeros(3, np.float32), np.zeros(3, ">f4"), "dtype <f4 (float32), expected >f4"),
+        (np.zeros((2, 3)), np.zeros((3, 2)), "shape (2, 3), expected (3, 2)"),
+        (np.array([0.0, -0.0]), np.array([0.0, 0.0]), "bytes differ (first at element [1]"),
+        ({"a": [1, (2, 3)]}, {"a": [1, (2, 4)]}, "['a']: [1]: [1]: 3, expected 4"),
+        ([1, 2], (1, 2), "list [1, 2], expected tuple (1, 2)"),
+        (np.float32(1), np.float64(1), "float32 np.float32(1.0), expected float64"),
+        (np.array(-0.0), np.array(0.0), "bytes differ (first at element []"),
+        (np.array([1, 2]), np.array([1, 3]), "the first at [1]: np.int64(2), expected np.int64(3)"),
+    ],
+)
+def test_difference_names_what_differs(got: object, want: object, said: str) -> None:
+    from pickleshard.pipelines.verify.difference import difference
+
+    assert said in (difference(got, want) or "")
+    assert difference(want, want) is None
 
 
 def test_a_changed_dtype_is_a_mismatch(tmp_path: Path) -> None:
     _, out = _converted(tmp_path)
     xs = [np.full((2, 2), k, dtype=np.int32) for k in range(6)]
     write_files(tmp_path / "changed", [(xs, list(range(6)))])
-    with pytest.raises(VerifyMismatchError, match=r"int16 .* expected ndarray int32"):
+    with pytest.raises(VerifyMismatchError, match=r"dtype <i2 \(int16\), expected <i4 \(int32\)"):
         verify(tmp_path / "changed", out)
 
 

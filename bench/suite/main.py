@@ -46,7 +46,9 @@ def _names(allowed: dict[str, Any] | tuple[str, ...], text: str) -> tuple[str, .
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench --suite", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m bench --suite", description=__doc__, allow_abbrev=False
+    )
     p.add_argument("--suite", choices=tuple(SUITES), required=True)
     p.add_argument("--quick", action="store_true", help="same as --suite quick (a smoke run)")
     p.add_argument("--kinds", type=lambda t: _names(KINDS, t), default=None)

@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures.process import BrokenProcessPool
+from typing import Any
 
 from .commands import COMMANDS
 from .commands.bench import run_bench
@@ -35,8 +36,17 @@ def _command(argv: Sequence[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
+class _Parser(argparse.ArgumentParser):
+    """A parser that takes no abbreviation of an option (``--allow`` is never ``--allow-global``
+    cut short): the subcommands' parsers are of this class too, as argparse makes them."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+
 def _parser(command: str | None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="pickleshard",
         description="Train on folders of pickle files without loading them whole.",
     )

@@ -11,12 +11,17 @@ import itertools
 import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 try:  # a real torch Dataset when torch is there (isinstance checks, typing); plain class if not
     from torch.utils.data import Dataset as _DatasetBase
 except ImportError:  # pragma: no cover - exercised only without torch
-    _DatasetBase = object  # type: ignore[assignment,misc]
+    # generic, as torch's is: the class statement below subscripts it
+    _T = TypeVar("_T")
+
+    class _DatasetBase(Generic[_T]):  # type: ignore[no-redef]
+        """Stands in for ``torch.utils.data.Dataset``."""
+
 
 from .errors import NotSpanIndexableError, UnsafePickleError
 from .index import SkippedFilesWarning

@@ -376,16 +376,16 @@ class AlreadyRegisteredError(PickleshardError, ValueError):
 class MissingDependencyError(PickleshardError, ImportError):
     """An optional backend is not installed; the message names the extra that provides it."""
 
-    def __init__(self, package: str, extra: str, purpose: str) -> None:
-        self.package = package
-        self.extra = extra
-        self.purpose = purpose
+    def __init__(self, package: str, extra: str, purpose: str, path: str | None = None) -> None:
+        self.package, self.extra, self.purpose = package, extra, purpose
+        where = f"{path}: " if path else ""
         super().__init__(
-            f"{purpose} needs the {package!r} package: pip install 'pickleshard[{extra}]'"
+            f"{where}{purpose} needs the {package!r} package: pip install 'pickleshard[{extra}]'",
+            path=path,  # ImportError's own attribute: the file that needs the package
         )
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.package, self.extra, self.purpose))
+        return (type(self), (self.package, self.extra, self.purpose, self.path))
 
 
 class NotSpanIndexableError(FileProblem, ValueError):

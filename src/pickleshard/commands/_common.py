@@ -8,16 +8,19 @@ import re
 import sys
 from typing import Any
 
+from ..errors import UnsupportedLayoutError
 from ..executors import dask_address
-from ..safety.allowlist import available_presets, preset_names
+from ..safety.allowlist import available_presets, parse_allow_globals, preset_names
 from ..safety.policy import UnpicklePolicy
-from ..scan.layouts import LAYOUT_CHOICE_HELP, LAYOUT_CHOICES
+from ..scan.layouts import APPENDED, LAYOUT_CHOICE_HELP, LAYOUT_CHOICES, layout_named
 
 __all__ = [
     "add_executor_flag",
     "add_layout_flag",
     "add_safety_flags",
     "add_storage_flags",
+    "allowed_globals",
+    "layout_words",
     "parse_executor",
     "parse_size",
     "policy_from_args",
@@ -81,7 +84,21 @@ def add_executor_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _global_name(text: str) -> str:
+    """An ``--allow-global`` value, checked when parsed: ``module.name`` or ``module:qualname``
+    (a preset's name given here is pointed to ``--allow``)."""
+    try:
+        parse_allow_globals([text])
+    except ValueError as exc:
+        hint = f"; {text!r} is a preset: --allow {text}" if text in available_presets() else ""
+        raise argparse.ArgumentTypeError(f"{exc}{hint}") from None
+    return text
+
+
 def add_safety_flags(p: argparse.ArgumentParser) -> None:
+    """The safety options every subcommand that reads pickles takes, the same everywhere:
+    ``--trusted``, ``--allow-global MODULE.NAME``, ``--allow PRESET``, ``--encoding`` (and the
+    storage options of the paths it reads)."""
     g = p.add_argument_group("safety (unpickling runs code; only allowlisted globals load)")
     g.add_argument(
         "--trusted", action="store_true", help="load any global: only for files you trust"
@@ -90,6 +107,7 @@ def add_safety_flags(p: argparse.ArgumentParser) -> None:
         "--allow-global",
         action="append",
         default=[],
+        type=_global_name,
         metavar="MODULE.NAME",
         help="also allow this global (repeatable)",
     )
@@ -159,13 +177,48 @@ def add_layout_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
+# what each layout of the table looks like, to say beside the --layout choice that reads it
+_SHAPES = {
+    "columns": "a tuple or list of columns",
+    "dict_columns": "a dict of columns",
+    "rows": "a list of tuples",
+    "dict_rows": "a list of dicts",
+    "items": "a list, one sample per item",
+    "samples": "one sample per pickle",
+    "dict_samples": "one dict per pickle",
+}
+
+
+def layout_words(name: str) -> str:
+    """A layout as files and indexes name it (``dict_rows``, ``appended_columns``), in the
+    vocabulary of ``--layout``: the choice that reads it, then its shape (``records (a list of
+    dicts)``); a name the table does not know, as it is."""
+    try:
+        layout = layout_named(name, "")
+    except UnsupportedLayoutError:
+        return name
+    appended = name.startswith(APPENDED)
+    shape = _SHAPES.get(layout.name, layout.name)
+    if not layout.per_sample:
+        choice = "columns"
+    elif layout.per_pickle and not appended:
+        choice, shape = "file", "the file's one pickle is the sample"
+    elif appended and not layout.per_pickle:  # chunks of rows: only auto reads those
+        choice = "auto"
+    else:
+        choice = "records"
+    if appended and not layout.per_pickle:
+        shape = f"appended pickles, each {shape}"
+    return f"{choice} ({shape})"
+
+
 def policy_from_args(args: argparse.Namespace) -> UnpicklePolicy:
     return UnpicklePolicy.from_args(
-        trusted=args.trusted, allow_globals=_allowed(args), encoding=args.encoding
+        trusted=args.trusted, allow_globals=allowed_globals(args), encoding=args.encoding
     )
 
 
-def _allowed(args: argparse.Namespace) -> list[str]:
+def allowed_globals(args: argparse.Namespace) -> list[str]:
     """``--allow-global`` names and the globals of the ``--allow`` presets."""
     return [*args.allow_global, *preset_names(getattr(args, "allow", []))]
 
@@ -174,7 +227,7 @@ def safety_kwargs(args: argparse.Namespace) -> dict[str, object]:
     """The ``trusted``/``allow_globals``/``encoding`` keywords of the Python API."""
     return {
         "trusted": args.trusted,
-        "allow_globals": _allowed(args),
+        "allow_globals": allowed_globals(args),
         "encoding": args.encoding,
     }
 

@@ -22,6 +22,7 @@ from ._common import (
     add_executor_flag,
     add_layout_flag,
     add_safety_flags,
+    layout_words,
     policy_from_args,
     show_progress,
     storage_options,
@@ -65,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(
         f"indexed {summary['files']} files, {summary['samples']} samples "
-        f"(fields {', '.join(summary['fields'])}; layout {', '.join(summary['layout'])}; "
+        f"(fields {', '.join(summary['fields'])}; "
+        f"layout {', '.join(layout_words(name) for name in summary['layout'])}; "
         f"{summary['span_files']} read by span, {len(whole)} whole) "
         f"in {elapsed:.2f} s -> {summary['index']}"
     )

@@ -12,7 +12,9 @@ could not be read).
 
 Exit status: 0; 1 when any file could not be read (it is reported on stderr and the others are
 still inspected); otherwise 3 with ``--strict`` when any file references a global that is not
-allowed or is dangerous (those globals are listed on stderr).
+allowed or is dangerous (those globals are listed on stderr; none with ``--trusted``) or holds a
+sample the loader would refuse. The safety options are those of every loading command
+(``--allow``, ``--allow-global``, ``--trusted``): the verdicts are the ones loading would meet.
 """
 
 from __future__ import annotations
@@ -29,10 +31,15 @@ from ..inspect.report import FileReport
 from ..io import storage_read_bytes
 from ..io.listing import resolve_source
 from ..io.options import SourceOptions
-from ..safety.allowlist import parse_allow_globals
 from ..scan.access import fetched_since
 from . import COMMANDS
-from ._common import add_layout_flag, add_storage_flags, storage_options
+from ._common import (
+    add_layout_flag,
+    add_safety_flags,
+    allowed_globals,
+    layout_words,
+    storage_options,
+)
 
 EXIT_ERROR = 1
 EXIT_STRICT = 3
@@ -73,7 +80,7 @@ def render(r: FileReport, fetched: int | None = None) -> str:
             f"decompressed ({c['seek']}); what follows is the decompressed stream"
         )
     indexable = "span-indexable" if r.span_indexable else f"not span-indexable: {r.reason}"
-    lines.append(f"  layout   {r.layout}")
+    lines.append(f"  layout   {layout_words(r.layout)}")
     if r.ambiguity is not None:  # the reading chosen, and the other one as plausible
         a = r.ambiguity
         lines.append(f"  chosen   {a.chosen} (--layout {a.keep})")
@@ -111,10 +118,6 @@ def render(r: FileReport, fetched: int | None = None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        parse_allow_globals(args.allow_global)
-    except ValueError as exc:
-        args.parser.error(str(exc))
     files, several = _files(args.paths, SourceOptions(storage_options(args)))
     status = 0
     out: list[dict[str, Any]] = []
@@ -124,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
             report = inspect_file(
                 path,
                 encoding=args.encoding,
-                allow_globals=args.allow_global,
+                allow_globals=allowed_globals(args),
                 samples=args.samples,
                 check_all=args.strict,
                 layout=args.layout,
@@ -143,8 +146,10 @@ def run(args: argparse.Namespace) -> int:
         else:
             head = "\n" if status or path != files[0] else ""
             print(head + render(report, fetched), flush=True)
-        if args.strict and (report.unsafe or report.refusals):
-            names = ", ".join(f"{g.qualname} ({g.verdict})" for g in report.unsafe)
+        # --trusted loads any global: then only the loader's other refusals count
+        unsafe = [] if args.trusted else report.unsafe
+        if args.strict and (unsafe or report.refusals):
+            names = ", ".join(f"{g.qualname} ({g.verdict})" for g in unsafe)
             what = "; ".join(([names] if names else []) + report.refusals)
             print(f"pickleshard: strict: {path}: {what}", file=sys.stderr)
             status = status or EXIT_STRICT
@@ -160,7 +165,8 @@ def register(sub: Any) -> None:
         description=(
             "Report each pickle file's protocol, layout, fields, sample count, first samples' "
             "types, and every global it references with a verdict (allowed / not allowed / "
-            "dangerous). Reads opcodes only: nothing in the file is imported or run."
+            "dangerous, as --allow, --allow-global and --trusted make it). Reads opcodes only: "
+            "nothing in the file is imported or run."
         ),
         epilog=(
             "exit status: 0 ok; 1 a file could not be read; 3 with --strict, a global that is "
@@ -179,17 +185,9 @@ def register(sub: Any) -> None:
     s.add_argument(
         "--samples", type=int, default=3, metavar="K", help="samples summarised per field"
     )
-    s.add_argument(
-        "--allow-global",
-        action="append",
-        default=[],
-        metavar="MODULE.NAME",
-        help="count this global as allowed (repeatable), as the loading commands would",
-    )
-    s.add_argument("--encoding", default="ASCII", help="text encoding for Python 2 pickles")
-    add_storage_flags(s)
+    add_safety_flags(s)  # verdicts as the loading commands would give them with these
     add_layout_flag(s)
-    s.set_defaults(handler=run, parser=s)
+    s.set_defaults(handler=run)
 
 
 __all__ = ["EXIT_ERROR", "EXIT_STRICT", "register", "render", "run"]

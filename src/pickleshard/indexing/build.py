@@ -9,6 +9,7 @@ executor's business (:mod:`pickleshard.executors.local`): local processes by def
 
 from __future__ import annotations
 
+import copy
 import os
 import secrets
 import shutil
@@ -20,7 +21,14 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from ..errors import FileProblem, UnsupportedLayoutError
+from ..errors import (
+    CorruptPickleError,
+    EmptyPickleError,
+    FileProblem,
+    NotAPickleError,
+    TruncatedPickleError,
+    UnsupportedLayoutError,
+)
 from ..executors import ExecutorLike, IndexExecutor, InlineExecutor, resolve_executor
 from ..index.files import SkippedFile, skip_record
 from ..index.model import DatasetIndex
@@ -60,6 +68,10 @@ def describe_or_problem(
         return exc
 
 
+# a file cut short, empty or not a pickle: leaving it out (skip_bad) is the usual fix
+_DAMAGED = (TruncatedPickleError, EmptyPickleError, NotAPickleError)
+
+
 def _describe_all(
     source: ResolvedSource,
     staging: Path | None,
@@ -82,11 +94,21 @@ def _describe_all(
         try:
             for pos, got in results:
                 if isinstance(got, FileProblem) and not skip_bad:
-                    raise got
+                    raise _damaged(got)
                 yield pos, got
                 bar.update()
         finally:  # stopped early (an error here or in the caller): the executor cancels
             results.close()
+
+
+def _damaged(exc: FileProblem) -> FileProblem:
+    """``exc``, saying how to index the other files when it is a damaged file's."""
+    if isinstance(exc, _DAMAGED) or type(exc) is CorruptPickleError:
+        out = copy.copy(exc)  # the same error, its message ending with the fix
+        fix = "pass skip_bad=True (pickleshard index --skip-bad) to index the other files and "
+        out.args = (f"{exc.args[0]}; {fix}list this one, or replace it", *exc.args[1:])
+        return out
+    return exc
 
 
 def _check_fields(

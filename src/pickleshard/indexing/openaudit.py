@@ -255,10 +255,11 @@ def refusal_message(refused: dict[GlobalKey, list[str]], n_files: int) -> str:
         names = ", ".join(f"{m}.{n}" for m, n in dangerous)
         hints.append(f"{names}: only ever used to run code: load only files you wrote")
     hints.append("trusted=True (CLI: --trusted) loads everything, if you trust every file")
+    # the fix first: the list of globals can run to hundreds of characters
     return (
-        f"{len(needing)} of {n_files} file(s) need globals the allowlist refuses (found by "
-        f"reading opcodes; nothing was loaded): {listed}; e.g. {shown}. What to pass: "
+        f"{len(needing)} of {n_files} file(s) need globals the allowlist refuses. What to pass: "
         + "; ".join(hints)
+        + f". The globals (found by reading opcodes; nothing was loaded): {listed}; e.g. {shown}"
     )
 
 

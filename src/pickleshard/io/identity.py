@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 
 __all__ = ["FileIdentity"]
 
@@ -45,9 +46,20 @@ class FileIdentity:
             ("ctime", self.ctime_ns, now.ctime_ns),
         ):
             if want is not None and got is not None and got != want:
-                return f"its {name} is {got} ns, {want} when indexed"
+                return f"its {name} is {_when(got, want)}, {_when(want, got)} when indexed"
         if self.ino is not None and now.ino is not None and now.ino != self.ino:
             return f"it is inode {now.ino}, {self.ino} when indexed (another file)"
         if self.etag is not None and now.etag is not None and now.etag != self.etag:
             return f"its ETag is {now.etag}, {self.etag} when indexed (a new version)"
         return None
+
+
+def _when(ns: int, other: int) -> str:
+    """``ns`` (nanoseconds since the epoch) as a time a person reads, in UTC: to the
+    microsecond, or to the nanosecond where ``other`` differs from it by less."""
+    seconds, rest = divmod(ns, 10**9)  # integers: a float loses the microseconds
+    t = datetime.fromtimestamp(seconds, tz=timezone.utc) + timedelta(microseconds=rest // 1000)
+    text = t.strftime("%Y-%m-%d %H:%M:%S.%f")
+    if abs(ns - other) < 1000 and ns // 1000 == other // 1000:  # same microsecond
+        text += f"{ns % 1000:03d}"
+    return text + " UTC"

@@ -18,14 +18,19 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
 try:  # a real torch Dataset when torch is there (isinstance checks, typing); plain class if not
     from torch.utils.data import Dataset as _DatasetBase
 except ImportError:  # pragma: no cover - exercised only without torch
-    _DatasetBase = object  # type: ignore[assignment,misc]
+    # generic, as torch's is: the class statement below subscripts it
+    _T = TypeVar("_T")
+
+    class _DatasetBase(Generic[_T]):  # type: ignore[no-redef]
+        """Stands in for ``torch.utils.data.Dataset``."""
+
 
 from .errors import MixedFieldsError
 from .plan import MixPlan, Policy, apportion

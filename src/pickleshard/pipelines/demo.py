@@ -6,6 +6,7 @@ cache counters that prove each file was loaded once per worker.
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import time
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..dataset import PickleDataset
+from ..errors import MissingDependencyError
 from ..indexing.build import build_index
 from ..samplers import BlockShuffleSampler
 from .memory import PeakPSS
@@ -39,9 +41,7 @@ def _torch() -> Any:
     try:
         import torch
     except ImportError:
-        raise ImportError(
-            "the demo trains a model with torch: pip install 'pickleshard[torch]'"
-        ) from None
+        raise MissingDependencyError("torch", "torch", "the demo trains a model: it") from None
     return torch
 
 
@@ -121,4 +121,15 @@ def run_demo(cfg: DemoConfig = DemoConfig()) -> dict[str, float]:
         f"peak PSS of main + workers: {result['peak_pss_mib']:.0f} MiB "
         f"(before the epoch: {result['start_pss_mib']:.0f} MiB; cache budget {cfg.cache_bytes / MiB:.0f} MiB)"
     )
+    print(_where(cfg.data_dir))
     return result
+
+
+def _where(folder: Path) -> str:
+    """Where the demo left its data, how much, and the command that removes it."""
+    where = folder.resolve()
+    size = sum(p.stat().st_size for p in where.rglob("*") if p.is_file())
+    return (
+        f"the demo's data and its index are in {where} ({size / MiB:.0f} MiB); "
+        f"the next demo reuses them; remove them with: rm -r {shlex.quote(str(where))}"
+    )

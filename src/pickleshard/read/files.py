@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import CorruptPickleError, TruncatedPickleError
 from ..index import DatasetIndex
 from ..io import ByteSource, open_source
 from ..io.handles import ProcessLocal
 from ..io.lru import BudgetCache, CacheStats
 from ..io.options import SourceOptions
 from ..safety.policy import UnpicklePolicy
+from .failures import changed
 from .reader import SpanReader
 
 __all__ = ["DEFAULT_MAX_OPEN", "SpanFiles"]
@@ -34,19 +34,11 @@ DEFAULT_MAX_OPEN = 256
 
 
 def _check_size(source: ByteSource, indexed: int) -> None:
-    """Refuse a file whose size changed since indexing: its spans point at other bytes now."""
+    """Refuse a file whose size changed since indexing: its spans point at other bytes now
+    (rewritten, or cut short: either way the index no longer describes it)."""
     size = source.identity().size
-    if size < indexed:
-        raise TruncatedPickleError(
-            source.name,
-            f"file is {size} bytes, {indexed} when indexed: cut short since",
-            offset=size,
-        )
     if size != indexed:
-        raise CorruptPickleError(
-            source.name,
-            f"file is {size} bytes, {indexed} when indexed: changed since; rebuild the index",
-        )
+        raise changed(source.name, f"it is {size} bytes, {indexed} when indexed", None, None)
 
 
 def _close(reader: SpanReader) -> None:

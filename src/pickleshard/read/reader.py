@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..errors import PickleshardError, TruncatedPickleError
+from ..errors import CorruptPickleError, FileChangedError, PickleshardError
 from ..io import ByteSource, open_source
 from ..io.handles import ProcessLocal
 from ..io.identity import FileIdentity
@@ -160,8 +160,7 @@ class SpanReader:
     # -- the file -----------------------------------------------------------------------------
 
     def close(self) -> None:
-        here = self._here.peek()
-        if here is not None:  # what the batch path keeps for the file goes with it
+        if (here := self._here.peek()) is not None:  # the batch path's state of it goes with it
             here.batch = None
         self.source.close()
         self._here.close()
@@ -196,20 +195,12 @@ class SpanReader:
         return Opened(fd, loader)
 
     def _check_opened(self) -> None:
-        now = self.source.identity()
-        if now.size < self.identity.size:  # as SpanFiles says it before it builds a reader
-            raise TruncatedPickleError(
-                self.path,
-                f"file is {now.size} bytes, {self.identity.size} when indexed: cut short since",
-                offset=now.size,
-            )
-        what = self.identity.differs_from(now)
+        what = self.identity.differs_from(self.source.identity())  # a shorter size included
         if what is not None:
             raise changed(self.path, what, None, None)
 
     def read_raw(self, offset: int, n: int) -> bytes:
-        """Up to ``n`` bytes at ``offset`` (the file opened with its identity checked): bytes
-        used raw (an array row's) are checked after the reads by :meth:`check_identity`."""
+        """Up to ``n`` bytes at ``offset``, the file opened (checked after: :meth:`check_identity`)."""
         self._here.get()
         data = self.source.read_at(offset, n)
         self.stats.bytes_read += len(data)
@@ -217,8 +208,7 @@ class SpanReader:
 
     def check_identity(self, samples: Sequence[int]) -> None:
         """Raise :class:`FileChangedError` naming ``samples`` if the file is no longer the one
-        indexed (nothing unless ``verify``): after raw reads, a write that raced them has
-        stamped the file by now."""
+        indexed (nothing unless ``verify``): after raw reads, a racing write shows by now."""
         if self.verify:
             self._here.get()
             self._check_same(samples)
@@ -256,10 +246,19 @@ class SpanReader:
             what = self.identity.differs_from(self.source.identity()) or "its identity changed"
         return changed(self.path, what, offset if offset >= 0 else None, samples)
 
+    def _named(self, exc: PickleshardError, label: int | None) -> PickleshardError:
+        """:func:`named`, but a file changed since indexed where bytes end early or are bad."""
+        mine = self.verify and self._here.opened
+        if isinstance(exc, CorruptPickleError) and not isinstance(exc, FileChangedError) and mine:
+            what = self.identity.differs_from(self.source.identity())
+            if what is not None:
+                return changed(self.path, what, exc.offset, None if label is None else [label])
+        return named(exc, label)
+
     def _bad_span(self, start: int, exc: Exception, label: int | None) -> Exception:
         """The error for the span at ``start`` that raised ``exc`` read for sample ``label``."""
         if not isinstance(exc, MemoIdPastSpan):
-            return damaged(self.path, start, exc)
+            return self._named(damaged(self.path, start, exc), label)
         # a file rewritten since its scan is the likelier cause, but only its identity can say
         mine = self._here.opened
         what = self.identity.differs_from(self.source.identity()) if self.verify and mine else None
@@ -316,7 +315,7 @@ class SpanReader:
             try:
                 got = here.loader.load_sample(here.fd, i, self.verify, label)
             except PickleshardError as exc:
-                raise named(exc, label) from None
+                raise self._named(exc, label) from None
             except Exception as exc:  # bad bytes make the unpickler raise many types
                 if plan.span_field < 0:  # only the span can meet bad bytes
                     raise
@@ -346,7 +345,7 @@ class SpanReader:
                 self.source.prefetch(self._ranges(plan, items))
             except PickleshardError as exc:  # named by the sample whose bytes it was reading
                 at = getattr(exc, "offset", None)
-                raise named(exc, self._label_at(at, items, labels)) from None
+                raise self._named(exc, self._label_at(at, items, labels)) from None
         if len(items) < BATCH_READ_MIN or not plan.by_field:
             return self._each(loader, plan, items, labels)
         out = self._by_field(loader, plan, items, labels)
@@ -386,7 +385,7 @@ class SpanReader:
             if spans:
                 self.spans.many(out, i, starts, spans, label, self._here.get().loader)
         except PickleshardError as exc:
-            raise named(exc, label) from None
+            raise self._named(exc, label) from None
         return tuple(out)
 
     def _each(
@@ -399,7 +398,7 @@ class SpanReader:
             try:  # the compiled read checks the file's identity after the batch
                 return loader.load_samples(fd, items, labels, self._fallback)  # type: ignore[no-any-return]
             except PickleshardError as exc:
-                raise named(exc, labels[loader.at]) from None
+                raise self._named(exc, labels[loader.at]) from None
             except Exception as exc:  # bad bytes make the unpickler raise many types
                 if plan.span_field < 0:  # only the span can meet bad bytes
                     raise
@@ -446,6 +445,6 @@ class SpanReader:
                 try:
                     self.spans.many(row, i, starts_l[k], spans, label, loader)
                 except PickleshardError as exc:
-                    raise named(exc, label) from None
+                    raise self._named(exc, label) from None
             out[k] = tuple(row)
         return out

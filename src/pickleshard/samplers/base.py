@@ -28,12 +28,17 @@ and a fresh one when the loaded state says the epoch had finished). So:
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 try:  # a real torch Sampler when torch is there (isinstance checks, typing); plain class if not
     from torch.utils.data import Sampler as _SamplerBase
 except ImportError:  # pragma: no cover - exercised only without torch
-    _SamplerBase = object  # type: ignore[assignment,misc]
+    # generic, as torch's is: the class statement below subscripts it
+    _T = TypeVar("_T")
+
+    class _SamplerBase(Generic[_T]):  # type: ignore[no-redef]
+        """Stands in for ``torch.utils.data.Sampler``."""
+
 
 __all__ = ["POSITION_KEYS", "ResumableSampler", "SamplerPass", "distributed_rank_and_world"]
 

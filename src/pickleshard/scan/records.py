@@ -135,7 +135,13 @@ def decode_records(
         except UnsupportedLayoutError as exc:  # FieldLengthMismatchError too: (obs, action)
             if layout != "auto":
                 raise
-            err = type(exc)(f"{exc}; if the file holds one sample, layout='file' reads it whole")
+            # a list that is no layout is most often a list of samples (custom objects)
+            fix = (
+                "if each item of the list is one sample, layout='records' reads them"
+                if type(objs[0]) is list and objs[0]
+                else "if the file holds one sample, layout='file' reads it whole"
+            )
+            err = type(exc)(f"{exc}; {fix}")
             err.path = exc.path
             raise err from None
         return _judged(single, [single]) if layout == "auto" else single

@@ -56,14 +56,16 @@ _PACKAGES = {
 }
 
 
-def require(kind: str) -> Any:
+def require(kind: str, name: str | None = None) -> Any:
     """The library that reads ``kind`` (imported on first use), or a MissingDependencyError
-    saying ``pip install 'pickleshard[compressed]'``."""
+    naming the file ``name`` and saying ``pip install 'pickleshard[compressed]'``."""
     module, package = _PACKAGES[kind]
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise MissingDependencyError(package, "compressed", f"reading {kind} files") from None
+        raise MissingDependencyError(
+            package, "compressed", f"reading {kind} files", path=name
+        ) from None
 
 
 def damaged(kind: str, name: str, exc: BaseException, where: int | None = None) -> Exception:
@@ -111,7 +113,7 @@ class IndexedStream(Decoder):
     """gzip or bz2 read through its library's seek points, kept in ``points``."""
 
     def __init__(self, kind: str, source: ByteSource, points: Path) -> None:
-        lib = require(kind)
+        lib = require(kind, source.name)
         self.kind, self.name, self.compressed = kind, source.name, source.size
         # a local file by name: the library preads it itself, without the GIL
         target: Any = source.name if isinstance(source, LocalFile) else open_reader(source)
@@ -202,7 +204,7 @@ class XzBlocks(Decoder):
     how = "blocks"
 
     def __init__(self, source: ByteSource) -> None:
-        lib = require("xz")
+        lib = require("xz", source.name)
         self.name = source.name
         target: Any = source.name if isinstance(source, LocalFile) else open_reader(source)
         try:
@@ -233,7 +235,7 @@ class ZstdFrames(Decoder):
     how = "frames"
 
     def __init__(self, source: ByteSource, table: ZstdSeekTable) -> None:
-        self._zstd = require("zstd")
+        self._zstd = require("zstd", source.name)
         self.source, self.name, self.table = source, source.name, table
         self.size = table.size
         self.units = table.d_offsets[:-1]

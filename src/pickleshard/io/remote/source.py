@@ -80,11 +80,17 @@ def is_url(where: str | os.PathLike[str]) -> bool:
     return bool(sep) and scheme.isidentifier() and scheme != "file"
 
 
-def _fsspec() -> Any:
+# the extra of pyproject.toml that installs a protocol's fsspec backend
+_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "http"}
+
+
+def _fsspec(url: str) -> Any:
     try:
         import fsspec
     except ImportError:
-        raise MissingDependencyError("fsspec", "remote", "reading a URL") from None
+        protocol = url.partition("://")[0]
+        extra = _EXTRAS.get(protocol, "remote")
+        raise MissingDependencyError("fsspec", extra, "reading a URL", path=url) from None
     return fsspec
 
 
@@ -92,7 +98,7 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tu
     """This process's fsspec filesystem for ``url`` with ``storage_options`` (None: fsspec's
     own configuration) and the object's path in it; one per set of options, so two datasets
     with different credentials never share one."""
-    fsspec = _fsspec()
+    fsspec = _fsspec(url)
     protocol = url.partition("://")[0]
     opts = dict(storage_options or {})
     key = (protocol, fsspec.utils.tokenize(protocol, opts))
@@ -106,7 +112,10 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tu
                 cls = fsspec.get_filesystem_class(protocol)
             except ImportError as exc:
                 raise MissingDependencyError(
-                    str(exc.name or protocol), protocol, f"reading {protocol}:// URLs"
+                    str(exc.name or protocol),
+                    _EXTRAS.get(protocol, "remote"),
+                    f"reading {protocol}:// URLs",
+                    path=url,
                 ) from None
             fs = cls(**opts, skip_instance_cache=True)
             held[key] = fs

@@ -26,6 +26,7 @@ from ...formats import open_dataset
 from ...formats.base import HASHES_NAME, Sample
 from ...formats.encoding import sample_digest
 from ...formats.npy import map_npy
+from .difference import difference
 
 if TYPE_CHECKING:
     from ...dataset import PickleDataset
@@ -141,12 +142,6 @@ def check_run(job: VerifyJob, run: Sequence[int]) -> VerifyMismatchError | None:
 def _describe(got: Sample, want: Sample, fields: tuple[str, ...]) -> str:
     for name, g, w in zip(fields, got, want, strict=False):
         if sample_digest((g,)) != sample_digest((w,)):
-            return f"field {name!r} differs: got {_summary(g)}, expected {_summary(w)}"
+            what = difference(g, w) or f"{type(g).__name__} values whose stored bytes differ"
+            return f"field {name!r} differs: {what}"
     return f"got {len(got)} fields, expected {len(want)}"
-
-
-def _summary(value: Any) -> str:
-    if isinstance(value, np.ndarray):
-        return f"ndarray {value.dtype} {value.shape}"
-    text = repr(value)
-    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"

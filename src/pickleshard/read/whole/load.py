@@ -24,6 +24,7 @@ from ...errors import (
 from ...io import ByteSource, open_reader, open_source
 from ...io.identity import FileIdentity
 from ...io.options import SourceOptions
+from ...picklekit.archives import HEAD_BYTES, torch_save_kind, torch_save_message
 from ...picklekit.gcpause import paused_gc
 from ...picklekit.memoids import check_memo_ids
 from ...producers.foreign import foreign_records, unwrap_tables
@@ -94,12 +95,16 @@ def _load(
 ) -> list[Any]:
     where = os.fspath(path)
     with open_source(where, options) as source:
-        head = source.read_at(0, 2)  # UnreadableFileError "cannot open"/"cannot read" itself
+        # UnreadableFileError "cannot open"/"cannot read" itself
+        head = source.read_at(0, HEAD_BYTES)
         size = source.size
         if identity is not None:
             _check_identity(source, where, identity, "")
         if not head:
             raise EmptyPickleError(where, "file is empty; expected a pickle stream", offset=0)
+        torch_save = torch_save_kind(head)  # would fail deep inside, on a persistent id
+        if torch_save is not None:
+            raise NotAPickleError(where, torch_save_message(torch_save), offset=0)
         source.advise("sequential")  # the unpickler reads every byte, in order
         buf = _map(source) if check_memo else None
         with open_reader(source) as fh:

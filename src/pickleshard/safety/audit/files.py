@@ -27,6 +27,7 @@ from typing import Any
 
 from ...errors import CorruptPickleError, EmptyPickleError, NotAPickleError, TruncatedPickleError
 from ...picklekit import opcodes as oc
+from ...picklekit.archives import HEAD_BYTES, torch_save_kind, torch_save_message
 from ...picklekit.gcpause import paused_gc
 from .model import Audit, GlobalKey, GlobalUse
 from .torchpayloads import audit_nested
@@ -35,7 +36,6 @@ from .walk import Walk, walk_record
 __all__ = ["Audit", "GlobalUse", "audit_buffer", "locate_global"]
 
 _MAGIC = {
-    b"PK\x03\x04": "a zip archive (torch.save writes these: open it with torch.load)",
     b"\x93NUM": "a .npy file (open it with numpy.load)",
     b"\x89HDF": "an HDF5 file",
 }
@@ -49,6 +49,9 @@ def audit_buffer(buf: Any, size: int, name: str) -> Audit:
     if size == 0:
         raise EmptyPickleError(name, "file is empty; expected a pickle stream", offset=0)
     head = bytes(buf[:4])
+    torch_save = torch_save_kind(bytes(buf[:HEAD_BYTES]))
+    if torch_save is not None:
+        raise NotAPickleError(name, torch_save_message(torch_save), offset=0)
     if head in _MAGIC:
         raise NotAPickleError(name, f"{_MAGIC[head]}, not a pickle stream", offset=0)
     if oc.FORM[buf[0]] == oc.F_BAD:
