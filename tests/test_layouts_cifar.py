@@ -153,20 +153,23 @@ def test_webdataset_members_are_named_by_the_keys_text(tmp_path: Path) -> None:
 
 
 def test_metadata_only_beside_columns_in_a_file_of_one_pickle() -> None:
-    """Appended dicts with a scalar stay one sample per pickle; a value that is neither a
-    column nor a small scalar is named; two keys naming one field are refused."""
+    """Appended dicts with a scalar stay one sample per pickle; in a file of one pickle, scalars
+    are metadata only beside two or more columns of one length, and otherwise stay in the one
+    sample (never silently dropped); a value that is neither a column nor a small scalar is
+    named; two keys naming one field are refused."""
     objs = [{"obs": np.zeros(3), "reward": 1.0}, {"obs": np.ones(3), "reward": 0.5}]
     assert decode_records(objs, "f.pkl").layout == "appended_dict_samples"
     assert scan_bytes(b"".join(pickle.dumps(o) for o in objs)).layout == "appended_dict_samples"
-    one = decode_records([{"x": [1, 2], "note": "hello", "n": 3}], "f.pkl")
-    assert one.fields == ("x",)
+    columns = {"x": [1, 2], "y": [5, 6], "note": "hello", "n": 3}
+    one = decode_records([columns], "f.pkl")
+    assert one.fields == ("x", "y")
     assert one.metadata == {"note": "hello", "n": 3}
-    assert scan_bytes(pickle.dumps({"x": [1, 2], "note": "hello", "n": 3})).metadata == {
-        "note": "hello",
-        "n": 3,
-    }
+    assert scan_bytes(pickle.dumps(columns)).metadata == {"note": "hello", "n": 3}
+    lone = {"x": [1, 2], "note": "hello", "n": 3}  # one column: the scalars stay in the sample
+    for got in (decode_records([lone], "f.pkl"), scan_bytes(pickle.dumps(lone))):
+        assert (got.layout, got.fields, got.metadata) == ("dict_samples", ("x", "note", "n"), {})
     with pytest.raises(UnsupportedLayoutError, match="for key 'bad' is set"):
-        decode_records([{"x": [1, 2], "bad": {1, 2}}], "f.pkl")
+        decode_records([{"x": [1, 2], "y": [3, 4], "bad": {1, 2}}], "f.pkl")
     with pytest.raises(UnsupportedLayoutError, match="name the same field twice"):
         decode_records([{"x": [1, 2], b"x": [3, 4]}], "f.pkl")
 
