@@ -116,6 +116,7 @@ def _identity(ds: PickleDataset, fmt: Format, shard_bytes: int) -> dict[str, Any
         "source": {
             "root": without_credentials(os.fspath(ds.source.root)),  # written to the output
             "fields": list(ds.fields),
+            "sample_form": ds.index.sample_form.kind,  # what open_dataset hands out
             "num_samples": len(ds),
             "files": [
                 [f.path, f.size, f.mtime_ns, f.fingerprint, f.num_samples] for f in ds.index.files
@@ -149,6 +150,7 @@ def _finalize(
         "tool_version": __version__,
         "num_samples": options.num_samples,
         "hashes": HASHES_NAME,
+        "sample_form": identity["source"]["sample_form"],
         **entries,
         "identity": identity,
     }
