@@ -15,8 +15,8 @@ of dimensions, a list or tuple with its length, or anything else):
     sample and keeps ``label``: a scalar never silently leaves the samples;
   - every value is a numpy array and their first dimensions differ (``(image (32, 32, 3),
     mask (16, 16))``): they cannot be columns;
-  - every value is a numpy array of two dimensions or more, all of one first dimension of at
-    most :data:`~pickleshard.scan.ambiguity.FEW_ROWS`: no value holds one scalar per sample,
+  - two or more values, every one a numpy array of two dimensions or more, all of one first
+    dimension of at most :data:`~pickleshard.scan.ambiguity.FEW_ROWS` (``(image, mask)``): no value holds one scalar per sample,
     as a label column does, so the first dimension is as likely a spatial size. Both readings
     stay plausible, so this one warns (:func:`judge_one_sample`).
 
@@ -87,11 +87,13 @@ def _facts_of_value(v: object) -> FieldFacts:
 
 
 def _deep_few(fields: Sequence[FieldFacts]) -> bool:
-    """Every value a numpy array of two dimensions or more, all of one first dimension of at
-    least 1 and at most ``FEW_ROWS``: rows of such arrays are as likely parts of one sample."""
+    """Two or more values, every one a numpy array of two dimensions or more, all of one first
+    dimension of at least 1 and at most ``FEW_ROWS``: rows of such arrays are as likely parts
+    of one sample (a lone array stays columns, and :func:`~pickleshard.scan.ambiguity.judge`
+    warns)."""
     rows = {f.rows for f in fields}
     return (
-        bool(fields)
+        len(fields) >= 2
         and all(f.kind == "array" and f.ndim >= 2 for f in fields)
         and len(rows) == 1
         and 1 <= min(rows) <= FEW_ROWS

@@ -178,7 +178,7 @@ def _is_one_sample(obj: Any) -> bool:
     """docs/layouts.md: a file's one pickle, a dict or tuple, is one sample when it mixes
     sequences with other values (unless a dict's sequences are two or more columns of one
     length: those others are then metadata), holds arrays of different first dimensions, or
-    only arrays of two dimensions or more of one first dimension of 1 to 64."""
+    two or more arrays, all of two dimensions or more and of one first dimension of 1 to 64."""
     if type(obj) not in (dict, tuple):
         return False
     values = list(obj.values()) if type(obj) is dict else list(obj)
@@ -191,7 +191,9 @@ def _is_one_sample(obj: Any) -> bool:
     if not all(isinstance(v, np.ndarray) for v in values):
         return False
     return len(lengths) > 1 or (
-        all(v.ndim >= 2 for v in values) and 1 <= min(lengths) <= _MAX_LIST_COLUMNS
+        len(values) >= 2
+        and all(v.ndim >= 2 for v in values)
+        and 1 <= min(lengths) <= _MAX_LIST_COLUMNS
     )
 
 
