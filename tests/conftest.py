@@ -32,18 +32,20 @@ def write_pickle(tmp_path: Path) -> WritePickle:
     return write
 
 
-def oracle_samples(path: Path) -> list[tuple[Any, ...]]:
-    """Samples of ``path`` as the user means them, derived from ``pickle.load`` alone."""
+def oracle_samples(path: Path) -> list[Any]:
+    """Samples of ``path`` as the user means them, derived from ``pickle.load`` alone, in the
+    producer's type: dicts (keyed by the first row's keys) for a dict of columns or a list of
+    dicts, tuples otherwise."""
     with open(path, "rb") as fh:
         obj = pickle.load(fh)
     if isinstance(obj, dict):
         keys = list(obj)
-        return [tuple(obj[k][i] for k in keys) for i in range(len(obj[keys[0]]))]
+        return [{k: obj[k][i] for k in keys} for i in range(len(obj[keys[0]]))]
     if isinstance(obj, list) and obj and isinstance(obj[0], tuple):
         return [tuple(row) for row in obj]
     if isinstance(obj, list) and obj and isinstance(obj[0], dict):
         keys = list(obj[0])
-        return [tuple(row[k] for k in keys) for row in obj]
+        return [{k: row[k] for k in keys} for row in obj]
     columns = list(obj)
     return [tuple(c[i] for c in columns) for i in range(len(columns[0]))]
 

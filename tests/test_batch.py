@@ -314,3 +314,17 @@ def test_pinned_batches(tmp_path: Path) -> None:
     batch = ds._batches.read([1, 2, 3], batch_allocator(pin_memory=True))
     x, _ = pickleshard.collate(batch)
     assert x.is_pinned()
+
+
+def test_dict_samples_collate_to_a_dict_as_default_collate_does(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    rng = np.random.default_rng(0)
+    with open(tmp_path / "d" / "transitions.pkl", "wb") as fh:
+        for k in range(30):
+            obs = rng.standard_normal(8).astype(np.float32)
+            pickle.dump({"obs": obs, "next_obs": obs + 1, "reward": k}, fh, protocol=4)
+    ds = PickleDataset(tmp_path / "d")
+    assert isinstance(ds[0], dict)
+    batch = check_batch(ds, [7, 3, 29, 0])
+    assert isinstance(batch[0], dict)
+    assert list(pickleshard.collate(batch)) == ["obs", "next_obs", "reward"]

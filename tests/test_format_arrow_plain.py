@@ -99,7 +99,8 @@ def _source(tmp_path: Path) -> list[tuple[Any, ...]]:
             }
         )
     paths = write_files(tmp_path / "src", objects)
-    return oracle_samples(paths)
+    # a dict of columns: samples are dicts; the checks below read their values by position
+    return [tuple(s.values()) for s in oracle_samples(paths)]
 
 
 def _read(which: str, path: Path, tmp_path: Path) -> dict[str, np.ndarray[Any, Any]]:

@@ -71,7 +71,8 @@ def test_header_records_format_version_and_files_table(tmp_path: Path) -> None:
     index = build_index(tmp_path / "data", jobs=1)
     header = json.loads((index.path / "index.json").read_text())
     assert header["format"] == "pickleshard-index"
-    assert header["version"] == 4
+    assert header["version"] == 5
+    assert header["sample_form"] == "tuple"
     assert header["tool_version"] == __version__
     for name, file in header["arrays"].items():  # each array's checksum, as index.py reads it
         data = (index.path / file).read_bytes()

@@ -193,7 +193,7 @@ def test_different_fields_raise_naming_them_unless_transformed(tmp_path: Path) -
         MixedDataset([a, b])
     assert isinstance(e.value, PickleshardError)
     assert isinstance(e.value, ValueError)
-    mix = MixedDataset([a, b], transforms=[None, lambda s: (s[0] + 1, s[1])], tag=True)
+    mix = MixedDataset([a, b], transforms=[None, lambda s: (s["image"] + 1, s["label"])], tag=True)
     assert mix.fields == ("x", "y", "source")
     got = {int(s[1]): (s[0].tolist(), s[2]) for s in mix.__getitems__(list(range(20)))}
     assert got[1003] == ([1.0, 1.0], 1)

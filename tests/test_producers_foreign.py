@@ -23,7 +23,12 @@ dill = pytest.importorskip("dill")
 
 
 def _rows(ds: PickleDataset) -> list[Any]:
-    return [ds[i] for i in range(len(ds))]
+    """Every sample's field values (a dict sample, as a DataFrame's rows are, by field)."""
+    return [_values(ds[i]) for i in range(len(ds))]
+
+
+def _values(sample: Any) -> tuple[Any, ...]:
+    return tuple(sample.values()) if isinstance(sample, dict) else sample
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -141,7 +146,7 @@ def test_joblib_arrays_are_read_by_rows_in_place(tmp_path: Path, obj: Any) -> No
     cols = [cols] if isinstance(cols, np.ndarray) else cols
     assert ds.fields == (tuple(want) if isinstance(want, dict) else ("x", "y")[: len(cols)])
     for i in range(len(ds)):
-        assert all(_same(g, c[i]) for g, c in zip(ds[i], cols, strict=True))
+        assert all(_same(g, c[i]) for g, c in zip(_values(ds[i]), cols, strict=True))
     whole = PickleDataset(str(tmp_path / "d" / "*.joblib"), jobs=1, mode="whole")
     assert all(_same(a, b) for a, b in zip(_rows(whole), _rows(ds), strict=True))
 

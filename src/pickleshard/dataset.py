@@ -62,8 +62,10 @@ class PickleDataset(_DatasetBase[Any]):
     files (see :func:`pickleshard.build_index`); a dataset over an index that skipped files
     warns how many (:class:`~pickleshard.index.SkippedFilesWarning`).
 
-    ``ds[i]`` returns a tuple with one element per field, ``(x, y)`` for the common layout;
-    ``transform``, if given, is applied to that tuple.
+    ``ds[i]`` returns the sample in the type its producer wrote (:attr:`sample_form`): a dict
+    keyed by field where the producer wrote dicts (dict records or rows, a dict of columns),
+    else a tuple with one element per field, ``(x, y)`` for the common layout; ``transform``,
+    if given, is applied to that sample.
 
     ``mode`` says how samples are read. ``"auto"`` (default): each sample of a span-indexed file
     is read alone, straight out of the pickle (:class:`~pickleshard.read.SpanReader`), and
@@ -171,6 +173,8 @@ class PickleDataset(_DatasetBase[Any]):
         if audit:  # every refused global, at once, before any is met in a read
             audit_opened(self.index, self.source, self.policy, jobs)
         self.layout = layout
+        # tuples or dicts, as the producer wrote them (settable: convert reads tuples)
+        self.sample_form = self.index.sample_form
         self.mode = mode
         self.transform = transform
         self._paths = [os.fspath(self.source.absolute(f.path)) for f in self.index.files]
@@ -278,7 +282,8 @@ class PickleDataset(_DatasetBase[Any]):
     def _finish(self, sample: Sample, pos: int, index: int) -> Any:
         policy = self.policy
         check_sample(sample, self._paths[pos], index, policy.max_sample_bytes, policy.max_depth)
-        return sample if self.transform is None else self.transform(sample)
+        built = self.sample_form.build(sample)
+        return built if self.transform is None else self.transform(built)
 
     @property
     def span_files(self) -> SpanFiles:
@@ -290,7 +295,7 @@ class PickleDataset(_DatasetBase[Any]):
         pos = bisect.bisect_right(self._firsts, j) - 1
         item = j - self._firsts[pos]
         if self._is_span[pos]:  # the read holds the sample to the policy's bounds
-            sample = self._spans.one(pos, item, j)
+            sample = self.sample_form.build(self._spans.one(pos, item, j))
             return sample if self.transform is None else self.transform(sample)
         columns = self._file(pos).columns
         return self._finish(tuple([col[item] for col in columns]), pos, j)
@@ -315,7 +320,7 @@ class PickleDataset(_DatasetBase[Any]):
                 self._spans,
                 self._file,
                 self._bounded,
-                len(self.fields),
+                self.sample_form,
                 self._n,
             )
         return reader

@@ -12,6 +12,7 @@ Every converted dataset directory holds, besides the format's own files::
     pickleshard.json   the descriptor: {"format": "pickleshard-converted", "version": 2,
                        "to": <format>, "tool_version": ..., "num_samples": N,
                        "hashes": "hashes.npy", "fields": [{"name": ..., ...}, ...],
+                       "sample_form": "tuple" | "dict" (the source's, absent: tuple),
                        <format keys>, "identity": {"source": {root, fields, num_samples,
                        files: [[path, size, mtime_ns, fingerprint, samples], ...]},
                        "options": {to, format, shard_bytes, encoding}}}
@@ -39,6 +40,7 @@ import numpy as np
 
 from ..errors import ConvertedDatasetError
 from ..safety import DEFAULT_POLICY, UnpicklePolicy
+from ..scan.sampleform import FORM_KINDS, SampleForm
 from .encoding import decode_member
 
 _T = TypeVar("_T")
@@ -222,12 +224,18 @@ def read_descriptor(root: str | os.PathLike[str]) -> dict[str, Any]:
     for key in ("to", "num_samples", "fields"):
         if key not in desc:
             raise ConvertedDatasetError(path, f"descriptor has no {key!r} entry")
+    if desc.get("sample_form", "tuple") not in FORM_KINDS:
+        raise ConvertedDatasetError(
+            path, f"sample_form is {desc['sample_form']!r}, expected one of {FORM_KINDS}"
+        )
     return desc
 
 
 class ConvertedDataset(_DatasetBase[Any]):
-    """A converted dataset: ``len(ds)``, ``ds[i]`` (a tuple, one value per field), and
-    ``ds.__getitems__(indices)`` (a list of tuples), as :class:`pickleshard.PickleDataset`.
+    """A converted dataset: ``len(ds)``, ``ds[i]`` and ``ds.__getitems__(indices)`` (a list),
+    as :class:`pickleshard.PickleDataset`: each sample in the source's type
+    (:attr:`sample_form`: a dict keyed by field where the producer wrote dicts, else a tuple,
+    one value per field); a format's ``_get``/``_get_many`` produce the value tuples.
 
     Values come back with the types they had in the source: arrays with their dtype and shape
     (writable copies), Python ints as ``int``, numpy scalars as numpy scalars, objects as the
@@ -243,6 +251,7 @@ class ConvertedDataset(_DatasetBase[Any]):
         self.policy = policy
         self.fields: tuple[str, ...] = tuple(f["name"] for f in descriptor["fields"])
         self._num_samples = int(descriptor["num_samples"])
+        self.sample_form = SampleForm(descriptor.get("sample_form", "tuple"), self.fields)
 
     def __len__(self) -> int:
         return self._num_samples
@@ -275,11 +284,11 @@ class ConvertedDataset(_DatasetBase[Any]):
     def _get_many(self, idx: np.ndarray[Any, Any]) -> list[Sample]:
         return [self._get(int(i)) for i in idx]
 
-    def __getitem__(self, i: int) -> Sample:
-        return self._get(self._check(i))
+    def __getitem__(self, i: int) -> Any:
+        return self.sample_form.build(self._get(self._check(i)))
 
-    def __getitems__(self, indices: Sequence[int]) -> list[Sample]:
-        return self._get_many(self._check_many(indices))
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        return self.sample_form.build_many(self._get_many(self._check_many(indices)))
 
     def _decode_value(self, kind: int, data: bytes | bytearray | memoryview, i: int) -> Any:
         """Value of member ``kind`` of sample ``i``: pickled ones under this reader's policy."""

@@ -340,7 +340,7 @@ class WebDatasetReader(ConvertedDataset, _IterableBase[Sample]):
     def __iter__(self) -> Iterator[Sample]:
         worker, num_workers = _worker()
         rank, _ = distributed_rank_and_world(self.options.rank, self.options.world_size)
-        stream = self._stream(self.runs(worker, num_workers))
+        stream = map(self.sample_form.build, self._stream(self.runs(worker, num_workers)))
         if not self.options.shuffle or self.options.buffer_size <= 1:
             yield from stream
             return

@@ -39,6 +39,7 @@ import numpy as np
 from ..errors import IndexFormatError, NotSpanIndexableError
 from ..io.listing import ResolvedSource
 from ..scan import ScanResult
+from ..scan.sampleform import SampleForm
 from .arrays import expected_shapes, load_array
 from .checking import IndexProblem, show
 from .contents import check_arrays
@@ -80,6 +81,8 @@ class DatasetIndex:
         self._spans = {k: np.asarray(v) for k, v in self.spans.items()}
         counts = np.fromiter((f.num_samples for f in files), dtype=np.int64, count=len(files))
         self.file_starts = np.concatenate([[0], np.cumsum(counts)])
+        # what the producer wrote (tuples or dicts): every reader hands samples out in it
+        self.sample_form = SampleForm(header["sample_form"], self.fields)
 
     @property
     def fields(self) -> tuple[str, ...]:

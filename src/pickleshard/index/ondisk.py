@@ -42,7 +42,11 @@ FORMAT_NAME = "pickleshard-index"
 # 4: a span file's decoded size counts its object fields as decoded (sampled), not as pickled
 #    bytes (which undercount small Python objects 4-5x and let the whole-file cache overrun);
 #    older ones are rebuilt
-FORMAT_VERSION = 4
+# 5: layout="auto" reads what the producer meant (pickleshard.scan.defaults: appended records of
+#    small arrays, one sample per file) and the header records the samples' form
+#    ("sample_form": "tuple" or "dict", pickleshard.scan.sampleform); older indexes read some
+#    files another way and hand out tuples where the producer wrote dicts: rebuilt
+FORMAT_VERSION = 5
 
 # The span arrays of the index, each concatenated over the span-indexed files in file order.
 SPAN_ARRAYS = ("starts", "ends", "memo_base", "ext_offsets", "ext_keys", "records")

@@ -25,6 +25,8 @@ import re
 from pathlib import PurePosixPath
 from typing import Any
 
+from ..errors import UnsupportedLayoutError
+from ..scan.sampleform import SampleForm
 from .checking import (
     MAX_ID,
     FieldCheck,
@@ -148,6 +150,7 @@ def check_header(
     layout = want_list(header.get("layout"), "layout")
     if not all(type(x) is str for x in layout):
         raise IndexProblem("index.json", "layout is not a list of strings")
+    _check_form(header.get("sample_form"), files, fields)
     _check_placement(files, len(fields))
     names = want_dict(header.get("arrays"), "arrays")
     sums = want_dict(header.get("checksums"), "checksums")
@@ -169,6 +172,23 @@ def check_header(
     if total >= MAX_ID or sum(f.decoded_nbytes for f in files) >= MAX_ID:
         raise IndexProblem("index.json", "file sizes add up to more than any dataset holds")
     return files, skipped, checks
+
+
+def _check_form(stored: Any, files: list[FileEntry], fields: list[str]) -> None:
+    """The samples' form is the one the files' layouts give (an edited one would hand out
+    samples of another type than the producer's)."""
+    try:
+        form = SampleForm.of_layouts((f.layout for f in files), fields)
+    except UnsupportedLayoutError:
+        names = sorted({f.layout for f in files})
+        raise IndexProblem(
+            "index.json", f"the files table names an unknown layout: {names}"
+        ) from None
+    if stored != form.kind:
+        raise IndexProblem(
+            "index.json",
+            f"sample_form is {show(stored)}, but the files' layouts give {form.kind!r}",
+        )
 
 
 def _check_placement(files: list[FileEntry], nf: int) -> None:

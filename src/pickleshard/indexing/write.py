@@ -37,6 +37,7 @@ from ..index.ondisk import (
 from ..io.atomic import write_bytes_atomic
 from ..io.listing import ResolvedSource
 from ..io.remote.listing import without_credentials
+from ..scan.sampleform import SampleForm
 from .describe import Described, staged_name
 
 __all__ = ["write_index"]
@@ -172,6 +173,7 @@ def write_index(
         "layout": sorted({e.layout for e in final}),
         "layout_choice": layout,
         "fields": list(fields),
+        "sample_form": SampleForm.of_layouts((e.layout for e in final), fields).kind,
         "num_files": len(final),
         "num_samples": total,
         "modes": {m: sum(e.mode == m for e in final) for m in ("span", "whole")},

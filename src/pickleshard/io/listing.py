@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import DatasetNotFoundError, NoPickleFilesError, NotRegularFileError
-from .filenames import PICKLE_PATTERNS, is_pickle_name
+from .filenames import PICKLE_PATTERNS, SNIFF_BYTES, is_pickle_name, starts_like_pickle
 from .found import describe_directory
 from .options import SourceOptions
 from .remote.listing import is_url, resolve_url, resolve_urls
@@ -68,14 +68,30 @@ def _has_magic(text: str) -> bool:
     return glob.has_magic(text)
 
 
+def _sniffed(path: Path) -> bool:
+    """Whether a file without an extension is a pickle by its first bytes
+    (:func:`~pickleshard.io.filenames.starts_like_pickle`); anything that is not a readable
+    regular file is not (left out quietly, as a file of another name is)."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False  # opening a FIFO would block
+        with open(path, "rb") as fh:
+            return starts_like_pickle(fh.read(SNIFF_BYTES))
+    except OSError:
+        return False
+
+
 def _scan_directory(root: Path) -> list[Path]:
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d != INDEX_DIRNAME)
         for name in filenames:
+            path = Path(dirpath) / name
             if is_pickle_name(name):
-                found.append(Path(dirpath) / name)
-                _check_found(found[-1])
+                found.append(path)
+                _check_found(path)
+            elif not Path(name).suffix and _sniffed(path):  # CIFAR-10's data_batch_1
+                found.append(path)
     return found
 
 
@@ -88,8 +104,9 @@ def resolve_source(source: Source, options: SourceOptions | None = None) -> Reso
 
     A directory is searched recursively for ``*.pkl``, ``*.pickle``, ``*.pk``, ``*.p`` and the
     compressed ``*.gz``, ``*.bz2``, ``*.xz``, ``*.zst`` (read decompressed, see pickleshard.io;
-    compressed tar archives such as ``*.tar.gz`` are not pickles and are passed over),
-    skipping ``.pickleshard/``; a string with glob characters is expanded (``**`` recurses);
+    compressed tar archives such as ``*.tar.gz`` are not pickles and are passed over), and for
+    files without an extension whose first bytes start a pickle (CIFAR-10's ``data_batch_1``;
+    others, such as a ``LICENSE``, are left out), skipping ``.pickleshard/``; a string with glob characters is expanded (``**`` recurses);
     a list names files directly. The root is the directory itself, or the deepest directory
     common to all files.
     """

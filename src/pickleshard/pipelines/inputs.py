@@ -50,5 +50,6 @@ def source_dataset(
         )
     # then convert's transform=, then PIL images and sparse matrices as arrays (producers.plain)
     ds.transform = ConvertTransform(ds.transform, transform)
+    ds.sample_form = ds.sample_form.as_tuples()  # parts are written and hashed field by field
     ds.cache_bytes = 0  # conversion reads files in order: one decoded file per process suffices
     return ds

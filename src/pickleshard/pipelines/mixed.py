@@ -53,6 +53,7 @@ def dataset_identity(ds: PickleDataset) -> dict[str, Any]:
     return {
         "root": without_credentials(os.fspath(ds.source.root)),  # written to the output
         "fields": list(ds.fields),
+        "sample_form": ds.index.sample_form.kind,  # what open_dataset hands out
         "num_samples": len(ds),
         "files": [
             [f.path, f.size, f.mtime_ns, f.fingerprint, f.num_samples] for f in ds.index.files

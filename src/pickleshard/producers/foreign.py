@@ -38,7 +38,8 @@ def foreign_records(
 ) -> list[Any] | None:
     """The pickles of a file (opened with ``options``) that ``pickle.load`` cannot read as
     written (a ``joblib.dump`` file, compressed or not), loaded whole; None for any other file. A top-level array is
-    returned as ``(array,)``: one field ``x``, its rows the samples, as the scan reads it."""
+    returned as ``[array]``: one column ``x``, its rows the samples, as the scan reads it (a
+    list, which ``layout="auto"`` never reads as one sample)."""
     where = os.fspath(path)
     with open_source(where, options) as source:
         kind = joblib_kind(source)
@@ -50,4 +51,4 @@ def foreign_records(
             what = source.changed_since(identity)
         if what is not None:
             raise FileChangedError(where, what)
-    return [(obj,) if isinstance(obj, np.ndarray) and obj.ndim else obj]
+    return [[obj] if isinstance(obj, np.ndarray) and obj.ndim else obj]

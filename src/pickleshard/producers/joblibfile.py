@@ -46,6 +46,7 @@ from ..io import ByteSource, open_reader, open_source
 from ..io.options import SourceOptions
 from ..picklekit.memotables import SharedTable
 from ..safety.policy import UnpicklePolicy
+from ..scan.defaults import FieldFacts, one_pickle_is_one_sample
 from ..scan.layouts import default_field_names
 from ..scan.model import ArrayRow, ScanResult
 
@@ -211,6 +212,13 @@ def _columns(top: Any, path: str) -> tuple[str, tuple[str, ...], list[_ArrayRef]
     :class:`NotSpanIndexableError` saying why."""
     if isinstance(top, _ArrayRef):
         return "columns", ("x",), [top]
+    values = list(top.values()) if type(top) is dict else top
+    if type(top) in (tuple, dict) and all(isinstance(v, _ArrayRef) and v.shape for v in values):
+        facts = [FieldFacts("array", v.shape[0], len(v.shape)) for v in values]
+        if one_pickle_is_one_sample(facts, type(top) is dict):  # as the whole load reads it
+            raise NotSpanIndexableError(
+                path, "joblib arrays that are one sample (pickleshard.scan.defaults): read whole"
+            )
     if type(top) in (tuple, list) and top and all(isinstance(v, _ArrayRef) for v in top):
         return "columns", default_field_names(len(top)), list(top)
     if (

@@ -33,6 +33,7 @@ import numpy as np
 from ..picklekit.compiled import CORE, require
 from ..safety.bounds import check_sample
 from ..scan.layouts import DecodedLayout
+from ..scan.sampleform import SampleForm
 from .batch import ARRAYS, INTS, OBJECTS, Allocate, BatchColumn, SampleBatch
 from .files import SpanFiles
 from .ints import IntColumn
@@ -279,7 +280,8 @@ class BatchReader:
     ``firsts`` is the first global index of each file, ``is_span`` which files are read by
     span (through ``spans``), ``whole(pos)`` a whole-read file's decoded columns (from the
     dataset's cache), ``finish(values, pos, index)`` what a whole-read sample goes through
-    (its bounds); ``nfields`` the samples' field count, ``total`` the dataset's.
+    (its bounds); ``form`` what a sample is made from its field values, ``total`` the dataset's
+    sample count.
     """
 
     def __init__(
@@ -289,12 +291,16 @@ class BatchReader:
         spans: SpanFiles,
         whole: Callable[[int], DecodedLayout],
         finish: Callable[[tuple[Any, ...], int, int], Any],
-        nfields: int,
+        form: SampleForm,
         total: int,
     ) -> None:
         self.firsts = np.asarray(firsts, np.int64)
         self.is_span, self.spans, self.whole, self.finish = list(is_span), spans, whole, finish
-        self.nfields, self.total = nfields, total
+        self.nfields, self.total, self.form = len(form.fields), total, form
+        # tuples are handed out as read; other forms are built from each sample's values
+        self._build: Callable[[tuple[Any, ...]], Any] = (
+            tuple if form.kind == "tuple" else form.build
+        )
         self._compiled_fill: Any = require().fill_batch if CORE is not None else None
         self._fills: list[FileFill | None] = []
         self._pid = -1
@@ -348,7 +354,7 @@ class BatchReader:
                 fill.fill(items_o[a:b], wanted_o[a:b], order[a:b], columns)
         for (pos, a, b), got in zip(wholes, decoded, strict=True):
             self._gather(pos, got, order[a:b], items_o[a:b], wanted_o[a:b], columns)
-        return SampleBatch(columns, len(wanted))
+        return SampleBatch(columns, len(wanted), self._build, self.form.collated)
 
     def _process_fills(self) -> list[FileFill | None]:
         """This process's :class:`FileFill` of each file (None: not built yet); a forked

@@ -61,6 +61,7 @@ from ..picklekit.walk import resolve_engine, walk_opcodes
 from ..picklekit.walker import Walked
 from .access import fetched_since, scan_buffer
 from .ambiguity import Ambiguity, judge
+from .defaults import FieldFacts, appended_are_records, judge_one_sample, one_pickle_is_one_sample
 from .externals import assemble, element_table
 from .inspector import Inspector
 from .layouts import (
@@ -71,7 +72,17 @@ from .layouts import (
     LayoutChoice,
     default_field_names,
 )
-from .matching import Field, NotLayout, dict_rows, fields_of, leaves, node_kind, spans, structure
+from .matching import (
+    Field,
+    NotLayout,
+    dict_rows,
+    facts_of,
+    fields_of,
+    leaves,
+    node_kind,
+    spans,
+    structure,
+)
 from .model import ArrayItem, ArrayRow, IntItem, ScanResult
 
 __all__ = ["ENGINE", "ArrayItem", "ArrayRow", "IntItem", "ScanResult", "scan_bytes", "scan_file"]
@@ -96,12 +107,26 @@ def _judge(layout: str, parts: list[tuple[tuple[str, ...], list[Field]]]) -> Amb
     )
 
 
+def _facts(cols: list[Field]) -> list[FieldFacts]:
+    """The facts (:mod:`pickleshard.scan.defaults`) of one pickle's scanned columns."""
+    return [
+        FieldFacts("sequence", len(c.starts), 1)
+        if c.array is None
+        else FieldFacts("array", len(c.starts), 1 + len(c.array.row_shape))
+        for c in cols
+    ]
+
+
 def _scan_chunks(
     buf: Any, w: Walked, stops: list[int], encoding: str, choice: LayoutChoice = "auto"
 ) -> ScanResult:
     cands = [structure(r, w.name, choice) for r in w.roots]
     table = element_table(w, [leaf for c in cands for leaf in leaves(c)])
     insp = Inspector(buf, w, table, encoding)
+    found = facts_of(cands[0], insp) if choice == "auto" and len(cands) == 1 else None
+    if found is not None and one_pickle_is_one_sample(*found):
+        whole = _scan_samples(buf, w, stops, encoding, "")
+        return replace(whole, ambiguity=judge_one_sample(found[0]))
     meta: dict[str, Any] | None = {} if len(cands) == 1 else None
     parts = [fields_of(c, insp, w.name, meta) for c in cands]
     names, cols = parts[0]
@@ -116,6 +141,8 @@ def _scan_chunks(
                 f"appended pickle #{r + 1} differs from the first in layout, fields or array types",
                 offset=w.records[r][0],
             )
+    if choice == "auto" and appended_are_records([_facts(cs) for _, cs in parts]):
+        return _scan_samples(buf, w, stops, encoding)
     if len(parts) > 1:
         joined = [
             [

@@ -20,6 +20,7 @@ from ..errors import FieldLengthMismatchError, NotSpanIndexableError
 from ..picklekit.compiled import CORE
 from ..picklekit.nodes import BOUNDS, DICT, ITEMS, KIND, LIST, START, TUPLE, Node, Value, start_of
 from ..safety.standins import ArraySpec, EncodedBytes, Opaque, Payload
+from .defaults import FieldFacts
 from .filemeta import field_name, is_metadata
 from .inspector import UNKNOWN, Inspector
 from .layouts import (
@@ -38,6 +39,7 @@ __all__ = [
     "Field",
     "NotLayout",
     "dict_rows",
+    "facts_of",
     "fields_of",
     "leaves",
     "node_kind",
@@ -114,6 +116,7 @@ class Candidate:
     values: list[Value]  # columns: the field values; rows: the row nodes
     ends: list[int]  # end offset of each value
     keys: list[tuple[int, int]]  # dict_columns: key spans
+    top: str = ""  # the top-level container: "tuple", "list" or "dict"
 
 
 _KIND_NAMES = {LIST: "list", TUPLE: "tuple", DICT: "dict"}
@@ -146,8 +149,8 @@ def structure(root: Value, name: str, choice: LayoutChoice = "auto") -> Candidat
     vends = [int(e) for e in ends]
     if top == "dict":
         keys = [(int(s), int(e)) for s, e in zip(starts[0::2], ends[0::2], strict=True)]
-        return Candidate(layout, items, vends[1::2], keys)
-    return Candidate(layout, values, vends, [])
+        return Candidate(layout, items, vends[1::2], keys, top)
+    return Candidate(layout, values, vends, [], top)
 
 
 _KEY_TYPES = (str, bytes, int, float, complex, bool, type(None))
@@ -222,6 +225,35 @@ def _dict_order(keys: list[Any], name: str) -> dict[Any, int]:
         except TypeError:
             raise NotSpanIndexableError(name, "an unhashable dict key") from None
     return order
+
+
+def facts_of(cand: Candidate, insp: Inspector) -> tuple[tuple[FieldFacts, ...], bool] | None:
+    """The facts (:mod:`pickleshard.scan.defaults`) of a top-level dict's or tuple's values and
+    whether it is keyed, as :func:`~pickleshard.scan.defaults.facts_of_object` gives them for
+    the unpickled object; None for a top-level list, or where a value's type is not
+    established (the whole-file load then decides)."""
+    if cand.top not in ("dict", "tuple") or cand.layout.per_sample:
+        return None
+    out = []
+    for v, end in zip(cand.values, cand.ends, strict=True):
+        if type(v) is list:  # a container the walker followed
+            kind = v[KIND]
+            out.append(
+                FieldFacts("sequence", len(v[ITEMS]), 1) if kind != DICT else FieldFacts("other")
+            )
+            continue
+        spec = insp.value(v, end)
+        if isinstance(spec, ArraySpec):
+            out.append(
+                FieldFacts("array", spec.shape[0], len(spec.shape))
+                if spec.shape
+                else FieldFacts("other")
+            )
+        elif _metadata_value(spec, insp.encoding)[0]:
+            out.append(FieldFacts("other"))
+        else:
+            return None
+    return tuple(out), cand.top == "dict"
 
 
 def fields_of(

@@ -16,6 +16,13 @@ import numpy as np
 
 from ..errors import UnsupportedLayoutError
 from .ambiguity import Ambiguity, judge
+from .defaults import (
+    FieldFacts,
+    appended_are_records,
+    facts_of_object,
+    judge_one_sample,
+    one_pickle_is_one_sample,
+)
 from .layouts import (
     APPENDED,
     DICT_SAMPLES,
@@ -67,6 +74,16 @@ def _one_per_record(objs: Sequence[Any], where: str, prefix: str = APPENDED) -> 
     return DecodedLayout(prefix + SAMPLES.name, ("x",), (list(objs),))
 
 
+def _chunk_facts(chunk: DecodedLayout) -> list[FieldFacts]:
+    """The facts of one appended pickle read as columns (:mod:`pickleshard.scan.defaults`)."""
+    return [
+        FieldFacts("array", len(c), c.ndim)
+        if isinstance(c, np.ndarray)
+        else FieldFacts("sequence", len(c), 1)
+        for c in chunk.columns
+    ]
+
+
 def _elements(fields: Sequence[str], columns: Columns) -> str:
     """The fields' element types in words: ``x (32, 3) uint8, y list``."""
     out = []
@@ -105,10 +122,11 @@ def decode_records(
     """Samples of a file holding the pickles ``objs`` (one per ``pickle.dump`` call), read as
     ``layout`` (:data:`LAYOUT_CHOICES`) says.
 
-    ``"auto"``: one pickle is :func:`decode_layout` (its dict's scalars are metadata). Several
-    are chunks when every one is a layout with the same fields (layout
-    ``appended_<layout of the first>``, samples in file order), and otherwise one sample each
-    (see the module docstring); the result's ``ambiguity`` says when the other reading is as
+    ``"auto"``: one pickle is one sample where :mod:`pickleshard.scan.defaults` says so, else
+    :func:`decode_layout` (its dict's scalars are metadata). Several are chunks when every one
+    is a layout with the same fields (layout ``appended_<layout of the first>``, samples in file
+    order) and :mod:`~pickleshard.scan.defaults` does not call them records, and otherwise one
+    sample each (see the module docstring); the result's ``ambiguity`` says when the other reading is as
     plausible. ``"columns"``: every pickle is a column layout, else
     :class:`UnsupportedLayoutError`. ``"records"``: one sample per pickle, or the items of a
     single pickle's top-level list. ``"file"``: the one pickle is one sample.
@@ -130,6 +148,10 @@ def decode_records(
             return decode_layout(objs[0], where, choice="records")
         return _one_per_record(objs, where, APPENDED if len(objs) > 1 else "")
     if len(objs) == 1:
+        found = facts_of_object(objs[0]) if layout == "auto" else None
+        if found is not None and one_pickle_is_one_sample(*found):
+            whole = _one_per_record(objs, where, "")
+            return replace(whole, ambiguity=judge_one_sample(found[0]))
         try:
             single = decode_layout(objs[0], where, choice=layout, metadata=True)
         except UnsupportedLayoutError as exc:  # FieldLengthMismatchError too: (obs, action)
@@ -159,6 +181,8 @@ def decode_records(
                 f"appended pickle #{r} has fields {list(chunk.fields)}, "
                 f"the first {list(first.fields)}",
             )
+    if layout == "auto" and appended_are_records([_chunk_facts(c) for c in chunks]):
+        return _one_per_record(objs, where)
     columns = tuple(_concat([c.columns[f] for c in chunks]) for f in range(len(first.fields)))
     result = DecodedLayout(APPENDED + first.layout, first.fields, columns)
     return _judged(result, chunks) if layout == "auto" else result

@@ -174,6 +174,43 @@ def _split_one(obj: Any, path: str, metadata: bool) -> tuple[tuple[str, ...], li
     raise UnsupportedLayoutError(path, f"a top-level {type(obj).__name__} that is no layout")
 
 
+def _is_one_sample(obj: Any) -> bool:
+    """docs/layouts.md: a file's one pickle, a dict or tuple, is one sample when it mixes
+    sequences with other values (unless a dict's sequences are two or more columns of one
+    length: those others are then metadata), holds arrays of different first dimensions, or
+    two or more arrays, all of two dimensions or more and of one first dimension of 1 to 64."""
+    if type(obj) not in (dict, tuple):
+        return False
+    values = list(obj.values()) if type(obj) is dict else list(obj)
+    seqs = [v for v in values if _is_sequence(v)]
+    if not seqs:
+        return False
+    lengths = {len(v) for v in seqs}
+    if len(seqs) < len(values):
+        return not (type(obj) is dict and len(seqs) >= 2 and len(lengths) == 1)
+    if not all(isinstance(v, np.ndarray) for v in values):
+        return False
+    return len(lengths) > 1 or (
+        len(values) >= 2
+        and all(v.ndim >= 2 for v in values)
+        and 1 <= min(lengths) <= _MAX_LIST_COLUMNS
+    )
+
+
+def _are_records(objs: Sequence[Any]) -> bool:
+    """docs/layouts.md: appended pickles that are all dicts or tuples of numpy arrays of one
+    first dimension of 1 to 64, the same in every pickle, with no 1-D array beside deeper ones
+    (a label column), are one sample each."""
+    values = [list(o.values()) if type(o) is dict else list(o) for o in objs]
+    if not all(type(o) in (dict, tuple) for o in objs) or not all(values):
+        return False
+    if not all(isinstance(v, np.ndarray) and v.ndim >= 1 for vs in values for v in vs):
+        return False
+    rows = {len(v) for vs in values for v in vs}
+    ndims = {v.ndim for v in values[0]}
+    return len(rows) == 1 and 1 <= min(rows) <= 64 and not (1 in ndims and max(ndims) >= 2)
+
+
 def _one_sample_each(objs: Sequence[Any], path: str) -> tuple[tuple[str, ...], list[Any]]:
     """Appended pickles that are not all layouts: one sample per pickle."""
     first = objs[0]
@@ -193,14 +230,19 @@ def reference_samples(objs: Sequence[Any], path: str) -> tuple[tuple[str, ...], 
     """Fields and samples of a file whose ``pickle.load`` calls returned ``objs``, by the
     documented ``layout="auto"`` rules (docs/layouts.md), written independently of
     :mod:`pickleshard.scan`, which it checks: one pickle is a layout (its dict's small scalars are
-    file metadata); several are chunks, samples in file order, when every one is a layout with
-    the same fields, and otherwise one sample each (an exact tuple gives one field per item, an
+    file metadata) or one sample (:func:`_is_one_sample`); several are chunks, samples in
+    file order, when every one is a layout with the same fields and they are not records
+    (:func:`_are_records`), and otherwise one sample each (an exact tuple gives one field per item, an
     exact dict one per key of the first, anything else the single field ``x``)."""
     if len(objs) == 1:
+        if _is_one_sample(objs[0]):
+            return _one_sample_each(objs, path)
         return _split_one(objs[0], path, metadata=True)
     try:
         chunks = [_split_one(o, path, metadata=False) for o in objs]
     except UnsupportedLayoutError:
+        return _one_sample_each(objs, path)
+    if _are_records(objs):
         return _one_sample_each(objs, path)
     fields = chunks[0][0]
     if any(f != fields for f, _ in chunks):
@@ -208,13 +250,20 @@ def reference_samples(objs: Sequence[Any], path: str) -> tuple[tuple[str, ...], 
     return fields, [s for _, samples in chunks for s in samples]
 
 
-def oracle_samples(paths: Sequence[str | os.PathLike[str]]) -> list[tuple[Any, ...]]:
-    """Every sample of ``paths`` in order, from ``pickle.load`` alone (columns/dict layouts)."""
-    out: list[tuple[Any, ...]] = []
+def oracle_samples(paths: Sequence[str | os.PathLike[str]]) -> list[Any]:
+    """Every sample of ``paths`` in order, from ``pickle.load`` alone (columns/dict layouts),
+    in the producer's type: a dict of columns gives dicts keyed by field, else tuples."""
+    out: list[Any] = []
     for path in paths:
         with open(path, "rb") as fh:
             obj = pickle.load(fh)  # the oracle: files the tests wrote themselves
-        columns = list(obj.values()) if isinstance(obj, dict) else list(obj)
+        if isinstance(obj, dict):
+            names = _field_names(list(obj), os.fspath(path))
+            columns = list(obj.values())
+            n = len(columns[0])
+            out += [dict(zip(names, (c[i] for c in columns), strict=True)) for i in range(n)]
+            continue
+        columns = list(obj)
         out += [tuple(c[i] for c in columns) for i in range(len(columns[0]))]
     return out
 

@@ -162,6 +162,7 @@ def _finalize(
         "tool_version": __version__,
         "num_samples": options.num_samples,
         "hashes": HASHES_NAME,
+        "sample_form": identity["source"].get("sample_form", "tuple"),
         **entries,
         "identity": identity,
     }

@@ -29,6 +29,7 @@ from ...read.whole.load import load_records
 from ...safety.policy import UnpicklePolicy
 from ...scan import ScanResult, scan_file
 from ...scan.layouts import (
+    APPENDED,
     DICT_SAMPLES,
     LAYOUT_TABLE,
     SAMPLES,
@@ -36,6 +37,7 @@ from ...scan.layouts import (
     default_field_names,
     layout_named,
 )
+from ...scan.records import decode_records
 from .chunkwriter import ChunkShape, RowPayload, SampleSource
 
 __all__ = [
@@ -271,11 +273,49 @@ def open_source(
         raise
 
 
+def _one_per_pickle(objs: Sequence[Any], path: Path) -> bool:
+    """Whether ``layout="auto"`` reads these pickles one sample each (a one-pickle sample,
+    appended records: :mod:`pickleshard.scan.defaults`), as the scan of the file does."""
+    try:
+        layout = decode_records(objs, path).layout
+    except UnsupportedLayoutError:
+        return False  # the reading below says what is wrong, in its words
+    return LAYOUT_TABLE[layout.removeprefix(APPENDED)].per_pickle
+
+
+def _samples(objs: Sequence[Any], path: Path) -> tuple[Sequence[Any], ChunkShape]:
+    """Appended pickles (or a file's one pickle) as one sample each."""
+    first = objs[0]
+    if type(first) is tuple and first:
+        fields = default_field_names(len(first))
+        shape = ChunkShape(SAMPLES.name, "", fields, (), (None,) * len(fields))
+        try:
+            return tuple(zip(*objs, strict=True)), shape
+        except (TypeError, ValueError):
+            raise UnsupportedLayoutError(
+                path,
+                f"appended pickles are not all samples of {len(first)} fields like the first",
+            ) from None
+    if type(first) is dict and first:
+        keys = list(first)
+        fields = tuple(str(k) for k in keys)
+        shape = ChunkShape(DICT_SAMPLES.name, "", fields, (), (None,) * len(fields))
+        try:
+            return tuple([o[k] for o in objs] for k in keys), shape
+        except (TypeError, KeyError, IndexError):
+            raise UnsupportedLayoutError(
+                path, "appended pickles are not all dicts with the keys of the first"
+            ) from None
+    return (objs,), ChunkShape(SAMPLES.name, "", ("x",), (), (None,), tuple_samples=False)
+
+
 def _load_whole(path: Path, policy: UnpicklePolicy) -> tuple[Sequence[Any], ChunkShape]:
     """Every pickle of ``path``, as columns, by the scanner's rules for appended pickles."""
     # load_records classifies every failure, bytes after the last pickle included (they are
     # a NotAPickleError at their offset), and refuses impossible memo ids before unpickling.
     objs = load_records(path, policy, check_memo=True)
+    if _one_per_pickle(objs, path):
+        return _samples(objs, path)
     if len(objs) == 1:
         decoded = decode_layout(objs[0], path, metadata=True)
         _refuse_metadata(path, decoded.metadata)
@@ -283,28 +323,7 @@ def _load_whole(path: Path, policy: UnpicklePolicy) -> tuple[Sequence[Any], Chun
     try:
         parts = [decode_layout(o, path) for o in objs]
     except UnsupportedLayoutError:
-        first = objs[0]
-        if type(first) is tuple and first:
-            fields = default_field_names(len(first))
-            shape = ChunkShape(SAMPLES.name, "", fields, (), (None,) * len(fields))
-            try:
-                return tuple(zip(*objs, strict=True)), shape
-            except (TypeError, ValueError):
-                raise UnsupportedLayoutError(
-                    path,
-                    f"appended pickles are not all samples of {len(first)} fields like the first",
-                ) from None
-        if type(first) is dict and first:
-            keys = list(first)
-            fields = tuple(str(k) for k in keys)
-            shape = ChunkShape(DICT_SAMPLES.name, "", fields, (), (None,) * len(fields))
-            try:
-                return tuple([o[k] for o in objs] for k in keys), shape
-            except (TypeError, KeyError, IndexError):
-                raise UnsupportedLayoutError(
-                    path, "appended pickles are not all dicts with the keys of the first"
-                ) from None
-        return (objs,), ChunkShape(SAMPLES.name, "", ("x",), (), (None,), tuple_samples=False)
+        return _samples(objs, path)
     columns = tuple(
         np.concatenate([p.columns[f] for p in parts])
         if all(isinstance(p.columns[f], np.ndarray) for p in parts)

@@ -102,6 +102,7 @@ def _open(job: VerifyJob) -> Opened:
         opened: Opened = held[1]
         return opened
     ds_out = open_dataset(job.where, shuffle=False)
+    ds_out.sample_form = ds_out.sample_form.as_tuples()  # compared with the source's fields
     stored = stored_hashes(job.where, len(ds_out)) if job.source is None else None
     source = None if job.source is None else pickle.loads(job.source)  # our own bytes
     _opened.held = (job.token, (ds_out, stored, source))
