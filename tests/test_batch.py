@@ -52,6 +52,10 @@ def assert_same_sample(got: Any, want: Any) -> None:
         assert len(got) == len(want)
         for g, w in zip(got, want, strict=True):
             assert_same_sample(g, w)
+    elif isinstance(want, dict):
+        assert list(got) == list(want)
+        for k in want:
+            assert_same_sample(got[k], want[k])
     else:
         assert got == want
 
@@ -328,3 +332,12 @@ def test_dict_samples_collate_to_a_dict_as_default_collate_does(tmp_path: Path) 
     batch = check_batch(ds, [7, 3, 29, 0])
     assert isinstance(batch[0], dict)
     assert list(pickleshard.collate(batch)) == ["obs", "next_obs", "reward"]
+
+
+def test_a_file_of_ints_alone(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    with open(tmp_path / "d" / "ints.pkl", "wb") as fh:
+        pickle.dump(([1, 2, 3, 4], [5, 6, 7, 8]), fh, protocol=4)
+    ds = PickleDataset(tmp_path / "d")
+    batch = check_batch(ds, [3, 0, 2])
+    assert [c.kind for c in batch.columns] == [INTS, INTS]

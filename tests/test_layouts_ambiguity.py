@@ -297,7 +297,7 @@ def test_inspect_shows_the_reading_and_the_alternative(
     assert inspect_file(chunks / "c.pkl", layout="records").samples == 12
     assert main(["inspect", str(per_file / "0.pkl")]) == 0
     out = capsys.readouterr().out
-    assert "layout   samples" in out
+    assert "layout   file (the file's one pickle is the sample)" in out
     assert "chosen   one sample per file (the whole object) (--layout file)" in out
     assert (
         "or       columns of numpy arrays, 16 samples (one row of each) (--layout columns)" in out

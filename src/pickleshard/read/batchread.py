@@ -99,6 +99,13 @@ def _fits(plans: list[Plan], columns: list[BatchColumn]) -> bool:
     return True
 
 
+def _columns(columns: list[np.ndarray], n: int) -> np.ndarray:
+    """``columns`` (each ``n`` int64 values) side by side, C-contiguous ``(n, len(columns))``."""
+    if not columns:
+        return np.zeros((n, 0), np.int64)
+    return np.ascontiguousarray(np.stack(columns, 1), np.int64)
+
+
 def _mapping(fd: int, size: int) -> Any:
     """File ``fd`` mapped read-only (its first ``size`` bytes), or None where it cannot be."""
     if size <= 0:
@@ -159,13 +166,11 @@ class FileFill:
                 self.mapped,
                 np.asarray([f for f, _, _ in arrays], np.int64),
                 [fr for _, _, fr in arrays],
-                np.ascontiguousarray(np.stack([a.starts for _, a, _ in arrays], 1).reshape(n, -1)),
-                np.ascontiguousarray(np.stack([a.ends for _, a, _ in arrays], 1).reshape(n, -1)),
+                _columns([a.starts for _, a, _ in arrays], n),
+                _columns([a.ends for _, a, _ in arrays], n),
                 direct,
                 np.asarray([f for f, _ in ints], np.int64),
-                np.ascontiguousarray(np.stack([v for _, v in ints], 1).reshape(n, -1))
-                if ints
-                else np.zeros((n, 0), np.int64),
+                _columns([v for _, v in ints], n),
             )
 
     def filled(
