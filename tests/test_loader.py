@@ -268,3 +268,22 @@ def test_stats_table_and_advice() -> None:
     assert "waiting for a batch" in table
     assert "640 samples" in table
     assert stats.as_json()["samples_per_s"] == 640.0
+
+
+def test_profile_command_prints_the_table_and_advice(
+    data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from pickleshard.cli import main
+
+    assert main(["profile", str(data), "--batches", "5", "--batch-size", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["batches"] == 5
+    assert out["samples"] == 20
+    assert out["advice"]
+    assert out["remote"] is False
+    assert main(["profile", str(data), "--batches", "3", "--batch-size", "4"]) == 0
+    text = capsys.readouterr().out
+    assert "waiting for a batch" in text
+    assert "most likely to help:" in text

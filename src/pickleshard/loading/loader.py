@@ -233,7 +233,7 @@ class _ThreadEpoch(Iterator[Any]):
         self.stats = loader.stats = EpochStats(
             depth=loader.prefetch, threads=loader.threads, workers=0
         )
-        self.started = time.perf_counter()
+        self.started, self.cpu = time.perf_counter(), time.process_time()
         self.returned: float | None = None  # when the last batch was handed out
 
     def _fill(self) -> None:
@@ -261,7 +261,7 @@ class _ThreadEpoch(Iterator[Any]):
             stats.loop_s += now - self.returned
         self._fill()
         if not self.pending:
-            stats.seconds = now - self.started
+            stats.seconds, stats.cpu_s = now - self.started, time.process_time() - self.cpu
             self.loader._finished = True
             raise StopIteration
         future, n, state = self.pending.popleft()
@@ -279,7 +279,7 @@ class _ThreadEpoch(Iterator[Any]):
         stats.sample_flight(in_flight, in_flight * self.batch_bytes, self.limited)
         self.loader._hand(state)
         self.returned = time.perf_counter()
-        stats.seconds = self.returned - self.started
+        stats.seconds, stats.cpu_s = self.returned - self.started, time.process_time() - self.cpu
         return batch
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ the bytes they hold or will (the loader's budget bounds it). :func:`advice` read
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +54,8 @@ class EpochStats:
     max_bytes_held: int = 0
     in_flight_sum: int = field(default=0, repr=False)
     budget_limited: int = 0  # hand-outs where the byte budget, not depth, held the reads back
+    cpu_s: float = 0.0  # this process's CPU time over the epoch (all its threads)
+    cpus: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
 
     def add(self, times: BatchTimes, samples: int) -> None:
         self.batches += 1
@@ -110,7 +113,8 @@ def stats_table(stats: EpochStats) -> list[str]:
         f"{stats.samples_per_s:,.0f} samples/s, {stats.bytes / 1e6:.1f} MB of tensors",
         f"reads in flight: max {stats.max_in_flight}, mean {stats.mean_in_flight:.1f} "
         f"(depth {stats.depth}, {stats.threads} threads, {stats.workers} worker processes); "
-        f"bytes held at most {stats.max_bytes_held / 1e6:.1f} MB",
+        f"bytes held at most {stats.max_bytes_held / 1e6:.1f} MB; "
+        f"CPU {stats.cpu_s:.2f} s ({stats.cpu_s / wall:.1f} of {stats.cpus} CPUs)",
     ]
     return lines
 
@@ -129,6 +133,8 @@ def advice(stats: EpochStats, *, remote: bool = False, whole_files: int = 0) -> 
             f"{whole_files} file(s) are read whole: `pickleshard convert` them (or use "
             "BlockShuffleSampler) so that batches are read by span"
         )
+    # all CPUs busy, or one busy while storage is local (the interpreter lock is the limit)
+    cpu_bound = stats.cpu_s >= 0.8 * (stats.cpus if remote else 1) * wall
     if stats.transform_s > 0.5 * busy and stats.workers == 0:
         return (
             "the transform takes most of the batch time under the interpreter lock: "
@@ -136,14 +142,18 @@ def advice(stats: EpochStats, *, remote: bool = False, whole_files: int = 0) -> 
         )
     if stats.budget_limited > stats.batches // 4:
         return "the byte budget held reads back: raise max_bytes_in_flight"
+    if cpu_bound:
+        return (
+            f"reading is CPU-bound ({stats.cpu_s / wall:.1f} of {stats.cpus} CPUs busy): "
+            "`pickleshard convert DATA OUT --to memmap` reads fastest (workers=N for Python-heavy "
+            "samples); more threads will not help"
+        )
     if remote or stats.mean_in_flight >= 0.75 * max(stats.depth, 1):
         return (
             f"reads are waited on with {stats.mean_in_flight:.1f} batches in flight: raise "
             f"prefetch (now {stats.depth}) to hide the storage's latency"
         )
-    if stats.threads <= 2 and stats.workers == 0:
-        return "reading is CPU-bound in too few threads: raise prefetch (more threads)"
     return (
-        "reading is CPU-bound: `pickleshard convert DATA OUT --to memmap` reads fastest "
-        "(or workers=N for Python-heavy samples)"
+        f"reads wait on storage with {stats.mean_in_flight:.1f} of {stats.depth} batches in "
+        "flight: raise threads (or workers=N for Python-heavy samples)"
     )
