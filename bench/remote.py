@@ -22,7 +22,10 @@ little about S3 itself; the bytes moved are exact, the rates are ratios on this 
 ``--latency-ms 0,20,50`` adds the index rows (:mod:`bench.remote_index`): indexing a dense
 (12 KB samples) and a sparse (150 KB) dataset over the range server and moto's S3, each in its
 own process adding that latency to every request, against downloading the files whole;
-``--skip-epoch`` leaves the epoch rows above out.
+``--skip-epoch`` leaves the epoch rows above out. With ``--latency-ms`` the loader rows
+(:mod:`bench.remote_loader`) come too: a shuffled epoch of 12 KB arrays local, remote through
+``DataLoader`` and :class:`pickleshard.Loader`, and downloaded first, with a plot of samples/s
+against latency (``--skip-loader`` leaves them out, ``--skip-index`` the index rows).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from pickleshard.pipelines.synth import write_synthetic
 from pickleshard.testing.servers import S3Server
 
 from .remote_index import index_lines, measure_index
+from .remote_loader import loader_lines, measure_loader, write_loader_plot
 from .report import describe_machine, report_head, save_results
 
 __all__ = ["main"]
@@ -265,6 +269,8 @@ def _lines(raw: dict[str, Any], machine: dict[str, str]) -> list[str]:
     )
     if "index_rows" in raw:
         lines += index_lines(raw)
+    if "loader_rows" in raw:
+        lines += loader_lines(raw)
     if "rows" not in raw:
         return lines
     lines += [
@@ -314,7 +320,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--servers", default="http,s3", help="index rows: http, s3 or both")
     p.add_argument("--repeats", type=int, default=2, help="index rows: runs per row (best)")
-    p.add_argument("--skip-epoch", action="store_true", help="only the index rows")
+    p.add_argument("--skip-epoch", action="store_true", help="leave the 150 KB S3 epoch rows out")
+    p.add_argument("--skip-index", action="store_true", help="leave the index rows out")
+    p.add_argument("--skip-loader", action="store_true", help="leave the loader rows out")
+    p.add_argument("--prefetch", type=int, default=16, help="loader rows: batches in flight")
+    p.add_argument("--dl-samples", type=int, default=2000, help="remote DataLoader rows: samples")
     p.add_argument("--out", type=Path, default=HERE / "results")
     p.add_argument("--name", default="remote-s3")
     args = p.parse_args(argv)
@@ -326,9 +336,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.latency_ms:
         latencies = [int(v) for v in args.latency_ms.split(",") if v.strip()]
         servers = [s.strip() for s in args.servers.split(",") if s.strip()]
-        raw.update(measure_index(latencies, servers, args.repeats))
+        if not args.skip_index:
+            raw.update(measure_index(latencies, servers, args.repeats))
+        if not args.skip_loader:
+            raw.update(
+                measure_loader(
+                    latencies, servers, prefetch=args.prefetch, dl_samples=args.dl_samples
+                )
+            )
     if not args.skip_epoch:
         raw.update(_measure(args))
     raw["machine"] = machine
     save_results(args.out, args.name, _lines(raw, machine), raw)
+    if "loader_rows" in raw and write_loader_plot(raw, args.out / f"{args.name}.png"):
+        print(f"plot: {args.out / f'{args.name}.png'}")
     return 0

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from .dataset import DEFAULT_CACHE_BYTES, PickleDataset
     from .formats import open_dataset
     from .inspect import FileReport, inspect_file
+    from .loading import Loader
     from .mixing import MixedDataset, MixSampler
     from .pipelines.convert import ConvertReport, convert
     from .pipelines.split import SplitReport, split
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "DEFAULT_CACHE_BYTES": "dataset",
     "PickleDataset": "dataset",
+    "Loader": "loading",
     "MixedDataset": "mixing",
     "MixSampler": "mixing",
     "BlockShuffleSampler": "samplers",
@@ -70,6 +72,7 @@ __all__ = [
     "ConvertReport",
     "DatasetIndex",
     "FileReport",
+    "Loader",
     "MixSampler",
     "MixedDataset",
     "PickleDataset",

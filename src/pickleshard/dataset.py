@@ -305,7 +305,12 @@ class PickleDataset(_DatasetBase[Any]):
         :mod:`pickleshard.read.batchread`): a :class:`~pickleshard.read.batch.SampleBatch`
         whose samples equal ``ds[i]``'s and whose columns :func:`pickleshard.collate` hands over
         as the batch's tensors; with a ``transform``, a list of the transformed samples."""
-        batch = self._batches.read(indices, batch_allocator())
+        return self.read_batch(indices)
+
+    def read_batch(self, indices: Sequence[int], *, pin_memory: bool = False) -> Sequence[Any]:
+        """:meth:`__getitems__`, its array columns in page-locked memory with ``pin_memory``
+        (what :class:`pickleshard.Loader` asks for: no copy to pin the batch's tensors)."""
+        batch = self._batches.read(indices, batch_allocator(pin_memory))
         if self.transform is None:
             return batch
         return [self.transform(sample) for sample in batch]

@@ -14,6 +14,7 @@ COMMANDS = {
     "convert": "convert a pickle dataset to memmap, lmdb, webdataset, parquet or arrow (resumable)",
     "verify": "check a conversion: against SRC, or (OUT alone) against its stored digests",
     "split": "split one big pickle into chunk pickles of the same layout (bounded memory)",
+    "profile": "run a few hundred batches through pickleshard.Loader: where the time goes, what would help",
     "demo": "synthesise ~200 MB, index it, train a tiny model one epoch",
     "bench": "run the benchmarks (from a source checkout); see bench --help",
 }

@@ -105,6 +105,11 @@ class SpanFiles:
         return got if got is not None else self._open(pos, readers)
 
     def _open(self, pos: int, readers: BudgetCache[int, SpanReader]) -> SpanReader:
+        with readers.lock:  # a Loader's threads share the readers: one opens a file
+            got = readers.get(pos) if pos in readers else None
+            return got if got is not None else self._open_locked(pos, readers)
+
+    def _open_locked(self, pos: int, readers: BudgetCache[int, SpanReader]) -> SpanReader:
         path = self.paths[pos]
         entry = self.index.files[pos]
         # a local file (decompressed if compressed) or a URL's object

@@ -152,12 +152,25 @@ class _Connection:
     """A remote object as one process sees it: its filesystem and path there, its identity
     when opened, the identity last seen (and when), and the last prefetch's staged blocks."""
 
-    __slots__ = ("fs", "opened", "path", "seen", "staged")
+    __slots__ = ("fs", "here", "opened", "path", "seen")
 
     def __init__(self, fs: Any, path: str, opened: FileIdentity) -> None:
         self.fs, self.path, self.opened = fs, path, opened
         self.seen = (time.monotonic(), opened)
-        self.staged: list[tuple[int, bytes]] = []  # (offset, bytes) of the last prefetch
+        # per thread: a Loader's threads read batches of one object at once, each its own
+        self.here = threading.local()
+
+    @property
+    def staged(self) -> list[tuple[int, bytes]]:
+        """(offset, bytes) of this thread's last prefetch."""
+        got: list[tuple[int, bytes]] | None = getattr(self.here, "staged", None)
+        if got is None:
+            got = self.here.staged = []
+        return got
+
+    @staged.setter
+    def staged(self, value: list[tuple[int, bytes]]) -> None:
+        self.here.staged = value
 
     def take_staged(self, lo: int, hi: int) -> bytes | None:
         """Bytes ``[lo, hi)`` from a staged block, which then serves no other read."""
