@@ -3,6 +3,7 @@
 ``python -m bench scan ...`` runs ``bench.scan`` instead (index build: scanner vs unpickling),
 ``python -m bench compressed ...`` runs ``bench.compressed`` (compressed pickles read in place),
 ``python -m bench span ...`` runs ``bench.span`` (shuffled epochs by span vs numpy memmap),
+``python -m bench convert-formats ...`` runs ``bench.convert_formats`` (Lance, ArrayRecord vs Parquet),
 ``python -m bench mix ...`` runs ``bench.mix`` (a MixedDataset of two sources vs one dataset),
 ``python -m bench remote ...`` runs ``bench.remote`` (a shuffled epoch from S3 by byte range),
 ``python -m bench index-open ...`` runs ``bench.index_open`` (the cost of validating an index),
@@ -226,6 +227,10 @@ def main(argv: list[str] | None = None) -> int:
         from .compressed import main as compressed_main
 
         return compressed_main(given[1:])
+    if given[:1] == ["convert-formats"]:  # `python -m bench convert-formats ...`
+        from .convert_formats import main as convert_formats_main
+
+        return convert_formats_main(given[1:])
     if given[:1] == ["mix"]:  # `python -m bench mix ...`
         from .mix import main as mix_main
 
