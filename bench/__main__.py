@@ -4,6 +4,7 @@
 ``python -m bench compressed ...`` runs ``bench.compressed`` (compressed pickles read in place),
 ``python -m bench span ...`` runs ``bench.span`` (shuffled epochs by span vs numpy memmap),
 ``python -m bench batch ...`` runs ``bench.batch`` (a shuffled batch read and collated, every way),
+``python -m bench convert-formats ...`` runs ``bench.convert_formats`` (Lance, ArrayRecord vs Parquet),
 ``python -m bench mix ...`` runs ``bench.mix`` (a MixedDataset of two sources vs one dataset),
 ``python -m bench remote ...`` runs ``bench.remote`` (a shuffled epoch from S3 by byte range),
 ``python -m bench open ...`` runs ``bench.open`` (a first open against ``pickle.load``),
@@ -242,6 +243,10 @@ def main(argv: list[str] | None = None) -> int:
         from .batch import main as batch_main
 
         return batch_main(given[1:])
+    if given[:1] == ["convert-formats"]:  # `python -m bench convert-formats ...`
+        from .convert_formats import main as convert_formats_main
+
+        return convert_formats_main(given[1:])
     if given[:1] == ["mix"]:  # `python -m bench mix ...`
         from .mix import main as mix_main
 

@@ -243,6 +243,8 @@ def test_builtin_formats_come_first_and_unknown_names_are_refused() -> None:
             "webdataset",
             "parquet",
             "arrow",
+            "lance",
+            "arrayrecord",
         )
     )
     assert available_formats()[: len(FORMAT_NAMES)] == FORMAT_NAMES

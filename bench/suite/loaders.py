@@ -183,7 +183,7 @@ def open_loader(spec: RowSpec) -> Loader:
             return Loader(folk, SequentialSampler(folk), len(folk), "sequential order")
         n = min(spec.folk_cap, len(folk))
         return Loader(folk, _random(folk, spec, n), n, f"first {n:,} shuffled indices")
-    if spec.loader in ("whole", "span", "memmap", "lmdb", "webdataset"):
+    if spec.loader in ("whole", "span", "memmap", "lmdb", "webdataset", "lance", "arrayrecord"):
         return _pickleshard(spec)
     assert prep is not None
     if spec.loader == "memmap-plain":

@@ -88,7 +88,13 @@ def _child(python: str, step: str, spec: dict[str, Any], timeout: float) -> dict
         return result
 
 
-PEER_MODULES = {"litdata": "litdata", "mosaic": "streaming", "hf": "datasets"}
+PEER_MODULES = {
+    "litdata": "litdata",
+    "mosaic": "streaming",
+    "hf": "datasets",
+    "lance-plain": "lance",
+    "grain": "grain",
+}
 
 
 def _python_for(loader: str, args: argparse.Namespace) -> str:

@@ -42,13 +42,17 @@ LOADERS: dict[str, str] = {
     "lmdb-plain": "LMDB read with plain lmdb (cursor per sample + np.load)",
     "webdataset": "pickleshard WebDataset via open_dataset",
     "webdataset-plain": "WebDataset read with plain webdataset (shuffle(1000).decode())",
+    "lance": "pickleshard Lance via open_dataset",
+    "lance-plain": "Lance (pickleshard convert) read with lance.torch LanceDataset",
+    "arrayrecord": "pickleshard ArrayRecord via open_dataset",
+    "grain": "grain MapDataset over ArrayRecord (pickleshard convert): global shuffle",
     "litdata": "LitData optimize + StreamingDataset",
     "mosaic": "MosaicML Streaming MDSWriter + StreamingDataset",
     "hf": "HF datasets from_generator (Arrow) + with_format('numpy')",
 }
 
 #: loaders that need a library pickleshard does not depend on (run with --peer-python if given)
-PEERS = ("litdata", "mosaic", "hf")
+PEERS = ("litdata", "mosaic", "hf", "lance-plain", "grain")
 
 
 def loader_label(loader: str) -> str:

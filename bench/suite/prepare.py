@@ -39,6 +39,10 @@ PREP_KEY: dict[str, str | None] = {
     "lmdb-plain": "lmdb",
     "webdataset": "webdataset",
     "webdataset-plain": "webdataset",
+    "lance": "lance",
+    "lance-plain": "lance",
+    "arrayrecord": "arrayrecord",
+    "grain": "arrayrecord",
     "litdata": "litdata",
     "mosaic": "mosaic",
     "hf": "hf",
@@ -266,7 +270,7 @@ def prepare(spec: DatasetSpec, key: str) -> dict[str, Any]:
         tool = _folk(spec, out)
     elif key == "index":
         tool = _index(spec, out)
-    elif key in ("memmap", "lmdb", "webdataset"):
+    elif key in ("memmap", "lmdb", "webdataset", "lance", "arrayrecord"):
         tool = _convert(spec, out, key)
     elif key == "litdata":
         tool = _litdata(spec, out)

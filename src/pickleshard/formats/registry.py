@@ -33,6 +33,8 @@ BUILTIN_FORMATS: dict[str, str] = {
     "webdataset": "pickleshard.formats.webdataset:WebDatasetFormat",
     "parquet": "pickleshard.formats.arrow.format:ParquetFormat",
     "arrow": "pickleshard.formats.arrow.format:ArrowFormat",
+    "lance": "pickleshard.formats.lance:LanceFormat",
+    "arrayrecord": "pickleshard.formats.arrayrecord:ArrayRecordFormat",
 }
 _NAME = re.compile(r"[a-z][a-z0-9_-]{0,47}")
 

@@ -36,6 +36,7 @@ __all__ = [
     "TablePartWriter",
     "TableSink",
     "auto_row_group_rows",
+    "table_batches",
     "write_table_file",
 ]
 
@@ -83,12 +84,18 @@ def auto_row_group_rows(parts: Sequence[PartResult]) -> int:
     return int(np.clip(DEFAULT_ROW_GROUP_BYTES // per_row, 1, MAX_AUTO_ROWS))
 
 
-def _column_names(fields: Sequence[str], types: Sequence[ColumnType | None]) -> list[list[str]]:
-    """Per field its column name(s): the field's name, and ``<name>.shape`` for a ragged one."""
+def _column_names(
+    fields: Sequence[str], types: Sequence[ColumnType | None], sep: str
+) -> list[list[str]]:
+    """Per field its column name(s): the field's name, and ``<name><sep>shape`` for a ragged
+    one; with ``sep`` other than ``"."``, dots in names become ``sep`` (Lance reads a dot as a
+    path into a struct)."""
     taken: set[str] = set()
     out = []
     for name, ct in zip(fields, types, strict=True):
-        wanted = [str(name)] + ([f"{name}.shape"] if ct is not None and ct["t"] == "ragged" else [])
+        stem = str(name) if sep == "." else str(name).replace(".", sep)
+        ragged = ct is not None and ct["t"] == "ragged"
+        wanted = [stem] + ([f"{stem}{sep}shape"] if ragged else [])
         cols = []
         for col in wanted:
             base, n = col, 1
@@ -100,8 +107,11 @@ def _column_names(fields: Sequence[str], types: Sequence[ColumnType | None]) -> 
     return out
 
 
-def field_entries(options: WriteOptions, parts: Sequence[PartResult]) -> list[dict[str, Any]]:
-    """One descriptor entry per field: name, column(s), column type, Arrow type, codec."""
+def field_entries(
+    options: WriteOptions, parts: Sequence[PartResult], sep: str = "."
+) -> list[dict[str, Any]]:
+    """One descriptor entry per field: name, column(s), column type, Arrow type, codec
+    (``sep``: see :func:`_column_names`)."""
     types: list[ColumnType | None] = []
     for k in range(len(options.fields)):
         ct: ColumnType | None = None
@@ -112,7 +122,7 @@ def field_entries(options: WriteOptions, parts: Sequence[PartResult]) -> list[di
         types.append(ct)
     entries = []
     for name, ct, cols in zip(
-        options.fields, types, _column_names(options.fields, types), strict=True
+        options.fields, types, _column_names(options.fields, types, sep), strict=True
     ):
         entry: dict[str, Any] = {"name": name, "column": cols[0], "type": ct}
         entry["arrow_type"] = str(arrow_type(ct))
@@ -197,18 +207,18 @@ def _field_chunks(
         yield to_arrow(ct, take(count))
 
 
-def write_table_file(
-    staging: Path,
-    name: str,
+def table_batches(
     parts: Sequence[PartResult],
     options: WriteOptions,
-    sink: TableSink,
     row_group_rows: int | None,
-) -> dict[str, Any]:
-    """Write ``staging/name`` from the parts; return the format's descriptor entries."""
+    sep: str = ".",
+) -> tuple[Any, list[dict[str, Any]], int, Iterator[Any]]:
+    """The table of the parts as ``(schema, field entries, rows, record batches)``: batches of
+    ``rows`` rows, streamed from the parts (one batch of every field held at a time); ``sep``
+    joins a ragged field's name to ``shape`` (see :func:`_column_names`)."""
     import pyarrow as pa
 
-    entries = field_entries(options, parts)
+    entries = field_entries(options, parts, sep)
     rows = row_group_rows if row_group_rows is not None else auto_row_group_rows(parts)
     schema_fields = []
     for e in entries:
@@ -218,14 +228,32 @@ def write_table_file(
             schema_fields.append(pa.field(e["shape_column"], pa.list_(pa.int64(), ct["ndim"])))
     meta = {"format": "pickleshard", "version": 1, "fields": entries}
     schema = pa.schema(schema_fields, metadata={METADATA_KEY: json.dumps(meta).encode()})
+
+    def batches() -> Iterator[Any]:
+        streams = [_field_chunks(e["type"], k, parts, rows) for k, e in enumerate(entries)]
+        for arrays in zip(*streams, strict=True):
+            columns = [a for field in arrays for a in field]
+            yield pa.record_batch(columns, schema=schema)
+
+    return schema, entries, rows, batches()
+
+
+def write_table_file(
+    staging: Path,
+    name: str,
+    parts: Sequence[PartResult],
+    options: WriteOptions,
+    sink: TableSink,
+    row_group_rows: int | None,
+) -> dict[str, Any]:
+    """Write ``staging/name`` from the parts; return the format's descriptor entries."""
+    schema, entries, rows, batches = table_batches(parts, options, row_group_rows)
     dictionary = [e["column"] for e in entries if e["type"] is not None and e["type"]["t"] == "str"]
     groups = 0
     with atomic_path(staging / name) as tmp:
         writer = sink(tmp, schema, dictionary)
-        streams = [_field_chunks(e["type"], k, parts, rows) for k, e in enumerate(entries)]
-        for arrays in zip(*streams, strict=True):
-            columns = [a for field in arrays for a in field]
-            writer.write_batch(pa.record_batch(columns, schema=schema), rows)
+        for batch in batches:
+            writer.write_batch(batch, rows)
             groups += 1
         writer.close()
     return {
