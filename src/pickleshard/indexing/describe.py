@@ -26,7 +26,7 @@ from ..errors import NotSpanIndexableError, PickleshardError
 from ..index.files import FileEntry, fingerprint
 from ..io import ByteSource, open_source
 from ..io.options import SourceOptions
-from ..io.remote.source import remote_fetch_counts
+from ..io.remote.counting import remote_fetch_counts
 from ..picklekit.memoids import check_memo_ids
 from ..producers.foreign import foreign_scan
 from ..read import SpanReader

@@ -46,15 +46,14 @@ from ..base import COALESCE_GAP, ByteSource, _check_range, coalesce, register_so
 from ..handles import ProcessLocal
 from ..identity import FileIdentity
 from ..options import SourceOptions
+from .counting import RemoteCounters
 from .link import LinkEstimate, link_for
 
 __all__ = [
     "PROTOCOLS",
     "FsspecSource",
-    "RemoteCounters",
     "filesystem",
     "is_url",
-    "remote_fetch_counts",
 ]
 
 # the protocols registered with open_source (any other fsspec one: register_source(p, FsspecSource))
@@ -128,24 +127,6 @@ def _refused(exc: BaseException) -> bool:
         return True
     status = getattr(exc, "status", None) or getattr(exc, "code", None)
     return isinstance(status, int) and 400 <= status < 500
-
-
-class RemoteCounters:
-    """Requests this source made in this process, the bytes they returned and the seconds
-    spent waiting for them (concurrent requests counted once: the wall time of each fetch)."""
-
-    def __init__(self) -> None:
-        self.requests = 0
-        self.bytes = 0
-        self.seconds = 0.0
-
-    def as_json(self) -> dict[str, int | float]:
-        """``{"requests", "bytes_fetched", "fetch_seconds"}``: what an index records."""
-        return {
-            "requests": self.requests,
-            "bytes_fetched": self.bytes,
-            "fetch_seconds": round(self.seconds, 4),
-        }
 
 
 class _Connection:
@@ -412,12 +393,6 @@ class FsspecSource(ByteSource):
 
     def __repr__(self) -> str:  # the URL only: options may hold credentials
         return f"FsspecSource({self.url!r})"
-
-
-def remote_fetch_counts(source: ByteSource) -> dict[str, int | float]:
-    """What ``source`` fetched in this process (:meth:`RemoteCounters.as_json`) when it is a
-    remote object; ``{}`` for any other source (its bytes are ``/proc/self/io``'s to count)."""
-    return source.counters.as_json() if isinstance(source, FsspecSource) else {}
 
 
 def _cover(spans: Sequence[tuple[int, int]]) -> tuple[int, int]:
