@@ -205,6 +205,7 @@ def _cold(folder: Path, batches_max: int) -> dict[str, Any]:
     for b in batches:
         pickleshard.collate(ds.__getitems__(b))
     t_span, b_span = time.perf_counter() - t0, _read_bytes() - b0
+    ds.span_files.close()  # its mappings hold pages in the cache: let them go before evicting
     _evict(paths)
     b0, t0 = _read_bytes(), time.perf_counter()
     naive = _naive(folder)

@@ -341,3 +341,23 @@ def test_a_file_of_ints_alone(tmp_path: Path) -> None:
     ds = PickleDataset(tmp_path / "d")
     batch = check_batch(ds, [3, 0, 2])
     assert [c.kind for c in batch.columns] == [INTS, INTS]
+
+
+def test_a_cold_batch_asks_for_its_spans_first_and_reads_the_same(tmp_path: Path) -> None:
+    _seed_files(tmp_path / "d")
+    ds = PickleDataset(tmp_path / "d")
+    check_batch(ds, [4, 90, 13])
+    ds._batches.cold = True  # as after a batch that came from the device
+    check_batch(ds, [7, 100, 2, 41])
+
+
+def test_closing_the_readers_lets_go_of_the_mappings(tmp_path: Path) -> None:
+    _seed_files(tmp_path / "d")
+    ds = PickleDataset(tmp_path / "d")
+    check_batch(ds, [4, 90, 13])
+    fills = [f for f in ds._batches._fills if f is not None]
+    assert fills
+    assert all(f.mapped is not None for f in fills)
+    ds.span_files.close()
+    assert all(f.mapped is None for f in fills)
+    check_batch(ds, [5, 91, 14])  # opened and mapped again

@@ -1,63 +1,51 @@
 """Read a batch of samples as one plan: by file, in offset order, into the batch's columns.
 
-:class:`BatchReader` is what ``PickleDataset.__getitems__`` runs. A batch's indices are checked
-once and grouped by file; a column is planned per field (:func:`plan_columns`: one
-``(B, *shape)`` buffer where every file of the batch reads the field as arrays of one dtype and
-shape, one int64 array where every file holds small ints, a list otherwise); then each file
-fills its rows:
+:class:`BatchReader` is what ``PickleDataset.__getitems__`` runs. A batch's indices are sorted
+once (samples are numbered file after file, in offset order within a file, so the sort groups
+the batch by file and orders each file's part by offset). A column is planned per field
+(:func:`plan_columns`: one ``(B, *shape)`` buffer where every file of the batch reads the field as
+arrays of one dtype and shape, one int64 array where every file holds small ints, a list
+otherwise); then the files fill their rows:
 
-- a span-read file whose fields are all arrays read from their payloads and small ints
-  (:class:`FileFill`) is read by one compiled call per array field
-  (``SpanLoader.fill_items``: the file's spans in offset order, neighbours coalesced into one
-  ``preadv``, the GIL released, every payload's framing checked after), its ints taken from the
-  column the plan decoded, the file's identity checked once after the reads, and the bounds
-  held once (every such sample decodes to the same size);
+- the span-read files whose fields are all arrays read from their payloads and small ints
+  (:class:`~pickleshard.read.filefill.FileFill`) are read by **one compiled call for the whole
+  batch** (``_cscan.fill_batch``): per file, its spans copied out of its mapping (or read by
+  ``preadv``, neighbours coalesced), the GIL released, every payload's framing checked after the
+  reads, its ints taken from the column the plan decoded, and its identity checked once; the
+  bounds are held once per file (every such sample decodes to the same size);
 - any other span-read file reads its samples with :meth:`SpanReader.many`, the reference, and
   puts them in their rows;
-- a file read whole is gathered from its decoded columns (an array column by one fancy index).
+- a file read whole is gathered from its decoded columns.
 
+A batch that took far longer than a page-cache copy came from the device: the next one first
+asks the kernel for all its spans (``POSIX_FADV_WILLNEED``), so a cold disk sees a queue.
 Whole files are visited in order of first appearance (the order
 :class:`~pickleshard.BlockShuffleSampler` plans loads for), after the span-read ones.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
+import time
 from collections.abc import Callable, Sequence
-from math import prod
 from typing import Any
 
 import numpy as np
 
 from ..picklekit.compiled import CORE, require
-from ..safety.bounds import check_sample
 from ..scan.layouts import DecodedLayout
 from ..scan.sampleform import SampleForm
 from .batch import ARRAYS, INTS, OBJECTS, Allocate, BatchColumn, SampleBatch
+from .filefill import FILL_GAP, FileFill, Plan
 from .files import SpanFiles
-from .ints import IntColumn
-from .items import ArrayItems, compiled_framing
-from .plan import INT, ITEM, ReadPlan
-from .reader import Opened, SpanReader
 
-__all__ = ["FILL_GAP", "BatchReader", "FileFill", "plan_columns"]
+__all__ = ["BatchReader", "plan_columns"]
 
-# spans of one file closer than this are read by one preadv, the bytes between them included
-# (a pickled list's memo and framing opcodes between its items; never a sample's worth)
-FILL_GAP = 4096
-
-Plan = tuple[Any, ...]  # ("arrays", shape, dtype) | ("ints",) | () (a list of values)
-
-
-def _span_plan(plan: ReadPlan, f: int) -> Plan:
-    """What a span-read file's ``plan`` holds in field ``f`` for the batch's column."""
-    how, reader = plan.hows[f], plan.readers[f]
-    if how == ITEM and isinstance(reader, ArrayItems) and not reader.spec.readonly:
-        return ("arrays", tuple(reader.spec.shape), np.dtype(reader.spec.dtype))
-    if how == INT and isinstance(reader, IntColumn) and reader.values is not None:
-        return ("ints",)
-    return ()
+# a batch read slower than this (per sample, plus per byte) did not come from the page cache:
+# the next batch advises the kernel of all its spans first (POSIX_FADV_WILLNEED), so a cold
+# disk sees a queue of reads rather than one page fault at a time
+COLD_SECONDS = 2e-6
+COLD_BYTES_PER_SECOND = 1.5e9
 
 
 def _value_plan(value: Any) -> Plan:
@@ -99,186 +87,6 @@ def _fits(plans: list[Plan], columns: list[BatchColumn]) -> bool:
     return True
 
 
-def _columns(columns: list[np.ndarray], n: int) -> np.ndarray:
-    """``columns`` (each ``n`` int64 values) side by side, C-contiguous ``(n, len(columns))``."""
-    if not columns:
-        return np.zeros((n, 0), np.int64)
-    return np.ascontiguousarray(np.stack(columns, 1), np.int64)
-
-
-def _mapping(fd: int, size: int) -> Any:
-    """File ``fd`` mapped read-only (its first ``size`` bytes), or None where it cannot be."""
-    if size <= 0:
-        return None
-    try:
-        return mmap.mmap(fd, size, prot=mmap.PROT_READ)
-    except (OSError, ValueError, OverflowError):
-        return None  # a file that cannot be mapped is read by preadv
-
-
-class FileFill:
-    """How one span-read file's samples are put in a batch's rows, decided once per reader and
-    process from its settled plan: :meth:`fill` reads the array fields by the compiled
-    ``fill_items`` and takes the ints from their decoded column when :meth:`fits` the batch's
-    columns; anything else goes through :meth:`SpanReader.many`, the reference."""
-
-    def __init__(self, reader: SpanReader, here: Opened, plan: ReadPlan) -> None:
-        fd, loader = here.fd, here.loader
-        self.reader, self.here, self.fd, self.loader = reader, here, fd, loader
-        self.stats = reader.stats
-        self.plans = [_span_plan(plan, f) for f in range(len(plan.hows))]
-        self.arrays: list[tuple[int, ArrayItems, Any]] = []
-        self.ints: list[tuple[int, np.ndarray]] = []
-        compiled = loader is not None and fd >= 0
-        for f, field in enumerate(plan.readers):
-            if self.plans[f][:1] == ("arrays",) and compiled:
-                assert isinstance(field, ArrayItems)
-                self.arrays.append((f, field, compiled_framing(field.spec)))
-            elif self.plans[f][:1] == ("ints",) and compiled:
-                assert isinstance(field, IntColumn)
-                self.ints.append((f, np.asarray(field.values, np.int64)))
-        self.compiled = len(self.arrays) + len(self.ints) == len(plan.hows)
-        self.row_bytes = sum(f.spec.dtype.itemsize * prod(f.spec.shape) for _, f, _ in self.arrays)
-        self.take: Any = require().take_into if compiled else None
-        # the file mapped whole, read by memcpy (see SpanLoader.fill_items); None: by preadv
-        self.mapped = _mapping(fd, reader.identity.size) if self.arrays else None
-        # per array field, which samples are read from their payloads (not an exception, no
-        # span defining a shared value) as uint8 flags; empty where all are
-        self.direct = [self._direct(field) for _, field, _ in self.arrays]
-        # these samples (fixed arrays, int64 ints) all decode to one size and depth: held to
-        # the bounds once, by the first one read
-        self.bounded = reader.bounds is None
-        # the whole file's part of a batch in C (SpanLoader's reads, the ints, the identity),
-        # for a batch whose columns fit and arrays that need no byte swap
-        self.batch: Any = None
-        if self.compiled and not any(f.spec.swap for _, f, _ in self.arrays):
-            arrays, ints = self.arrays, self.ints
-            n = len(reader.scan.starts)
-            direct = np.zeros((0, 0), np.uint8)
-            if any(len(d) for d in self.direct):
-                direct = np.ones((n, len(arrays)), np.uint8)
-                for k, d in enumerate(self.direct):
-                    if len(d):
-                        direct[:, k] = d
-            self.batch = require().FileBatch(
-                fd,
-                loader,
-                self.mapped,
-                np.asarray([f for f, _, _ in arrays], np.int64),
-                [fr for _, _, fr in arrays],
-                _columns([a.starts for _, a, _ in arrays], n),
-                _columns([a.ends for _, a, _ in arrays], n),
-                direct,
-                np.asarray([f for f, _ in ints], np.int64),
-                _columns([v for _, v in ints], n),
-            )
-
-    def filled(
-        self,
-        count: int,
-        slow: np.ndarray,
-        items: np.ndarray,
-        labels: np.ndarray,
-        rows: np.ndarray,
-        columns: list[BatchColumn],
-    ) -> None:
-        """After :func:`fill_batch` put ``count`` of samples ``items`` in their rows: their
-        counts, the bounds (once), and the samples it left (``slow``) read by the reference."""
-        m = len(items)
-        for _, field, _ in self.arrays:
-            field.stats.array_items += count
-            field.stats.bytes_read += count * field.spec.dtype.itemsize * prod(field.spec.shape)
-        slow_at = np.flatnonzero(slow).tolist() if count < m or not self.arrays else []
-        if not self.bounded and len(slow_at) < m:
-            self._bound(slow, rows, labels, columns)
-        for j in slow_at:
-            self._reference(int(items[j]), int(labels[j]), int(rows[j]), columns)
-
-    def _bound(
-        self, slow: np.ndarray, rows: np.ndarray, labels: np.ndarray, columns: list[BatchColumn]
-    ) -> None:
-        j = int(np.argmin(slow))
-        sample = tuple([c.value(int(rows[j])) for c in columns])
-        bounds = self.reader.bounds
-        assert bounds is not None
-        check_sample(sample, self.reader.path, int(labels[j]), *bounds)
-        self.bounded = True
-
-    def _reference(self, item: int, label: int, row: int, columns: list[BatchColumn]) -> None:
-        """Sample ``item`` read, checked and its errors named by the reference path."""
-        sample = self.reader.one(item, label)
-        for col, value in zip(columns, sample, strict=True):
-            col.put(row, value)
-
-    def fits(self, columns: list[BatchColumn]) -> bool:
-        """Whether the compiled path can fill ``columns`` (every array field planned as
-        arrays of this file's dtype and shape)."""
-        if not self.compiled:
-            return False
-        for f, field, _ in self.arrays:
-            data = columns[f].data
-            if columns[f].kind != ARRAYS or data.shape[1:] != field.spec.shape:
-                return False
-            if data.dtype != field.spec.dtype:
-                return False
-        return True
-
-    def fill(
-        self, items: np.ndarray, labels: np.ndarray, rows: np.ndarray, columns: list[BatchColumn]
-    ) -> None:
-        """Put samples ``items`` (in range, in offset order; errors naming ``labels``) in rows
-        ``rows`` of ``columns``."""
-        reader = self.reader
-        if not self.fits(columns):
-            got = reader.many(items.tolist(), labels.tolist())
-            for k, sample in zip(rows.tolist(), got, strict=True):
-                for col, value in zip(columns, sample, strict=True):
-                    col.put(k, value)
-            return
-        m = len(items)
-        slow = np.zeros(m, np.uint8)  # samples left to the reference, read one by one
-        short = False
-        for f, values in self.ints:
-            data = columns[f].data
-            if columns[f].kind == INTS:
-                self.take(values, items, rows, data)
-            else:
-                columns[f].put_rows(rows, values[items])
-        for (f, field, framing), direct in zip(self.arrays, self.direct, strict=True):
-            data = columns[f].data
-            done = self.loader.fill_items(
-                self.fd,
-                data,
-                framing,
-                field.starts,
-                field.ends,
-                direct,
-                items,
-                rows,
-                labels,
-                slow,
-                FILL_GAP,
-                self.mapped,
-            )
-            if field.spec.swap:
-                mine = rows[slow == 0]
-                data[mine] = data[mine].byteswap()
-            short = short or done < m
-        self.loader.same_file(self.fd, labels)  # after the reads: a raced write shows by now
-        self.filled(m if not short else m - int(slow.sum()), slow, items, labels, rows, columns)
-
-    @staticmethod
-    def _direct(field: ArrayItems) -> np.ndarray:
-        """Which of the file's samples ``field`` reads from their payloads (uint8 flags;
-        empty: all)."""
-        if not field.exceptions and not field.definers:
-            return np.zeros(0, np.uint8)
-        starts = field.starts.tolist()
-        return np.fromiter(
-            (field.direct(i, s) for i, s in enumerate(starts)), np.uint8, len(starts)
-        )
-
-
 class BatchReader:
     """Reads batches of a dataset's samples (see the module).
 
@@ -310,6 +118,7 @@ class BatchReader:
         self._fills: list[FileFill | None] = []
         self._pid = -1
         self._interned: dict[tuple[Plan, ...], list[Plan]] = {}  # files' plans, shared
+        self.cold = False  # the last batch's bytes came from the device, not the page cache
 
     def read(self, indices: Sequence[int], allocate: Allocate | None = None) -> SampleBatch:
         """Samples ``indices`` (negative ones count from the end), in request order."""
@@ -389,10 +198,18 @@ class BatchReader:
             cuts = np.cumsum([0] + [b - a for _, a, b in fast]).astype(np.int64)
         slow = np.zeros(len(items), np.uint8)
         data = [c.data if c.kind != OBJECTS else None for c in columns]
+        bounds = cuts.tolist()
+        if self.cold:  # every span of the batch asked for at once: the device sees a queue
+            for k, (fill, _, _) in enumerate(fast):
+                fill.advise(items[bounds[k] : bounds[k + 1]])
+        start = time.perf_counter()
         counts = self._compiled_fill(
             [f.batch for f, _, _ in fast], cuts, items, rows, labels, data, slow, FILL_GAP
         ).tolist()
-        bounds = cuts.tolist()
+        # a page-cache copy runs at memory speed; far slower, the bytes came from the device
+        took = time.perf_counter() - start
+        nbytes = sum((b - a) * f.row_bytes for f, a, b in fast)
+        self.cold = took > COLD_SECONDS * len(items) + nbytes / COLD_BYTES_PER_SECOND
         for k, (fill, _, _) in enumerate(fast):
             a, b, done = bounds[k], bounds[k + 1], counts[k]
             if done == b - a and fill.bounded:  # the common case, kept short

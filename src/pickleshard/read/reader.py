@@ -160,8 +160,8 @@ class SpanReader:
     # -- the file -----------------------------------------------------------------------------
 
     def close(self) -> None:
-        if (here := self._here.peek()) is not None:  # the batch path's state of it goes with it
-            here.batch = None
+        if (here := self._here.peek()) is not None and here.batch is not None:
+            here.batch = here.batch.close()  # the batch path's state of the file goes with it
         self.source.close()
         self._here.close()
 

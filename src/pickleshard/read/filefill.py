@@ -1,0 +1,241 @@
+"""One span-read file's part of a batch read: :class:`FileFill`, built once per file and process.
+
+It decides, from the file's settled :class:`~pickleshard.read.plan.ReadPlan`, how the file's
+samples reach a batch's columns: arrays read from their payloads and small ints by the compiled
+batch call (its :class:`~pickleshard._cscan.FileBatch` record: the file's descriptor, mapping,
+framings, span columns and int values), or anything else through :meth:`SpanReader.many
+<pickleshard.read.SpanReader.many>`, the reference. :mod:`pickleshard.read.batchread` plans the
+batch and calls it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+from math import prod
+from typing import Any
+
+import numpy as np
+
+from ..picklekit.compiled import require
+from ..safety.bounds import check_sample
+from .batch import ARRAYS, INTS, BatchColumn
+from .ints import IntColumn
+from .items import ArrayItems, compiled_framing
+from .plan import INT, ITEM, ReadPlan
+from .reader import Opened, SpanReader
+
+__all__ = ["FILL_GAP", "FileFill", "Plan", "span_plan"]
+
+# spans of one file closer than this are read by one preadv, the bytes between them included
+# (a pickled list's memo and framing opcodes between its items; never a sample's worth)
+FILL_GAP = 4096
+
+Plan = tuple[Any, ...]  # ("arrays", shape, dtype) | ("ints",) | () (a list of values)
+
+
+def span_plan(plan: ReadPlan, f: int) -> Plan:
+    """What a span-read file's ``plan`` holds in field ``f`` for the batch's column."""
+    how, reader = plan.hows[f], plan.readers[f]
+    if how == ITEM and isinstance(reader, ArrayItems) and not reader.spec.readonly:
+        return ("arrays", tuple(reader.spec.shape), np.dtype(reader.spec.dtype))
+    if how == INT and isinstance(reader, IntColumn) and reader.values is not None:
+        return ("ints",)
+    return ()
+
+
+def _columns(columns: list[np.ndarray], n: int) -> np.ndarray:
+    """``columns`` (each ``n`` int64 values) side by side, C-contiguous ``(n, len(columns))``."""
+    if not columns:
+        return np.zeros((n, 0), np.int64)
+    return np.ascontiguousarray(np.stack(columns, 1), np.int64)
+
+
+def _mapping(fd: int, size: int) -> Any:
+    """File ``fd`` mapped read-only (its first ``size`` bytes), or None where it cannot be."""
+    if size <= 0:
+        return None
+    try:
+        return mmap.mmap(fd, size, prot=mmap.PROT_READ)
+    except (OSError, ValueError, OverflowError):
+        return None  # a file that cannot be mapped is read by preadv
+
+
+class FileFill:
+    """How one span-read file's samples are put in a batch's rows, decided once per reader and
+    process from its settled plan: :meth:`fill` reads the array fields by the compiled
+    ``fill_items`` and takes the ints from their decoded column when :meth:`fits` the batch's
+    columns; anything else goes through :meth:`SpanReader.many`, the reference."""
+
+    def __init__(self, reader: SpanReader, here: Opened, plan: ReadPlan) -> None:
+        fd, loader = here.fd, here.loader
+        self.reader, self.here, self.fd, self.loader = reader, here, fd, loader
+        self.stats = reader.stats
+        self.plans = [span_plan(plan, f) for f in range(len(plan.hows))]
+        self.arrays: list[tuple[int, ArrayItems, Any]] = []
+        self.ints: list[tuple[int, np.ndarray]] = []
+        compiled = loader is not None and fd >= 0
+        for f, field in enumerate(plan.readers):
+            if self.plans[f][:1] == ("arrays",) and compiled:
+                assert isinstance(field, ArrayItems)
+                self.arrays.append((f, field, compiled_framing(field.spec)))
+            elif self.plans[f][:1] == ("ints",) and compiled:
+                assert isinstance(field, IntColumn)
+                self.ints.append((f, np.asarray(field.values, np.int64)))
+        self.compiled = len(self.arrays) + len(self.ints) == len(plan.hows)
+        self.row_bytes = sum(f.spec.dtype.itemsize * prod(f.spec.shape) for _, f, _ in self.arrays)
+        self.take: Any = require().take_into if compiled else None
+        # the file mapped whole, read by memcpy (see SpanLoader.fill_items); None: by preadv
+        self.mapped = _mapping(fd, reader.identity.size) if self.arrays else None
+        # per array field, which samples are read from their payloads (not an exception, no
+        # span defining a shared value) as uint8 flags; empty where all are
+        self.direct = [self._direct(field) for _, field, _ in self.arrays]
+        # these samples (fixed arrays, int64 ints) all decode to one size and depth: held to
+        # the bounds once, by the first one read
+        self.bounded = reader.bounds is None
+        # the whole file's part of a batch in C (SpanLoader's reads, the ints, the identity),
+        # for a batch whose columns fit and arrays that need no byte swap
+        self.batch: Any = None
+        if self.compiled and not any(f.spec.swap for _, f, _ in self.arrays):
+            arrays, ints = self.arrays, self.ints
+            n = len(reader.scan.starts)
+            direct = np.zeros((0, 0), np.uint8)
+            if any(len(d) for d in self.direct):
+                direct = np.ones((n, len(arrays)), np.uint8)
+                for k, d in enumerate(self.direct):
+                    if len(d):
+                        direct[:, k] = d
+            self.batch = require().FileBatch(
+                fd,
+                loader,
+                self.mapped,
+                np.asarray([f for f, _, _ in arrays], np.int64),
+                [fr for _, _, fr in arrays],
+                _columns([a.starts for _, a, _ in arrays], n),
+                _columns([a.ends for _, a, _ in arrays], n),
+                direct,
+                np.asarray([f for f, _ in ints], np.int64),
+                _columns([v for _, v in ints], n),
+            )
+
+    def filled(
+        self,
+        count: int,
+        slow: np.ndarray,
+        items: np.ndarray,
+        labels: np.ndarray,
+        rows: np.ndarray,
+        columns: list[BatchColumn],
+    ) -> None:
+        """After :func:`fill_batch` put ``count`` of samples ``items`` in their rows: their
+        counts, the bounds (once), and the samples it left (``slow``) read by the reference."""
+        m = len(items)
+        for _, field, _ in self.arrays:
+            field.stats.array_items += count
+            field.stats.bytes_read += count * field.spec.dtype.itemsize * prod(field.spec.shape)
+        slow_at = np.flatnonzero(slow).tolist() if count < m or not self.arrays else []
+        if not self.bounded and len(slow_at) < m:
+            self._bound(slow, rows, labels, columns)
+        for j in slow_at:
+            self._reference(int(items[j]), int(labels[j]), int(rows[j]), columns)
+
+    def _bound(
+        self, slow: np.ndarray, rows: np.ndarray, labels: np.ndarray, columns: list[BatchColumn]
+    ) -> None:
+        j = int(np.argmin(slow))
+        sample = tuple([c.value(int(rows[j])) for c in columns])
+        bounds = self.reader.bounds
+        assert bounds is not None
+        check_sample(sample, self.reader.path, int(labels[j]), *bounds)
+        self.bounded = True
+
+    def _reference(self, item: int, label: int, row: int, columns: list[BatchColumn]) -> None:
+        """Sample ``item`` read, checked and its errors named by the reference path."""
+        sample = self.reader.one(item, label)
+        for col, value in zip(columns, sample, strict=True):
+            col.put(row, value)
+
+    def fits(self, columns: list[BatchColumn]) -> bool:
+        """Whether the compiled path can fill ``columns`` (every array field planned as
+        arrays of this file's dtype and shape)."""
+        if not self.compiled:
+            return False
+        for f, field, _ in self.arrays:
+            data = columns[f].data
+            if columns[f].kind != ARRAYS or data.shape[1:] != field.spec.shape:
+                return False
+            if data.dtype != field.spec.dtype:
+                return False
+        return True
+
+    def fill(
+        self, items: np.ndarray, labels: np.ndarray, rows: np.ndarray, columns: list[BatchColumn]
+    ) -> None:
+        """Put samples ``items`` (in range, in offset order; errors naming ``labels``) in rows
+        ``rows`` of ``columns``."""
+        reader = self.reader
+        if not self.fits(columns):
+            got = reader.many(items.tolist(), labels.tolist())
+            for k, sample in zip(rows.tolist(), got, strict=True):
+                for col, value in zip(columns, sample, strict=True):
+                    col.put(k, value)
+            return
+        m = len(items)
+        slow = np.zeros(m, np.uint8)  # samples left to the reference, read one by one
+        short = False
+        for f, values in self.ints:
+            data = columns[f].data
+            if columns[f].kind == INTS:
+                self.take(values, items, rows, data)
+            else:
+                columns[f].put_rows(rows, values[items])
+        for (f, field, framing), direct in zip(self.arrays, self.direct, strict=True):
+            data = columns[f].data
+            done = self.loader.fill_items(
+                self.fd,
+                data,
+                framing,
+                field.starts,
+                field.ends,
+                direct,
+                items,
+                rows,
+                labels,
+                slow,
+                FILL_GAP,
+                self.mapped,
+            )
+            if field.spec.swap:
+                mine = rows[slow == 0]
+                data[mine] = data[mine].byteswap()
+            short = short or done < m
+        self.loader.same_file(self.fd, labels)  # after the reads: a raced write shows by now
+        self.filled(m if not short else m - int(slow.sum()), slow, items, labels, rows, columns)
+
+    def close(self) -> None:
+        """Let go of the file's mapping (its reader is closing the file); returns None."""
+        self.batch = None  # the compiled record holds a view of the mapping
+        if self.mapped is not None:
+            # a batch read elsewhere may still hold a view: the mapping goes with it then
+            with contextlib.suppress(BufferError):
+                self.mapped.close()
+            self.mapped = None
+
+    def advise(self, items: np.ndarray) -> None:
+        """Ask the kernel to read the spans of samples ``items`` now, asynchronously."""
+        for _, field, _ in self.arrays:
+            starts, ends = field.starts[items].tolist(), field.ends[items].tolist()
+            for lo, hi in zip(starts, ends, strict=True):
+                os.posix_fadvise(self.fd, lo, hi - lo, os.POSIX_FADV_WILLNEED)
+
+    @staticmethod
+    def _direct(field: ArrayItems) -> np.ndarray:
+        """Which of the file's samples ``field`` reads from their payloads (uint8 flags;
+        empty: all)."""
+        if not field.exceptions and not field.definers:
+            return np.zeros(0, np.uint8)
+        starts = field.starts.tolist()
+        return np.fromiter(
+            (field.direct(i, s) for i, s in enumerate(starts)), np.uint8, len(starts)
+        )
