@@ -12,7 +12,7 @@ any row (no row pays for the index). The rows, one run:
 - **read**: one shuffled epoch of each output through ``open_dataset`` in the same
   ``DataLoader(batch_size=64, shuffle=True, num_workers=0)`` loop, best of ``--rounds``.
 
-Writes ``bench/results/issue30-convert-formats[-quick].md`` and ``.json``.
+Writes ``bench/results/convert-lance-arrayrecord[-quick].md`` and ``.json``.
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         "peak_pss_above_imports": above,
         "read_samples_per_s": reads,
     }
-    name = "issue30-convert-formats" + ("-quick" if args.quick else "")
+    name = "convert-lance-arrayrecord" + ("-quick" if args.quick else "")
     save_results(args.out, name, [*lines, ""], raw)
     return 0
 
