@@ -35,6 +35,8 @@ def test_generated_compressed_files_equal_pickle_load(
     compress_to(folder / f"f.pkl{SUFFIX[how]}", plain.read_bytes(), how)
     ds = PickleDataset(folder, jobs=1)
     assert ds.fields == fields
+    if "dict" in data["layout"]:  # a dict producer's samples come back as dicts
+        want = [dict(zip(fields, s, strict=True)) for s in want]
     assert len(ds) == len(want)
     for i, sample in enumerate(want):
         assert_same(ds[i], sample, _path=f"ds[{i}]")
