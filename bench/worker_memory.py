@@ -53,11 +53,27 @@ class WorkerSeries:
     t: list[float]
     uss: list[int]
     pss: list[int]
+    dirty: list[int]  # private dirty pages: what the worker wrote, file pages it maps left out
 
     def floor(self, values: list[int], start: float, end: float) -> int:
         """The least of ``values`` sampled in ``[start, end]``: memory between transient peaks."""
         inside = [v for t, v in zip(self.t, values, strict=True) if start <= t <= end]
         return min(inside) if inside else values[-1]
+
+
+def _private_dirty(pid: int) -> int:
+    """The private dirty memory of process ``pid`` (``Private_Dirty:`` of ``smaps_rollup``), in
+    bytes: the pages it wrote (its heap, and a parent's pages copied on write), without the
+    page-cache pages of files it maps read-only (those count in USS when one process alone maps
+    them, yet they are the kernel's cache, clean, shared and reclaimable)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            for line in fh:
+                if line.startswith("Private_Dirty:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 class WorkerSampler:
@@ -81,10 +97,11 @@ class WorkerSampler:
                     info = child.memory_full_info()
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                     continue
-                s = self.series.setdefault(child.pid, WorkerSeries(child.pid, [], [], []))
+                s = self.series.setdefault(child.pid, WorkerSeries(child.pid, [], [], [], []))
                 s.t.append(self.now())
                 s.uss.append(int(info.uss))
                 s.pss.append(int(info.pss))
+                s.dirty.append(_private_dirty(child.pid))
 
     def __enter__(self) -> WorkerSampler:
         self._t0 = time.perf_counter()
@@ -144,6 +161,8 @@ def measure_epoch(
                 "start_pss": s.floor(s.pss, *early),
                 "end_pss": s.floor(s.pss, *late),
                 "peak_uss": max(s.uss),
+                "start_dirty": s.floor(s.dirty, *early),
+                "end_dirty": s.floor(s.dirty, *late),
             }
         )
     return {

@@ -124,12 +124,12 @@ def test_worker_reads_whole_files_from_one_mapped_entry(tmp_path: Path) -> None:
     obj = _cifar_like(tmp_path / "batch.pkl", 50)
     ds = PickleDataset(tmp_path, mode="whole")
     for i in range(len(ds)):
-        x, y = ds[i]
+        x, y = ds[i].values()  # a dict of columns: samples are dicts
         _same(x, obj[b"data"][i])
         _same(y, obj[b"labels"][i])
     batch = ds.__getitems__([7, 3, 49])
     for got, i in zip(batch, [7, 3, 49], strict=True):
-        _same(got[0], obj[b"data"][i])
+        _same(got["data"], obj[b"data"][i])
     (entry,) = _entries(ds)
     columns = ds.cache.get(ds._paths[0]).columns
     assert isinstance(columns[0], MappedRows)
@@ -158,7 +158,7 @@ def test_cache_bytes_bounds_what_a_worker_maps(tmp_path: Path) -> None:
     largest = max(f.decoded_nbytes for f in ds.index.files)
     ds.cache_bytes = 2 * largest
     for i in range(len(ds)):
-        _same(ds[i][0], objs[i // 40][b"data"][i % 40])
+        _same(ds[i]["data"], objs[i // 40][b"data"][i % 40])
         assert ds.cache_stats.bytes_used <= 2 * largest
         assert len(ds.cache) <= 2
     assert ds.cache_stats.evictions >= 2
@@ -199,7 +199,8 @@ def test_two_workers_share_one_decode_and_read_pickle_load_data(tmp_path: Path) 
     obj = _cifar_like(tmp_path / "batch.pkl", 64)
     ds = PickleDataset(tmp_path, mode="whole", cache_bytes=1024)
     loader = DataLoader(ds, batch_size=8, num_workers=2, shuffle=False)
-    xs, ys = zip(*loader, strict=True)
+    batches = list(loader)  # dicts of batched fields: the producer wrote a dict
+    xs, ys = [b["data"] for b in batches], [b["labels"] for b in batches]
     assert np.array_equal(torch.cat(xs).numpy(), obj[b"data"])
     assert torch.cat(ys).tolist() == obj[b"labels"]
     (entry,) = _entries(ds)  # one entry: one decode, however many workers
@@ -237,7 +238,7 @@ def test_no_room_for_the_cache_reads_unshared_with_a_warning(
 
     monkeypatch.setattr(wholemap, "write_entry", full)
     with pytest.warns(RuntimeWarning, match="No space left"):
-        _same(ds[5][0], obj[b"data"][5])
+        _same(ds[5]["data"], obj[b"data"][5])
     assert _entries(ds) == []
 
 
@@ -247,4 +248,4 @@ def test_cache_directory_that_cannot_be_made_reads_unshared(tmp_path: Path) -> N
     ds = PickleDataset(tmp_path, mode="whole")
     (ds.index.path / "whole").write_bytes(b"")  # a file where the directory should be
     with pytest.warns(RuntimeWarning, match="cannot write the whole-file cache"):
-        _same(ds[5][0], obj[b"data"][5])
+        _same(ds[5]["data"], obj[b"data"][5])

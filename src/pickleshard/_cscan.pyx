@@ -1724,10 +1724,11 @@ cdef class SpanLoader:
 cdef class FileBatch:
     """What a batch read needs of one span-read file, built once per file and process
     (``read.batchread.FileFill``): its descriptor, compiled ``loader`` and mapping (``mapped``,
-    an ``mmap`` or None); per array field ``k``: the batch column it fills (``afield[k]``), its
-    ``Framing`` (``frames[k]``), its spans (``starts[:, k]``, ``ends[:, k]``) and which samples
-    are read from their payloads (``direct[:, k]``; an empty array: all); per int field ``k``:
-    its column (``ifield[k]``) and values (``ivalues[:, k]``)."""
+    an ``mmap`` or None); per array field ``k``: its field ``c = afield[k]`` (the batch column
+    it fills, and its spans ``starts[:, c]``, ``ends[:, c]``: the scan's own span arrays, never
+    copied), its ``Framing`` (``frames[k]``) and which samples are read from their payloads
+    (``direct[:, k]``; an empty array: all); per int field ``k``: its column (``ifield[k]``) and
+    values (``ivalues[:, k]``)."""
 
     cdef int fd
     cdef SpanLoader loader
@@ -1747,7 +1748,10 @@ cdef class FileBatch:
         self.afield, self.starts, self.ends, self.direct = afield, starts, ends, direct
         self.ifield, self.ivalues = ifield, ivalues
         if not (
-            len(frames) == self.afield.shape[0] == self.starts.shape[1] == self.ends.shape[1]
+            len(frames) == self.afield.shape[0]
+            and self.starts.shape[0] == self.ends.shape[0]
+            and self.starts.shape[1] == self.ends.shape[1]
+            and all(0 <= f < self.starts.shape[1] for f in afield)
             and self.ivalues.shape[1] == self.ifield.shape[0]
             and (self.direct.shape[0] == 0 or self.direct.shape[1] == self.afield.shape[0])
         ):
@@ -1814,7 +1818,7 @@ def fill_batch(
                 direct = fb.direct[:, k] if fb.direct.shape[0] else nodirect
                 counts[g] = fb.loader._fill(
                     fb.fd, <unsigned char*>views[c].buf, views[c].len // nrows, nrows,
-                    <Framing>fb.frames[k], fb.starts[:, k], fb.ends[:, k], direct,
+                    <Framing>fb.frames[k], fb.starts[:, c], fb.ends[:, c], direct,
                     items[a:b], rows[a:b], labels[a:b], slow[a:b], gap, fb.mapped, &ws,
                 )
             if fb.loader.verify and fb.loader._differs(fb.fd):

@@ -46,7 +46,10 @@ def span_plan(plan: ReadPlan, f: int) -> Plan:
 
 
 def _columns(columns: list[np.ndarray], n: int) -> np.ndarray:
-    """``columns`` (each ``n`` int64 values) side by side, C-contiguous ``(n, len(columns))``."""
+    """``columns`` (each ``n`` int64 values) side by side, ``(n, len(columns))``: one column
+    as a view of itself (no copy per process of what the plan decoded)."""
+    if len(columns) == 1:
+        return columns[0].reshape(n, 1)
     if not columns:
         return np.zeros((n, 0), np.int64)
     return np.ascontiguousarray(np.stack(columns, 1), np.int64)
@@ -106,14 +109,15 @@ class FileFill:
                 for k, d in enumerate(self.direct):
                     if len(d):
                         direct[:, k] = d
+            scan = reader.scan  # its span arrays as they are (memory-mapped): never copied
             self.batch = require().FileBatch(
                 fd,
                 loader,
                 self.mapped,
                 np.asarray([f for f, _, _ in arrays], np.int64),
                 [fr for _, _, fr in arrays],
-                _columns([a.starts for _, a, _ in arrays], n),
-                _columns([a.ends for _, a, _ in arrays], n),
+                scan.starts,
+                scan.ends,
                 direct,
                 np.asarray([f for f, _ in ints], np.int64),
                 _columns([v for _, v in ints], n),
