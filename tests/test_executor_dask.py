@@ -135,9 +135,9 @@ def test_verify_through_the_cluster_gives_the_same_report(client: Any, tmp_path:
 
 
 def test_a_bad_value_on_a_worker_is_the_local_error(client: Any, tmp_path: Path) -> None:
-    from fractions import Fraction
+    from pickleshard.testing.formats import WritesUnpicklable
 
-    write_files(tmp_path / "src", [([1, 2], [3, 4]), ([5, 6], [7, Fraction(1, 2)])])
+    write_files(tmp_path / "src", [([1, 2], [3, 4]), ([5, 6], [7, WritesUnpicklable()])])
     with pytest.raises(UnencodableValueError) as local:
         convert(tmp_path / "src", tmp_path / "local", jobs=1, trusted=True)
     with pytest.raises(UnencodableValueError) as remote:

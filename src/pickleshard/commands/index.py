@@ -3,9 +3,9 @@
 The summary says what the scans examined (``bytes_examined``) and what storage delivered to
 the scanning processes (``bytes_fetched``, ``read_bytes`` of ``/proc/self/io`` around each
 file's scan: the index may be built in worker processes, each measures its own). For remote
-objects ``bytes_fetched`` is what the requests returned, and ``requests``,
-``requests_per_sample`` and ``fetch_seconds`` (the wait for them, summed over the files) are
-added; ``seconds`` is the build's wall time.
+objects ``bytes_fetched`` is what the requests returned, and ``requests`` and
+``requests_per_sample`` are added; ``seconds`` is the build's wall time (the index itself keeps
+counts only: two builds of the same files write the same index).
 """
 
 from __future__ import annotations
@@ -106,7 +106,6 @@ def _reads(files: Sequence[Any]) -> dict[str, Any]:
                 / max(1, sum(f.num_samples for f in files if f.mode == "span")),
                 5,
             ),
-            "fetch_seconds": round(sum(float(s.get("fetch_seconds", 0)) for s in scans), 3),
         }
     )
     return {

@@ -243,7 +243,7 @@ def describe_file(
         layout=scan.layout,
         fields=scan.fields,
         mode="span",
-        scan={**scan.meta(), "num_records": len(scan.records), **remote_fetch_counts(source)},
+        scan={**scan.meta(), "num_records": len(scan.records), **_fetched(source)},
     )
     return Described(entry, len(scan.ext_keys), len(scan.records), named)
 
@@ -261,3 +261,11 @@ def _globals(scan: ScanResult, source: ByteSource) -> dict[tuple[str, str], int]
         return buffer_globals(buf, source.size, scan.path)
     except PickleshardError:  # as file_globals: the dataset's audit and the reads word it
         return None
+
+
+def _fetched(source: Any) -> dict[str, int | float]:
+    """What a remote source's requests fetched, as the index keeps it: counts only (the wait
+    varies from build to build; ``index --json`` reports the build's time)."""
+    counts = remote_fetch_counts(source)
+    counts.pop("fetch_seconds", None)
+    return counts
