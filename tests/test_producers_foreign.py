@@ -13,7 +13,7 @@ import pytest
 
 from pickleshard import PickleDataset
 from pickleshard.errors import MissingDependencyError, UnsafePickleError
-from pickleshard.indexing import openaudit
+from pickleshard.indexing import describe, openaudit
 from pickleshard.producers import joblibfile
 from pickleshard.safety.policy import DEFAULT_POLICY
 
@@ -242,27 +242,37 @@ def test_audit_lists_every_refused_global_with_file_counts(tmp_path: Path) -> No
 def test_audit_is_kept_per_file_and_redone_only_for_changed_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The audit's results are kept with the index: reopening walks nothing; a rebuild audits
+    in the same pass as its scan (describe's buffer walk), and the dataset's own audit then
+    walks no file again."""
     (tmp_path / "d").mkdir()
     for k in range(2):
         with open(tmp_path / "d" / f"f{k}.pkl", "wb") as fh:
             pickle.dump(([np.zeros(2)] * 3, [0, 1, 2]), fh)
     PickleDataset(tmp_path / "d", jobs=1)
     assert (tmp_path / "d" / ".pickleshard" / openaudit.CACHE_NAME).exists()
-    walked: list[str] = []
-    real = openaudit.file_globals
+    opened: list[str] = []
+    built: list[str] = []
+    real, real_buffer = openaudit.file_globals, describe.buffer_globals
 
     def counting(path: Any, policy: Any, options: Any = None) -> Any:
-        walked.append(str(path))
+        opened.append(str(path))
         return real(path, policy, options)
 
+    def counting_buffer(buf: Any, size: int, where: str) -> Any:
+        built.append(where)
+        return real_buffer(buf, size, where)
+
     monkeypatch.setattr(openaudit, "file_globals", counting)
+    monkeypatch.setattr(describe, "buffer_globals", counting_buffer)
     PickleDataset(tmp_path / "d", jobs=1)
-    assert walked == []
+    assert (opened, built) == ([], [])
     with open(tmp_path / "d" / "f1.pkl", "wb") as fh:
         pickle.dump(([np.ones(2)] * 3, [0, 1, Unlisted(1)]), fh)
     with pytest.raises(UnsafePickleError, match="Unlisted"):
         PickleDataset(tmp_path / "d", jobs=1, rebuild="auto")
-    assert [Path(p).name for p in walked] == ["f1.pkl"]
+    assert opened == []  # the rebuild's scans audited: nothing walked twice
+    assert "f1.pkl" in [Path(p).name for p in built]
 
 
 def test_trusted_skips_the_audit(tmp_path: Path) -> None:
