@@ -11,7 +11,7 @@ indices to the dataset's ``prefetch`` (:meth:`PickleDataset.prefetch
 concurrent call, neighbours merged within the store's coalescing gap (reading through at most a
 set share of extra bytes), and are staged; the batch reads then find their bytes there.
 
-Groups grow ``2, 4, 8, ...`` batches (the first batch waits for little) up to ``group_bytes``
+Groups grow ``4, 16, 64, ...`` batches (the first batch waits for little) up to ``group_bytes``
 worth of batches (counted at the largest batch seen). While one group is read, the next is
 fetched, by one thread of its own, so at most two groups are staged: ``<= 2 * group_bytes``.
 A dataset without ``prefetch`` (or ``group_bytes=0``) reads each batch on its own.
@@ -25,9 +25,10 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-__all__ = ["FIRST_GROUP", "Ahead", "ReadAhead", "after_prefetch"]
+__all__ = ["FIRST_GROUP", "GROWTH", "Ahead", "ReadAhead", "after_prefetch"]
 
-FIRST_GROUP = 2  # batches in the first group (each next one twice the last, up to the cap)
+FIRST_GROUP = 4  # batches in the first group (the first batch waits for little)
+GROWTH = 4  # each next group this many times the last, up to the cap
 
 Ahead = tuple[list[int], Any, "Future[None] | None"]  # indices, sampler state, group fetched
 
@@ -72,7 +73,7 @@ class ReadAhead:
         if self.prefetch is not None:
             weight = self.batch_bytes()
             cap = max(1, self.group_bytes // weight) if weight else FIRST_GROUP
-            self.size = min(2 * self.size, max(cap, FIRST_GROUP))
+            self.size = min(GROWTH * self.size, max(cap, FIRST_GROUP))
             wanted = [i for indices, _ in group for i in indices]
             fetched = self._pool_here().submit(self.prefetch, wanted)
             self.groups += 1

@@ -20,8 +20,8 @@ A dataset that can fetch ahead (``dataset.prefetch(indices)``: a :class:`~pickle
 of remote files) is also handed the indices of the next *group* of batches before they are read
 (:mod:`pickleshard.loading.ahead`): a remote file's ranges of many batches go out in one call,
 neighbours merged into one request, so a sample costs a fraction of a request. Groups are at
-most ``max_bytes_in_flight / 4`` bytes of batches and at most two are staged, so such a dataset
-holds ``<= max_bytes_in_flight / 2`` more (``read_ahead=False``: none).
+most ``max_bytes_in_flight / 2`` bytes of batches and at most two are staged, so such a dataset
+holds ``<= max_bytes_in_flight`` more (``read_ahead=False``: none).
 
 Resume is the samplers' contract (:mod:`pickleshard.samplers.base`): :meth:`Loader.state_dict`
 is the sampler's state as of the last batch *handed out* (not the ones read ahead), so a run
@@ -239,7 +239,7 @@ class _ThreadEpoch(Iterator[Any]):
         self.loader = loader
         drawn, _ = loader._draw()
         prefetch = getattr(loader.dataset, "prefetch", None) if loader.read_ahead else None
-        group_bytes = loader.max_bytes_in_flight // 4 if callable(prefetch) else 0
+        group_bytes = loader.max_bytes_in_flight // 2 if callable(prefetch) else 0
         self.ahead = ReadAhead(drawn, prefetch, group_bytes, lambda: self.batch_bytes)
         self.pending: deque[tuple[Future[tuple[Any, BatchTimes]], int, Any]] = deque()
         self.batch_bytes = 0  # the largest batch seen: what a batch in flight is counted at
