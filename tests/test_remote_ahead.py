@@ -9,14 +9,14 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pickleshard.io.base import coalesce
+from pickleshard.io.base import COALESCE_GAP, coalesce
 from pickleshard.io.remote.staging import StagedRanges
 from pickleshard.loading.ahead import FIRST_GROUP, ReadAhead, after_prefetch
 
-ranges_st = st.lists(st.tuples(st.integers(0, 5000), st.integers(0, 300)), max_size=40)
+ranges_st = st.lists(st.tuples(st.integers(0, 50_000), st.integers(0, 3000)), max_size=40)
 
 
-@given(ranges_st, st.integers(0, 2000), st.one_of(st.none(), st.integers(0, 3000)))
+@given(ranges_st, st.integers(0, 20_000), st.one_of(st.none(), st.integers(0, 30_000)))
 def test_coalesce_covers_every_range_within_gap_and_budget(
     ranges: list[tuple[int, int]], gap: int, overread: int | None
 ) -> None:
@@ -31,7 +31,7 @@ def test_coalesce_covers_every_range_within_gap_and_budget(
         end = covered[0][1]
         for a, b in covered[1:]:
             assert a - end <= gap  # only gaps within the link's gap are read through
-            bridged += max(0, a - end)
+            bridged += a - end if a - end > COALESCE_GAP else 0  # a page through is free
             end = max(end, b)
     for (_, hi1, _), (lo2, _, _) in itertools.pairwise(blocks):
         assert lo2 > hi1  # blocks apart: touching or overlapping ranges share one
@@ -42,10 +42,11 @@ def test_coalesce_covers_every_range_within_gap_and_budget(
 
 
 def test_coalesce_bridges_the_narrowest_gaps_first() -> None:
-    ranges = [(0, 10), (30, 10), (45, 10), (100, 10)]  # gaps 20, 5, 45
-    assert [m for *_, m in coalesce(ranges, 50, overread=5)] == [[0], [1, 2], [3]]
-    assert [m for *_, m in coalesce(ranges, 50, overread=25)] == [[0, 1, 2], [3]]
-    assert [m for *_, m in coalesce(ranges, 50)] == [[0, 1, 2, 3]]
+    ranges = [(0, 10), (10_000, 10), (15_000, 10), (60_000, 10), (60_100, 10)]
+    # gaps 9,990, 4,990, 44,990 and 90 (under a page: always bridged)
+    assert [m for *_, m in coalesce(ranges, 50_000, overread=5000)] == [[0], [1, 2], [3, 4]]
+    assert [m for *_, m in coalesce(ranges, 50_000, overread=15_000)] == [[0, 1, 2], [3, 4]]
+    assert [m for *_, m in coalesce(ranges, 50_000)] == [[0, 1, 2, 3, 4]]
 
 
 def test_stage_serves_one_read_and_keeps_its_budget() -> None:

@@ -148,9 +148,9 @@ def coalesce(
     """``ranges`` merged into blocks ``(lo, hi, members)`` in offset order: neighbours within
     ``gap`` bytes of each other share one block; ``members`` are their positions in ``ranges``.
 
-    ``overread`` (None: no limit) caps the bytes read through in all (the gaps inside blocks):
-    the narrowest gaps are bridged first, so a byte budget buys the most requests saved.
-    Overlapping or touching ranges always share a block (bridging them costs nothing)."""
+    ``overread`` (None: no limit) caps the bytes read through in gaps wider than a page
+    (:data:`COALESCE_GAP`): the narrowest are bridged first, so a byte budget buys the most
+    requests saved. Ranges within a page of each other always share a block (free to bridge)."""
     order = sorted(range(len(ranges)), key=lambda k: ranges[k][0])
     if not order:
         return []
@@ -167,7 +167,8 @@ def coalesce(
     bridge = [g <= gap for g in gaps]
     if overread is not None:
         spend = overread
-        for j in sorted((j for j, g in enumerate(gaps) if 0 < g <= gap), key=gaps.__getitem__):
+        wide = (j for j, g in enumerate(gaps) if COALESCE_GAP < g <= gap)
+        for j in sorted(wide, key=gaps.__getitem__):
             bridge[j] = gaps[j] <= spend
             spend -= gaps[j] if bridge[j] else 0
     blocks: list[tuple[int, int, list[int]]] = []

@@ -67,8 +67,7 @@ _FILESYSTEMS: ProcessLocal[dict[tuple[str, str], Any]] = ProcessLocal(dict)
 _FS_LOCK = threading.Lock()
 RETRIES = 5  # tries after the first, by default
 BACKOFF = 0.1  # seconds before the first retry, doubled each time
-OVERREAD = 0.4  # a prefetch reads through gaps of at most this share of its ranges' bytes...
-MIN_OVERREAD = 1 << 20  # ...or this many bytes (a few small ranges: one request, not many)
+OVERREAD = 0.4  # a prefetch reads through gaps of at most this share of its ranges' bytes
 DOWNLOAD_WINDOW = 8 << 20  # a read longer than this goes out as windows of 8-16 MiB...
 MAX_WINDOW = 16 << 20
 IN_FLIGHT = 8  # ...this many requested at once (memory in flight: IN_FLIGHT * window)
@@ -310,7 +309,7 @@ class FsspecSource(ByteSource):
         (:mod:`~pickleshard.io.remote.staging`): the first read inside a staged range takes its
         bytes from there. Neighbours within :meth:`coalesce_gap` share one request, the
         narrowest gaps first, reading through at most :data:`OVERREAD` of the ranges' bytes
-        (or :data:`MIN_OVERREAD`);
+        (gaps of a page are free);
         the requests go out at once (:meth:`read_blocks`)."""
         here = self._connection.get()
         stage = staged_ranges()
@@ -322,7 +321,7 @@ class FsspecSource(ByteSource):
         ]
         if not wanted or sum(n for _, n in wanted) > stage.budget // 2:
             return  # nothing to fetch, or more than the stage would keep: read as asked
-        overread = max(MIN_OVERREAD, int(OVERREAD * sum(n for _, n in wanted)))
+        overread = int(OVERREAD * sum(n for _, n in wanted))
         blocks = coalesce(wanted, self.coalesce_gap(), overread)
         fetched = self._read([(lo, hi) for lo, hi, _ in blocks], staged=False)
         stage.put(
