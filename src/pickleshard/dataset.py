@@ -32,6 +32,7 @@ from .io.listing import Source
 from .io.lru import CacheStats
 from .io.options import SourceOptions, source_options
 from .read import SpanFiles
+from .read.ahead import prefetch_samples
 from .read.batchread import BatchReader
 from .read.collate import batch_allocator
 from .read.whole.cache import CacheBudget, WholeFileCache
@@ -314,6 +315,12 @@ class PickleDataset(_DatasetBase[Any]):
         if self.transform is None:
             return batch
         return [self.transform(sample) for sample in batch]
+
+    def prefetch(self, indices: Sequence[int]) -> None:
+        """Hint: samples ``indices`` are read next (a :class:`~pickleshard.Loader`'s coming
+        batches): a remote file's ranges are fetched together now and staged for those reads
+        (:func:`~pickleshard.read.ahead.prefetch_samples`); local files ignore it."""
+        prefetch_samples(self._firsts, self._is_span, self._spans, indices)
 
     @property
     def _batches(self) -> BatchReader:

@@ -13,7 +13,8 @@ Contract of every source:
   of the source); a storage failure raises :class:`~pickleshard.errors.UnreadableFileError`
   naming the source and the offset. Negative offsets or lengths are a ``ValueError``.
 - ``read_ranges`` reads many ``(offset, n)`` ranges at once, coalescing neighbours that lie
-  within ``gap`` bytes of each other into one storage read; results come back in the order asked.
+  within ``gap`` bytes of each other (default: the source's :meth:`ByteSource.coalesce_gap`)
+  into one storage read; results come back in the order asked.
 - ``identity()`` is what the source is *now* (size, and whatever the storage offers to tell a
   rewrite: mtime/ctime/inode locally, an ETag remotely); ``changed_since(recorded)`` says in
   words how it differs from an identity recorded earlier, or None.
@@ -87,14 +88,13 @@ class ByteSource(ABC):
         got = self.readinto_at(offset, memoryview(out)) if n else 0
         return bytes(out) if got == n else bytes(out[:got])
 
-    def read_ranges(
-        self, ranges: Sequence[tuple[int, int]], gap: int = COALESCE_GAP
-    ) -> list[bytes]:
+    def read_ranges(self, ranges: Sequence[tuple[int, int]], gap: int | None = None) -> list[bytes]:
         """The bytes of each ``(offset, n)`` of ``ranges``, in that order; neighbours within
-        ``gap`` bytes of each other are fetched by one read and sliced apart."""
+        ``gap`` bytes of each other (None: :meth:`coalesce_gap`, what a request costs on this
+        storage) are fetched by one read and sliced apart."""
         for offset, n in ranges:
             _check_range(offset, n)
-        blocks = coalesce(ranges, gap)
+        blocks = coalesce(ranges, self.coalesce_gap() if gap is None else gap)
         out: list[bytes] = [b""] * len(ranges)
         for (lo, _, members), block in zip(blocks, self.read_blocks(blocks), strict=True):
             for m in members:
@@ -143,22 +143,41 @@ class ByteSource(ABC):
 
 
 def coalesce(
-    ranges: Sequence[tuple[int, int]], gap: int = COALESCE_GAP
+    ranges: Sequence[tuple[int, int]], gap: int = COALESCE_GAP, overread: int | None = None
 ) -> list[tuple[int, int, list[int]]]:
     """``ranges`` merged into blocks ``(lo, hi, members)`` in offset order: neighbours within
-    ``gap`` bytes of each other share one block; ``members`` are their positions in ``ranges``."""
+    ``gap`` bytes of each other share one block; ``members`` are their positions in ``ranges``.
+
+    ``overread`` (None: no limit) caps the bytes read through in gaps wider than a page
+    (:data:`COALESCE_GAP`): the narrowest are bridged first, so a byte budget buys the most
+    requests saved. Ranges within a page of each other always share a block (free to bridge)."""
     order = sorted(range(len(ranges)), key=lambda k: ranges[k][0])
+    if not order:
+        return []
+    # the gap after each range (sorted) to the next; bridged where it fits the gap (and budget)
+    ends: list[int] = []
+    gaps: list[int] = []
+    hi = -1
+    for k in order:
+        lo, n = ranges[k]
+        if ends:
+            gaps.append(lo - hi)
+        hi = max(hi, lo + n)
+        ends.append(hi)
+    bridge = [g <= gap for g in gaps]
+    if overread is not None:
+        spend = overread
+        wide = (j for j, g in enumerate(gaps) if COALESCE_GAP < g <= gap)
+        for j in sorted(wide, key=gaps.__getitem__):
+            bridge[j] = gaps[j] <= spend
+            spend -= gaps[j] if bridge[j] else 0
     blocks: list[tuple[int, int, list[int]]] = []
-    k = 0
-    while k < len(order):
-        lo = ranges[order[k]][0]
-        hi = lo + ranges[order[k]][1]
-        j = k + 1
-        while j < len(order) and ranges[order[j]][0] <= hi + gap:
-            hi = max(hi, ranges[order[j]][0] + ranges[order[j]][1])
-            j += 1
-        blocks.append((lo, hi, order[k:j]))
-        k = j
+    first = 0
+    for j in range(len(order)):
+        if j == len(order) - 1 or not bridge[j]:
+            members = order[first : j + 1]
+            blocks.append((ranges[order[first]][0], ends[j], members))
+            first = j + 1
     return blocks
 
 

@@ -16,6 +16,13 @@ batch's size), so the loader holds ``<= max(max_bytes_in_flight, one batch) + on
 one being handed out) beyond the dataset's own caches. Requests in flight follow: each batch read
 asks for its ranges together, per file, so at most ``prefetch`` batches' ranges are outstanding.
 
+A dataset that can fetch ahead (``dataset.prefetch(indices)``: a :class:`~pickleshard.PickleDataset`
+of remote files) is also handed the indices of the next *group* of batches before they are read
+(:mod:`pickleshard.loading.ahead`): a remote file's ranges of many batches go out in one call,
+neighbours merged into one request, so a sample costs a fraction of a request. Groups are at
+most ``max_bytes_in_flight / 2`` bytes of batches and at most two are staged, so such a dataset
+holds ``<= max_bytes_in_flight`` more (``read_ahead=False``: none).
+
 Resume is the samplers' contract (:mod:`pickleshard.samplers.base`): :meth:`Loader.state_dict`
 is the sampler's state as of the last batch *handed out* (not the ones read ahead), so a run
 resumed from it sees every remaining sample exactly once; a state saved after the epoch ended
@@ -36,6 +43,7 @@ from typing import Any
 
 from ..mixing import MixedDataset, MixSampler
 from ..samplers import ShuffleSampler
+from .ahead import ReadAhead, after_prefetch
 from .making import BatchMaker, TimedSamples
 from .stats import BatchTimes, EpochStats
 
@@ -66,7 +74,9 @@ class Loader:
     ``transform`` is applied to each sample before ``collate_fn`` (default
     :func:`pickleshard.collate`); ``workers > 0`` runs reads, transform and collate in that many
     processes. ``pin_memory`` puts the batches in page-locked memory (array fields read straight
-    into it where the dataset can). ``drop_last`` drops a last short batch.
+    into it where the dataset can). ``drop_last`` drops a last short batch. ``read_ahead``
+    hands a dataset that has ``prefetch`` the next groups of batches' indices ahead of their
+    reads (remote files fetch them together; see the module).
 
     :attr:`stats` counts the current (or last) epoch: see :class:`~pickleshard.loading.EpochStats`.
     """
@@ -86,6 +96,7 @@ class Loader:
         max_bytes_in_flight: int = DEFAULT_BYTES_IN_FLIGHT,
         collate_fn: Callable[[Any], Any] | None = None,
         seed: int = 0,
+        read_ahead: bool = True,
     ) -> None:
         if batch_size < 1 or prefetch < 1 or workers < 0 or max_bytes_in_flight < 1:
             raise ValueError(
@@ -106,6 +117,7 @@ class Loader:
         self.sampler = default_sampler(dataset, seed) if sampler is None else sampler
         self.prefetch, self.threads, self.workers = prefetch, threads, workers
         self.max_bytes_in_flight = max_bytes_in_flight
+        self.read_ahead = read_ahead
         self.pin_memory = pin_memory
         self.maker = BatchMaker(dataset, transform, collate_fn, pin_memory)
         self.stats = EpochStats()
@@ -225,7 +237,10 @@ class _ThreadEpoch(Iterator[Any]):
 
     def __init__(self, loader: Loader) -> None:
         self.loader = loader
-        self.drawn, _ = loader._draw()
+        drawn, _ = loader._draw()
+        prefetch = getattr(loader.dataset, "prefetch", None) if loader.read_ahead else None
+        group_bytes = loader.max_bytes_in_flight // 2 if callable(prefetch) else 0
+        self.ahead = ReadAhead(drawn, prefetch, group_bytes, lambda: self.batch_bytes)
         self.pending: deque[tuple[Future[tuple[Any, BatchTimes]], int, Any]] = deque()
         self.batch_bytes = 0  # the largest batch seen: what a batch in flight is counted at
         self.exhausted = False
@@ -246,12 +261,13 @@ class _ThreadEpoch(Iterator[Any]):
             if pending and (len(pending) + 1) * self.batch_bytes > loader.max_bytes_in_flight:
                 self.limited = True
                 return
-            drawn = next(self.drawn, None)
+            drawn = self.ahead.next()
             if drawn is None:
                 self.exhausted = True
                 return
-            indices, state = drawn
-            future = loader._pool_here().submit(loader.maker, indices)
+            indices, state, fetched = drawn
+            make = after_prefetch(fetched, loader.maker)
+            future = loader._pool_here().submit(make, indices)
             pending.append((future, len(indices), state))
 
     def __next__(self) -> Any:
@@ -286,6 +302,7 @@ class _ThreadEpoch(Iterator[Any]):
         """Drop the batches read ahead (a pass left before its end)."""
         while self.pending:
             self.pending.popleft()[0].cancel()
+        self.ahead.close()
         self.exhausted = True
 
     def __del__(self) -> None:

@@ -330,32 +330,32 @@ class SpanReader:
         return out
 
     def many(self, items: list[int], labels: list[int]) -> list[tuple[Any, ...]]:
-        """Samples ``items`` (in range and in offset order: the caller checked and sorted
-        them), errors naming ``labels[k]`` for ``items[k]``; the file's identity is checked
-        once, after the reads. Fewer than :data:`BATCH_READ_MIN` samples, or a plan the
-        compiled loader reads whole with no arrays, go one by one (one compiled call for the
-        batch); otherwise field by field: the arrays of one field land in one ``(n, ...)``
-        block (each sample gets a view of its row), small ints come from the decoded column."""
+        """Samples ``items`` (in range, offset order; errors naming ``labels``), identity checked
+        after: under :data:`BATCH_READ_MIN`, or compiled whole with no arrays, one by one (one
+        compiled call); else by field (arrays in one ``(n, ...)`` block, ints from a column)."""
         if not items:
             return []
         here, plan = self.opened()
-        fd, loader = here.fd, here.loader
-        if fd < 0:  # no descriptor (remote): the batch's ranges go out together
+        self.prefetch(items, labels)  # no descriptor (remote): the ranges go out together
+        if len(items) < BATCH_READ_MIN or not plan.by_field:
+            return self._each(here.loader, plan, items, labels)
+        out = self._by_field(here.loader, plan, items, labels)
+        if self.verify:  # after the reads: a write that raced them has stamped the file by now
+            self._check_same(labels)
+        return self._bounded(out, labels)
+
+    def prefetch(self, items: list[int], labels: list[int]) -> None:
+        """Hint: ``items`` are read soon; a remote file fetches their ranges together now."""
+        here, plan = self.opened()
+        if here.fd < 0 and items:
             try:
                 self.source.prefetch(self._ranges(plan, items))
             except PickleshardError as exc:  # named by the sample whose bytes it was reading
                 at = getattr(exc, "offset", None)
                 raise self._named(exc, self._label_at(at, items, labels)) from None
-        if len(items) < BATCH_READ_MIN or not plan.by_field:
-            return self._each(loader, plan, items, labels)
-        out = self._by_field(loader, plan, items, labels)
-        if self.verify:  # after the reads: a write that raced them has stamped the file by now
-            self._check_same(labels)
-        return self._bounded(out, labels)
 
     def _ranges(self, plan: ReadPlan, items: list[int]) -> list[tuple[int, int]]:
-        """The ``(offset, n)`` of samples ``items`` in every field not read from an int
-        column (that column is read once, whole)."""
+        """The ``(offset, n)`` of ``items`` in every field not read from its int column."""
         fields = [f for f, how in enumerate(plan.hows) if how != INT]
         starts, ends = self.scan.starts[items][:, fields], self.scan.ends[items][:, fields]
         return list(zip(starts.ravel().tolist(), (ends - starts).ravel().tolist(), strict=True))

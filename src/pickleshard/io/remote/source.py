@@ -42,12 +42,13 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from ...errors import MissingDependencyError, RemoteStorageError, UnreadableFileError
-from ..base import COALESCE_GAP, ByteSource, _check_range, coalesce, register_source
+from ..base import ByteSource, _check_range, coalesce, register_source
 from ..handles import ProcessLocal
 from ..identity import FileIdentity
 from ..options import SourceOptions
 from .counting import RemoteCounters
 from .link import LinkEstimate, link_for
+from .staging import staged_ranges
 
 __all__ = [
     "PROTOCOLS",
@@ -66,7 +67,7 @@ _FILESYSTEMS: ProcessLocal[dict[tuple[str, str], Any]] = ProcessLocal(dict)
 _FS_LOCK = threading.Lock()
 RETRIES = 5  # tries after the first, by default
 BACKOFF = 0.1  # seconds before the first retry, doubled each time
-STAGE_BYTES = 256 << 20  # a prefetch larger than this is not staged (read as asked instead)
+OVERREAD = 0.4  # a prefetch reads through gaps of at most this share of its ranges' bytes
 DOWNLOAD_WINDOW = 8 << 20  # a read longer than this goes out as windows of 8-16 MiB...
 MAX_WINDOW = 16 << 20
 IN_FLIGHT = 8  # ...this many requested at once (memory in flight: IN_FLIGHT * window)
@@ -131,35 +132,14 @@ def _refused(exc: BaseException) -> bool:
 
 class _Connection:
     """A remote object as one process sees it: its filesystem and path there, its identity
-    when opened, the identity last seen (and when), and the last prefetch's staged blocks."""
+    when opened, the identity last seen (and when), and the key of its staged ranges."""
 
-    __slots__ = ("fs", "here", "opened", "path", "seen")
+    __slots__ = ("fs", "key", "opened", "path", "seen")
 
-    def __init__(self, fs: Any, path: str, opened: FileIdentity) -> None:
+    def __init__(self, fs: Any, path: str, url: str, opened: FileIdentity) -> None:
         self.fs, self.path, self.opened = fs, path, opened
         self.seen = (time.monotonic(), opened)
-        # per thread: a Loader's threads read batches of one object at once, each its own
-        self.here = threading.local()
-
-    @property
-    def staged(self) -> list[tuple[int, bytes]]:
-        """(offset, bytes) of this thread's last prefetch."""
-        got: list[tuple[int, bytes]] | None = getattr(self.here, "staged", None)
-        if got is None:
-            got = self.here.staged = []
-        return got
-
-    @staged.setter
-    def staged(self, value: list[tuple[int, bytes]]) -> None:
-        self.here.staged = value
-
-    def take_staged(self, lo: int, hi: int) -> bytes | None:
-        """Bytes ``[lo, hi)`` from a staged block, which then serves no other read."""
-        for k, (start, data) in enumerate(self.staged):
-            if start <= lo and hi <= start + len(data):
-                del self.staged[k]
-                return data[lo - start : hi - start]
-        return None
+        self.key = f"{url}#{opened.etag}#{opened.size}"  # one version of the object
 
 
 class FsspecSource(ByteSource):
@@ -195,7 +175,7 @@ class FsspecSource(ByteSource):
     def _connect(self) -> _Connection:
         fs, path = filesystem(self.url, self.options.storage_options)
         self.counters = RemoteCounters()
-        return _Connection(fs, path, self._stat(fs, path))
+        return _Connection(fs, path, self.url, self._stat(fs, path))
 
     def _stat(self, fs: Any, path: str) -> FileIdentity:
         def info() -> dict[str, Any]:
@@ -325,43 +305,56 @@ class FsspecSource(ByteSource):
         return list(got)
 
     def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
-        """Fetch ``ranges`` now, together (neighbours coalesced, the blocks requested at once),
-        and stage each range: the first read that falls inside it takes its bytes from there
-        and unstages it (a staged range serves one read; the next prefetch drops the rest).
-        More than :data:`STAGE_BYTES` in all is not staged."""
+        """Fetch the ``(offset, n)`` ranges not staged yet, together, and stage them
+        (:mod:`~pickleshard.io.remote.staging`): the first read inside a staged range takes its
+        bytes from there. Neighbours within :meth:`coalesce_gap` share one request, the
+        narrowest gaps first, reading through at most :data:`OVERREAD` of the ranges' bytes
+        (gaps of a page are free);
+        the requests go out at once (:meth:`read_blocks`)."""
         here = self._connection.get()
-        here.staged = []
-        if not ranges or sum(n for _, n in ranges) > STAGE_BYTES:
-            return
-        blocks = coalesce(ranges, COALESCE_GAP)
-        fetched = self._read([(lo, hi) for lo, hi, _ in blocks])
-        for (lo, _, members), block in zip(blocks, fetched, strict=True):
-            for m in members:
-                offset, n = ranges[m]
-                here.staged.append((offset, block[offset - lo : offset - lo + n]))
+        stage = staged_ranges()
+        size = here.opened.size
+        wanted = [
+            (lo, min(n, size - lo))
+            for lo, n in ranges
+            if n > 0 and lo < size and not stage.holds(here.key, lo, min(n, size - lo))
+        ]
+        if not wanted or sum(n for _, n in wanted) > stage.budget // 2:
+            return  # nothing to fetch, or more than the stage would keep: read as asked
+        overread = int(OVERREAD * sum(n for _, n in wanted))
+        blocks = coalesce(wanted, self.coalesce_gap(), overread)
+        fetched = self._read([(lo, hi) for lo, hi, _ in blocks], staged=False)
+        stage.put(
+            here.key,
+            (
+                (wanted[m][0], block[wanted[m][0] - lo : wanted[m][0] - lo + wanted[m][1]])
+                for (lo, _, members), block in zip(blocks, fetched, strict=True)
+                for m in members
+            ),
+        )
 
-    def _read(self, spans: Sequence[tuple[int, int]]) -> list[bytes]:
-        """Bytes of ``spans`` (clipped to the object), through the block cache if one is set."""
+    def _read(self, spans: Sequence[tuple[int, int]], staged: bool = True) -> list[bytes]:
+        """Bytes of ``spans`` (clipped to the object): a staged range's (when ``staged``),
+        else through the block cache if one is set, else fetched at once."""
         here = self._connection.get()
         size = here.opened.size
         spans = [(min(lo, size), min(hi, size)) for lo, hi in spans]
-        if here.staged and len(spans) == 1:
-            staged = here.take_staged(*spans[0])
-            if staged is not None:
-                return [staged]
+        if staged and len(spans) == 1:
+            got = staged_ranges().take(here.key, *spans[0])
+            if got is not None:
+                return [got]
         cache = self.options.block_cache
         if cache is None:
             wanted = [s for s in spans if s[1] > s[0]]
             fetched = iter(self._fetch(wanted) if wanted else [])
             return [next(fetched) if hi > lo else b"" for lo, hi in spans]
-        key = f"{self.url}#{here.opened.etag}"
-        return [cache.read(key, size, lo, hi - lo, self._fetch) for lo, hi in spans]
+        return [cache.read(here.key, size, lo, hi - lo, self._fetch) for lo, hi in spans]
 
     def readinto_at(self, offset: int, view: memoryview) -> int:
         _check_range(offset, len(view))
         n = max(0, min(len(view), self.size - offset))
         here = self._connection.get()
-        staged = here.take_staged(offset, offset + n) if here.staged else None
+        staged = staged_ranges().take(here.key, offset, offset + n) if n else None
         if staged is None and n > DOWNLOAD_WINDOW and self.options.block_cache is None:
             return self._download(offset, view[:n])
         data = self.read_at(offset, n) if staged is None else staged
