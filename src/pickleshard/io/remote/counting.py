@@ -22,7 +22,7 @@ class RemoteCounters:
         self.seconds = 0.0
 
     def as_json(self) -> dict[str, int | float]:
-        """``{"requests", "bytes_fetched", "fetch_seconds"}``: what an index records."""
+        """``{"requests", "bytes_fetched", "fetch_seconds"}`` (an index keeps the counts)."""
         return {
             "requests": self.requests,
             "bytes_fetched": self.bytes,
