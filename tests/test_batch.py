@@ -361,3 +361,25 @@ def test_closing_the_readers_lets_go_of_the_mappings(tmp_path: Path) -> None:
     ds.span_files.close()
     assert all(f.mapped is None for f in fills)
     check_batch(ds, [5, 91, 14])  # opened and mapped again
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_mix_is_one_batch_that_collates_equal_to_default_collate(
+    tmp_path: Path, workers: int
+) -> None:
+    _seed_files(tmp_path / "a", nfiles=2)
+    _seed_files(tmp_path / "b", nfiles=1, n=30)
+    mix = pickleshard.MixedDataset(
+        [PickleDataset(tmp_path / "a"), PickleDataset(tmp_path / "b")], [0.5, 0.5], seed=3
+    )
+    indices = list(range(0, len(mix), 3))
+    batch = mix.__getitems__(indices)
+    alone = [mix[i] for i in indices]
+    for got, want in zip(batch, alone, strict=True):
+        assert_same_sample(got, want)
+    assert_collated(pickleshard.collate(batch), default_collate(alone))
+    assert_collated(default_collate(batch), default_collate(alone))
+    ours = DataLoader(mix, batch_size=16, collate_fn=pickleshard.collate, num_workers=workers)
+    theirs = DataLoader(mix, batch_size=16, num_workers=workers)
+    for got, want in zip(ours, theirs, strict=True):
+        assert_collated(got, want)

@@ -32,6 +32,8 @@ except ImportError:  # pragma: no cover - exercised only without torch
         """Stands in for ``torch.utils.data.Dataset``."""
 
 
+from ..read.batch import JoinedBatch, SampleBatch
+from ..read.collate import batch_allocator
 from .errors import MixedFieldsError
 from .plan import MixPlan, Policy, apportion
 
@@ -222,23 +224,34 @@ class MixedDataset(_DatasetBase[Any]):
             if a < b:
                 yield s, order[a:b]
 
-    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+    def __getitems__(self, indices: Sequence[int]) -> Sequence[Any]:
         """A batch in request order, each source read with one ``__getitems__`` call (or its
         ``ds[i]`` one by one when it has none)."""
         sources, samples = self.locate(indices)
         out: list[Any] = [None] * len(sources)
         plain = not self.tag
+        parts: list[Any] = []
+        pos = np.zeros(len(sources), np.intp)
+        src = np.zeros(len(sources), np.intp)
         for s, where in self._by_source(sources):
             wanted = samples[where].tolist()
             source = self.datasets[s]
             many = getattr(source, "__getitems__", None)
             got = many(wanted) if many is not None else [source[i] for i in wanted]
+            parts.append(got)
+            src[where], pos[where] = len(parts) - 1, np.arange(len(where))
             if plain and self.transforms[s] is None:
                 for k, sample in zip(where.tolist(), got, strict=True):
                     out[k] = sample
             else:
                 for k, sample in zip(where.tolist(), got, strict=True):
                     out[k] = self._finish(s, sample)
+        if plain and parts and all(t is None for t in self.transforms):
+            first = parts[0]
+            if all(
+                isinstance(p, SampleBatch) and p.build == first.build for p in parts
+            ):  # one batch of samples held by field: pickleshard.collate reads its columns
+                return JoinedBatch(parts, src, pos, batch_allocator())
         return out
 
     def __repr__(self) -> str:

@@ -167,3 +167,64 @@ class SampleBatch(Sequence[Any]):
     def __repr__(self) -> str:
         kinds = ", ".join(("arrays", "ints", "objects")[c.kind] for c in self.columns)
         return f"SampleBatch(size={self.size}, columns=[{kinds}])"
+
+
+class JoinedBatch(SampleBatch):
+    """A batch made of other batches' samples (a mix's batch: each source read as a batch of
+    its own): sample ``k`` is sample ``pos[k]`` of ``parts[src[k]]``, handed out without a copy;
+    :attr:`columns` gathers the parts' columns into one buffer per field (``allocate``'s) the
+    first time they are asked for, by :func:`pickleshard.collate`. The parts' samples share a
+    form (the first part's ``build`` and ``collated`` serve them all)."""
+
+    __slots__ = ("_joined", "allocate", "parts", "pos", "src")
+
+    def __init__(
+        self,
+        parts: list[SampleBatch],
+        src: np.ndarray,
+        pos: np.ndarray,
+        allocate: Allocate | None = None,
+    ) -> None:
+        self.parts, self.allocate = parts, allocate
+        self.src, self.pos = np.asarray(src, np.intp), np.asarray(pos, np.intp)
+        self.size = len(self.src)
+        self.build, self.collated = parts[0].build, parts[0].collated
+        self._joined: list[BatchColumn] | None = None
+
+    def values(self, k: int) -> tuple[Any, ...]:
+        return self.parts[int(self.src[k])].values(int(self.pos[k]))
+
+    @property
+    def columns(self) -> list[BatchColumn]:
+        if self._joined is None:
+            self._joined = self._join()
+        return self._joined
+
+    @columns.setter
+    def columns(self, value: list[BatchColumn]) -> None:
+        self._joined = value
+
+    def _join(self) -> list[BatchColumn]:
+        nfields = len(self.parts[0].columns)
+        out = []
+        for f in range(nfields):
+            cols = [p.columns[f] for p in self.parts]
+            first = cols[0]
+            same = all(c.kind == first.kind for c in cols)
+            if same and first.kind == ARRAYS:
+                shape, dtype = first.data.shape[1:], first.data.dtype
+                same = all(c.data.shape[1:] == shape and c.data.dtype == dtype for c in cols)
+            if same and first.kind != OBJECTS:
+                col = (
+                    BatchColumn.arrays(self.size, shape, dtype, self.allocate)
+                    if first.kind == ARRAYS
+                    else BatchColumn.ints(self.size)
+                )
+                for p, c in enumerate(cols):  # one gather per part
+                    rows = np.flatnonzero(self.src == p)
+                    col.data[rows] = c.data[self.pos[rows]]
+            else:
+                col = BatchColumn.objects(self.size)
+                col.data = [self.values(k)[f] for k in range(self.size)]
+            out.append(col)
+        return out
