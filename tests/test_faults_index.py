@@ -174,7 +174,7 @@ def _assert_reads_like_pickle(ds: PickleDataset, folder: Path) -> None:
     assert len(ds) == len(want)
     for i, sample in enumerate(want):
         assert_deep_equal(ds[i], sample)
-    assert_deep_equal(ds.__getitems__(list(range(len(want)))[::-1]), want[::-1])
+    assert_deep_equal(list(ds.__getitems__(list(range(len(want)))[::-1])), want[::-1])
 
 
 # -- the corpus: (dataset, edit, what the message says) --------------------------------------
