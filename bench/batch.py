@@ -13,8 +13,9 @@ best of ``--rounds`` (3), rounds interleaved so that the machine's other load fa
 - **PickleDataset.__getitems__ + default_collate** (what ``DataLoader`` does by default);
 - **PickleDataset.__getitems__ + pickleshard.collate** (the batch read);
 - the same with the span checks off (framing, identity: the checks' cost);
-- ``DataLoader(batch_size=64, num_workers=W)`` with ``pickleshard.collate`` against the naive list,
-  for ``--workers`` (0, 2).
+- ``DataLoader(batch_size=64, num_workers=W, persistent_workers=True)`` with
+  ``pickleshard.collate`` against the naive list, for ``--workers`` (0, 2), after an untimed
+  warm-up epoch (workers started: their start-up is in neither row).
 
 ``--cold`` adds, for the 12 KB arrays: a shuffled epoch of batch reads with every file evicted
 from the page cache first (``POSIX_FADV_DONTNEED``), against the whole-file cold epoch (each file
@@ -113,8 +114,8 @@ def _epoch(batches: list[list[int]], read: Callable[[list[int]], Any]) -> float:
 def _loader_epoch(loader: DataLoader[Any]) -> float:
     start = time.perf_counter()
     n = 0
-    for x, _ in loader:
-        n += len(x)
+    for batch in loader:
+        n += len(batch[-1])  # the labels: one per sample, whatever the first field is
     return n / (time.perf_counter() - start)
 
 
@@ -153,18 +154,25 @@ def _rows(
     sampler = order[: len(batches) * BATCH].tolist()
     for w in workers:
         ours = DataLoader(
-            ds, batch_size=BATCH, sampler=sampler, collate_fn=pickleshard.collate, num_workers=w
+            ds,
+            batch_size=BATCH,
+            sampler=sampler,
+            collate_fn=pickleshard.collate,
+            num_workers=w,
+            persistent_workers=w > 0,
         )
         theirs: DataLoader[Any] = DataLoader(
             naive,  # type: ignore[arg-type]
             batch_size=BATCH,
             sampler=sampler,
             num_workers=w,
+            persistent_workers=w > 0,
         )
         for name, loader in (
             (f"DataLoader W={w}: naive list", theirs),
             (f"DataLoader W={w}: pickleshard.collate", ours),
         ):
+            _loader_epoch(loader)  # workers started, pages warm: start-up is in no row
             best[name] = max(_loader_epoch(loader) for _ in range(max(1, rounds - 1)))
     return best
 
