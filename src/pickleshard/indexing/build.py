@@ -59,11 +59,12 @@ def describe_or_problem(
     policy: UnpicklePolicy,
     layout: LayoutChoice = "auto",
     options: SourceOptions | None = None,
+    in_memory: bool = False,
 ) -> Described | FileProblem:
     """:func:`~pickleshard.indexing.describe.describe_file`, with the error that names a bad file
     returned rather than raised (so that an executor hands it back like any result)."""
     try:
-        return describe_file(root, rel, pos, staging, policy, layout, options)
+        return describe_file(root, rel, pos, staging, policy, layout, options, in_memory)
     except FileProblem as exc:
         return exc
 
@@ -86,8 +87,11 @@ def _describe_all(
     root = os.fspath(source.root)
     # each task carries the source's options: a worker (a process, a Dask task) opens with them
     opts = source.options
+    # described in this process: the span arrays stay in memory for the write (no staging)
+    here = isinstance(executor, InlineExecutor)
     tasks = [
-        (root, rel, pos, staging, policy, layout, opts) for pos, rel in enumerate(source.files)
+        (root, rel, pos, staging, policy, layout, opts, here)
+        for pos, rel in enumerate(source.files)
     ]
     with tqdm(total=len(tasks), unit="file", desc="index", disable=not progress) as bar:
         results = executor.run(describe_or_problem, tasks)

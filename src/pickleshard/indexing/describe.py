@@ -16,7 +16,7 @@ through :mod:`pickleshard.io`.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ _OBJECT_OVERHEAD = 64  # bytes per element beyond its pickled size, when none co
 _SIZED = 32  # samples read per file to size its object fields
 _ARRAY_OVERHEAD = 112  # an ndarray's header
 _SIZED_SPAN_MAX = 64 << 10  # object bytes of one sample read to size a file, at most
+_KEPT_MAX = 8 << 20  # span-array bytes of one file kept in memory for the write, at most
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,9 @@ class Described:
     # every global the file names, with its first offset, when the scan could say (else None:
     # the dataset's audit walks the file itself)
     globals: dict[tuple[str, str], int] | None = None
+    # the span arrays themselves, when the file was described in the process that writes the
+    # index (no staging round trip: saved, read back and checksummed again); else None
+    arrays: dict[str, np.ndarray] | None = field(default=None, compare=False, repr=False)
 
 
 def staged_name(staging: Path, pos: int, array: str) -> Path:
@@ -190,13 +194,16 @@ def describe_file(
     policy: UnpicklePolicy = DEFAULT_POLICY,
     layout: LayoutChoice = "auto",
     options: SourceOptions | None = None,
+    in_memory: bool = False,
 ) -> Described:
     """Index file ``rel`` of ``root``, position ``pos`` in the files table, read as ``layout``
     (:data:`pickleshard.scan.layouts.LAYOUT_CHOICES`), opened with ``options`` (a URL's storage
     options: they come with the task, wherever the executor runs it).
 
     With a ``staging`` folder, the file is scanned and its span arrays saved there as
-    ``{pos}.{name}.npy``; without one (or when the scanner refuses it) it is unpickled whole.
+    ``{pos}.{name}.npy`` (``in_memory``: kept in :attr:`Described.arrays` instead, for a caller
+    in the process that writes the index); without one (or when the scanner refuses it) it is
+    unpickled whole.
     Raises the :class:`~pickleshard.errors.PickleshardError` that names a bad file.
     """
     path = os.path.join(root, rel)
@@ -233,8 +240,13 @@ def describe_file(
             named = _globals(scan, source)
     if why or staging is None:
         return _whole(path, base, policy, why, layout, options)
-    for name, array in scan.arrays_dict().items():
-        np.save(staged_name(staging, pos, name), np.ascontiguousarray(array))
+    arrays = {name: np.ascontiguousarray(a) for name, a in scan.arrays_dict().items()}
+    # kept for the write in this process when small (an inline build holds up to 16 files':
+    # 128 MiB at most); else staged, so that the write holds one file's arrays at a time
+    in_memory = in_memory and sum(a.nbytes for a in arrays.values()) <= _KEPT_MAX
+    if not in_memory:
+        for name, array in arrays.items():
+            np.save(staged_name(staging, pos, name), array)
     entry = FileEntry(
         **base,
         **_found(scan.metadata, scan.ambiguity),
@@ -245,7 +257,8 @@ def describe_file(
         mode="span",
         scan={**scan.meta(), "num_records": len(scan.records), **remote_fetch_counts(source)},
     )
-    return Described(entry, len(scan.ext_keys), len(scan.records), named)
+    kept = arrays if in_memory else None
+    return Described(entry, len(scan.ext_keys), len(scan.records), named, kept)
 
 
 def _globals(scan: ScanResult, source: ByteSource) -> dict[tuple[str, str], int] | None:
