@@ -263,10 +263,12 @@ def describe_file(
 
 def _globals(scan: ScanResult, source: ByteSource) -> dict[tuple[str, str], int] | None:
     """The globals the file names, for the dataset's audit: none when the scan met no opcode
-    naming one (nothing to walk); else the audit's walk of the mapping the scan read (a local
+    naming one (nothing to walk); those the scan's walk listed when it could; else the audit's walk of the mapping the scan read (a local
     file, up to the audit's size limit); None for a remote object (its audit is the reads')."""
     if scan.global_ops == 0:
         return {}
+    if scan.named_globals is not None:  # the scan's walk listed them (safety.audit.named)
+        return scan.named_globals
     buf = source.map() if scan.global_ops > 0 and scan.bytes_read <= AUDIT_OPCODE_BYTES else None
     if buf is None:
         return None
