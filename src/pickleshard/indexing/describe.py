@@ -33,7 +33,7 @@ from ..read import SpanReader
 from ..read.whole.cache import estimate_nbytes
 from ..read.whole.load import load_layout
 from ..safety.policy import DEFAULT_POLICY, UnpicklePolicy
-from ..scan import ArrayItem, ScanResult, scan_file
+from ..scan import ArrayItem, IntItem, ScanResult, scan_file
 from ..scan.ambiguity import Ambiguity
 from ..scan.filemeta import metadata_to_json
 from ..scan.layouts import LayoutChoice
@@ -44,6 +44,7 @@ __all__ = ["Described", "describe_file", "staged_name"]
 _OBJECT_OVERHEAD = 64  # bytes per element beyond its pickled size, when none could be read
 _SIZED = 32  # samples read per file to size its object fields
 _ARRAY_OVERHEAD = 112  # an ndarray's header
+_INT_SLOT = 8 + 28  # a list slot and an int below 2**30 (sys.getsizeof), as estimate_nbytes counts
 _SIZED_SPAN_MAX = 64 << 10  # object bytes of one sample read to size a file, at most
 _KEPT_MAX = 8 << 20  # span-array bytes of one file kept in memory for the write, at most
 
@@ -69,8 +70,8 @@ def staged_name(staging: Path, pos: int, array: str) -> Path:
 
 
 def _estimate(scan: ScanResult, source: ByteSource, policy: UnpicklePolicy) -> int:
-    """Decoded bytes of a scanned file: array rows exactly, array items by their spans; any
-    other field by its span bytes times the decoded-per-pickled-byte ratio of up to
+    """Decoded bytes of a scanned file: array rows exactly, array items by their spans, int
+    items by their count (nothing read for any of these); any other field by its span bytes times the decoded-per-pickled-byte ratio of up to
     :data:`_SIZED` samples spread over the file, read by span under ``policy``, as
     :func:`~pickleshard.read.whole.cache.estimate_nbytes`
     measures a whole file. Pickled size alone undercounts small Python objects 4-5x (a 3-byte
@@ -87,6 +88,8 @@ def _estimate(scan: ScanResult, source: ByteSource, policy: UnpicklePolicy) -> i
             total += n * (row.nbytes + _ARRAY_OVERHEAD)
         elif f < len(scan.items) and isinstance(scan.items[f], ArrayItem):
             total += int(spans[:, f].sum()) + n * _ARRAY_OVERHEAD  # arrays: their payloads
+        elif f < len(scan.items) and isinstance(scan.items[f], IntItem):
+            total += n * _INT_SLOT  # each a BININT* opcode: an int below 2**31, known unread
         elif n:
             objects.append(f)
     if not objects:
