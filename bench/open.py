@@ -7,6 +7,10 @@ the try; bytes fetched from storage are ``read_bytes`` of ``/proc/self/io``). Be
 ``--repeat``. The first open's phases (scan, sizing, audit, write) are timed inside the warm
 open itself, by wrapping the functions that do them. Writes ``first-open.md``/``.json`` under
 ``--out``; never asserts a speed.
+
+``--executors``: the index build of 2, 8 and 32 files (copies of the 12 KB array and object
+files) in this process, in 2 threads and in 2 processes, best of ``--repeat`` (the crossover
+:mod:`pickleshard.executors.local` states); writes ``index-executors.md``/``.json``.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import shlex
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -26,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from pickleshard import PickleDataset
+from pickleshard import PickleDataset, build_index
+from pickleshard.executors import IndexExecutor, InlineExecutor, ProcessPoolIndexExecutor
 from pickleshard.indexing import build as build_mod
 from pickleshard.indexing import describe as describe_mod
 
@@ -134,13 +140,67 @@ def _best(fn: Callable[[], Any], repeat: int, cold: Path | None = None) -> tuple
     return best, fetched
 
 
+class _Threads:
+    """An executor of ``n`` threads (not the package's: measured here to show it never pays)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def run(
+        self, work: Callable[..., Any], tasks: Sequence[tuple[Any, ...]]
+    ) -> Generator[tuple[int, Any], None, None]:
+        with ThreadPoolExecutor(self.n) as pool:
+            futures = {pool.submit(work, *a): k for k, a in enumerate(tasks)}
+            for fut in as_completed(futures):
+                yield futures[fut], fut.result()
+
+
+def _executors(data: Path, out: Path, repeat: int, argv: list[str]) -> None:
+    runners: dict[str, IndexExecutor] = {
+        "inline": InlineExecutor(),
+        "2 threads": _Threads(2),
+        "2 processes": ProcessPoolIndexExecutor(2),
+    }
+    rows: dict[str, dict[str, float]] = {}
+    for kind, n in (("arrays-12KB", 2500), ("objects", 12500)):
+        src = data / f"{kind}-{n}"
+        _write(src, kind, n)
+        parts = sorted(src.glob("*.pkl"))
+        for files in (2, 8, 32):
+            folder = data / f"executors-{kind}-{files}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(files):
+                if not (folder / f"p{i:03d}.pkl").exists():
+                    shutil.copyfile(parts[i % len(parts)], folder / f"p{i:03d}.pkl")
+            row = rows.setdefault(f"{kind} x {files} files", {})
+            for name, runner in runners.items():
+
+                def build(folder: Path = folder, runner: IndexExecutor = runner) -> None:
+                    shutil.rmtree(folder / ".pickleshard", ignore_errors=True)
+                    build_index(folder, executor=runner)
+
+                row[name] = _best(build, repeat)[0]
+    machine = describe_machine(shlex.join([sys.executable, "-m", "bench", "open", *argv]))
+    lines = report_head("Index build: this process vs threads vs processes", machine)
+    lines += ["", f"Best of {repeat}, seconds.", "", "| data | " + " | ".join(runners) + " |"]
+    lines.append("|---|" + "---:|" * len(runners))
+    for what, row in rows.items():
+        lines.append(f"| {what} | " + " | ".join(f"{row[k]:.3f}" for k in runners) + " |")
+    save_results(out, "index-executors", lines, {"rows": rows, "machine": machine})
+    print("\n".join(lines))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench open", description=__doc__)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--data", type=Path, default=Path("/tmp/pickleshard-bench-open"))
     p.add_argument("--out", type=Path, default=HERE / "results")
     p.add_argument("--quick", action="store_true", help="a smoke run: 200 samples a file")
+    p.add_argument("--executors", action="store_true", help="inline vs threads vs processes")
     args = p.parse_args(argv)
+    if args.executors:
+        _executors(args.data, args.out, args.repeat, argv or [])
+        return 0
     per_file = {"arrays-12KB": 2500, "objects": 12500, "arrays-150KB": 1000}
     rows: dict[str, dict[str, Any]] = {}
     for kind in KINDS:

@@ -45,10 +45,10 @@ __all__ = ["INLINE_FILES", "build_index"]
 
 INLINE_FILES = 16
 """Up to this many files are indexed in this process, one after another, unless an executor is
-named: the compiled scan holds the GIL (threads would take turns), and a process pool's start,
-task pickling and result copies cost more than it saves on a few files (measured with
-``python -m bench open``, 8 files on 2 cores: 12 KB arrays 0.170 s inline vs 0.225 s in a pool,
-small objects 2.81 s vs 2.96 s, both on a loaded machine; see bench/results/first-open.md)."""
+named: the compiled scan holds the GIL (threads take turns), and a process pool's start, task
+pickling and staged arrays cost more than a few files' scans (measured with ``python -m bench
+open --executors``: inline is fastest up to 32 files on a loaded 2-core machine, 2 threads
+1.1-1.6x and 2 processes 1.4-2.7x slower; see :mod:`pickleshard.executors.local`)."""
 
 
 def describe_or_problem(
