@@ -1,10 +1,10 @@
 """A sample that is a set or dict of 150,000 ints that all hash alike (multiples of 2**61 - 1
 on 64-bit CPython: each hashes to 0) takes hours to build, as ``pickle.load`` would; ``pickleshard
 index`` and ``inspect`` have no reason to build it and must finish: the index scans it without
-building it (sizing reads no sample over 64 KiB), inspect's preview says it builds a set or dict in too many
-opcodes instead of evaluating it. The pickles are written byte by byte (building one in Python
-would hang), and the commands run in a subprocess with a timeout, so a regression fails instead
-of hanging."""
+building it (sizing reads no sample over 64 KiB), inspect's preview says it builds a set or
+dict in too many opcodes instead of evaluating it. The pickles are written byte by byte
+(building one in Python would hang), and the commands run in a subprocess with a timeout, so a
+regression fails instead of hanging."""
 
 from __future__ import annotations
 
