@@ -9,9 +9,11 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from pickleshard import BlockShuffleSampler, PickleDataset, build_index
+from pickleshard.indexing import describe
 from pickleshard.pipelines.synth import write_synthetic
 from pickleshard.read.whole.cache import estimate_nbytes
 
@@ -78,3 +80,27 @@ def test_whole_file_epoch_over_object_samples_holds_its_cache_budget(tmp_path: P
     # the budget, the file being loaded past it, and the sampler's own arrays; holding all eight
     # decoded files (what a 4-5x undercount of their size lets in) is far above
     assert peak < budget + 2 * per_file, (peak, budget, per_file)
+
+
+def test_arrays_and_int_labels_are_sized_without_reading_a_sample(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Array items count their payloads and int items their count: nothing is read to size
+    them, and the total stays close to the whole-file measure."""
+    data = tmp_path / "data"
+    data.mkdir()
+    xs = [np.full((3, 4), i, np.float32) for i in range(3000)]
+    with open(data / "part.pkl", "wb") as fh:
+        pickle.dump((xs, [i * 7 % 1000 for i in range(3000)]), fh, protocol=5)
+
+    def no_read(*args: Any) -> None:
+        raise AssertionError("a sample was read to size the file")
+
+    monkeypatch.setattr(describe, "_decoded_sizes", no_read)
+    entry = build_index(data, jobs=1).files[0]
+    with open(data / "part.pkl", "rb") as fh:
+        measured = estimate_nbytes(pickle.load(fh))
+    assert 0.8 * measured <= entry.decoded_nbytes <= 1.25 * measured, (
+        entry.decoded_nbytes,
+        measured,
+    )

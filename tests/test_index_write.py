@@ -115,3 +115,26 @@ def test_a_failed_write_leaves_the_old_index(
     assert sorted(p.name for p in where.iterdir()) == before  # no new array left behind
     monkeypatch.undo()
     assert build_index(folder, jobs=1).num_samples == 5 + 6 + 7 + 5
+
+
+def test_an_inline_build_writes_the_arrays_from_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Files described in this process hand their span arrays to the write in memory: nothing
+    is staged or read back, and the arrays and checksums equal a process pool's."""
+    data = _data(tmp_path / "d")
+    pooled = build_index(data, index=tmp_path / "pooled", executor="local", jobs=2)
+    loads: list[Any] = []
+    real_load = np.load
+    monkeypatch.setattr(np, "load", lambda *a, **k: loads.append(a) or real_load(*a, **k))
+    inline = build_index(data, index=tmp_path / "inline")
+    assert not [a for a in loads if ".staging-" in str(a[0])]
+    monkeypatch.undo()
+    assert inline.num_samples == pooled.num_samples
+    heads = [json.loads((tmp_path / i / "index.json").read_text()) for i in ("inline", "pooled")]
+    assert heads[0]["checksums"].keys() == heads[1]["checksums"].keys()
+    for key in heads[0]["checksums"]:
+        path = tmp_path / "inline" / heads[0]["arrays"][key]
+        assert heads[0]["checksums"][key] == file_checksum(path)
+        want = np.load(tmp_path / "pooled" / heads[1]["arrays"][key])
+        np.testing.assert_array_equal(np.load(path), want)

@@ -71,6 +71,7 @@ cdef enum:
     LONG_BINPUT_OP = 0x72
     BINGET_OP = 0x68
     LONG_BINGET_OP = 0x6A
+    STACK_GLOBAL_OP = 0x93
 
 # a text memo id beyond this cannot take part in C arithmetic: leave that pickle to the reference
 cdef int64_t ID_LIMIT = 1 << 62
@@ -81,6 +82,7 @@ cdef int ACTION_[256]
 cdef int NPOP_[256]
 cdef int PUSH_STEP_[256]
 cdef bint FINDS_CLASS_[256]
+cdef bint NAME_TEXT_[256]
 
 
 def _check_tables():
@@ -103,6 +105,7 @@ def _check_tables():
         or acts != tuple(range(26))
         or slots != (1, 2, 3, 0, 1, 2, 3, 4, 5)
         or ops != (0x94, 0x71, 0x72, 0x68, 0x6A, 22)
+        or oc.STACK_GLOBAL_OP != 0x93
         or pyarray.array("q").itemsize != sizeof(long long)
     ):
         raise ImportError("pickleshard._cscan was built against other opcode tables")
@@ -438,6 +441,9 @@ def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w, object rel
     cdef array.array defs = w.defs
     cdef array.array goffs = w.get_offs
     cdef array.array gkeys = w.get_keys
+    cdef array.array named = w.named  # the audit's facts (see picklekit.walker.Walked)
+    cdef dict strs = w.strs
+    cdef object opa, opb
     cdef list stack = []
     cdef list nodepos = []
     cdef list marks = []
@@ -495,6 +501,8 @@ def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w, object rel
             if type(top) is list:
                 memo[k] = top
                 (<list>top)[KEY] = k
+            elif NAME_TEXT_[b[<Py_ssize_t>top]]:
+                strs[k] = top
             array_push(defs, pos)
             pos += 1
             continue
@@ -511,6 +519,14 @@ def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w, object rel
         act = ACTION_[op]
         if FINDS_CLASS_[op]:
             gops += 1
+            opa = opb = -1
+            nst = PyList_GET_SIZE(stack)
+            if op == STACK_GLOBAL_OP and nst >= 2:
+                opa = <object>PyList_GET_ITEM(stack, nst - 2)
+                opb = <object>PyList_GET_ITEM(stack, nst - 1)
+            array_push(named, pos)
+            array_push(named, opa if type(opa) is int else -1)
+            array_push(named, opb if type(opb) is int else -1)
         if act == A_GET:
             if op == BINGET_OP:
                 mid = b[pos + 1]
@@ -602,6 +618,8 @@ def walk_record(object buf, Py_ssize_t pos, Py_ssize_t end, object w, object rel
             if type(top) is list:
                 memo[k] = top
                 (<list>top)[KEY] = k
+            elif NAME_TEXT_[b[<Py_ssize_t>top]]:
+                strs[k] = top
             array_push(defs, pos)
         elif act == A_TUPLE or act == A_LIST or act == A_DICT or act == A_MARKPOP:
             if not marks:
@@ -724,6 +742,7 @@ cdef int PAYLOAD_[256]
 for _b in range(256):
     COPY_STEP_[_b], PAYLOAD_[_b] = oc.COPY_STEP[_b], oc.PAYLOAD[_b]
     FINDS_CLASS_[_b] = oc.FINDS_CLASS[_b]
+    NAME_TEXT_[_b] = oc.NAME_TEXT[_b]
 
 cdef enum:
     P_BYTES = 1

@@ -9,6 +9,30 @@ decides where the calls run: :class:`InlineExecutor` in this process,
 cluster, whose workers must see the dataset, the index and the output at the same paths as the
 caller. :func:`resolve_executor` turns what a user passes (``None``, ``"local"``, ``"dask"``,
 ``"dask://HOST:PORT"``, a ``distributed.Client``, an executor) into one.
+
+This process, threads or processes, for an index build (``python -m bench open --executors``,
+``bench/results/index-executors.md``: 2 cores shared with other jobs, best of 3, seconds; 12 KB
+arrays and small-object files as in ``bench/results/first-open.md``, copied to 2, 8, 32 files):
+
+=================  ======  ======  ======  ======  ======  ======
+build of           arrays                  objects
+-----------------  ----------------------  ----------------------
+files              2       8       32      2       8       32
+=================  ======  ======  ======  ======  ======  ======
+inline             0.031   0.063   0.212   0.167   0.870   3.552
+2 threads          0.036   0.085   0.258   0.187   0.753   4.644
+2 processes        0.118   0.110   0.280   0.257   0.811   4.196
+=================  ======  ======  ======  ======  ======  ======
+
+(An earlier run, same machine: inline 0.024/0.062/0.180 and 0.150/0.702/2.910, threads
+0.039/0.099/0.271 and 0.169/0.714/3.140, processes 0.065/0.103/0.343 and 0.221/1.052/4.377.)
+Threads do not pay: the compiled walk holds the GIL (it builds the Python lists the layout
+matching reads), so two threads take turns; the one row where they came first (objects, 8
+files) was not repeated by the earlier run. Processes pay only with idle cores to run on: on
+this loaded 2-core machine not even at 32 files (a worker's start, the staged arrays and the
+results' pickling cost more than the second core gives). Hence the index build's rule
+(:data:`pickleshard.indexing.build.INLINE_FILES`): up to 16 files in this process, more in a
+process pool of one worker per CPU, where the cores are there to use.
 """
 
 from __future__ import annotations

@@ -45,10 +45,10 @@ __all__ = ["INLINE_FILES", "build_index"]
 
 INLINE_FILES = 16
 """Up to this many files are indexed in this process, one after another, unless an executor is
-named: the compiled scan holds the GIL (threads would take turns), and a process pool's start,
-task pickling and result copies cost more than it saves on a few files (measured with
-``python -m bench open``, 8 files on 2 cores: 12 KB arrays 0.170 s inline vs 0.225 s in a pool,
-small objects 2.81 s vs 2.96 s, both on a loaded machine; see bench/results/first-open.md)."""
+named: the compiled scan holds the GIL (threads take turns), and a process pool's start, task
+pickling and staged arrays cost more than a few files' scans (measured with ``python -m bench
+open --executors``: inline is fastest up to 32 files on a loaded 2-core machine, 2 threads
+1.1-1.6x and 2 processes 1.4-2.7x slower; see :mod:`pickleshard.executors.local`)."""
 
 
 def describe_or_problem(
@@ -59,11 +59,12 @@ def describe_or_problem(
     policy: UnpicklePolicy,
     layout: LayoutChoice = "auto",
     options: SourceOptions | None = None,
+    in_memory: bool = False,
 ) -> Described | FileProblem:
     """:func:`~pickleshard.indexing.describe.describe_file`, with the error that names a bad file
     returned rather than raised (so that an executor hands it back like any result)."""
     try:
-        return describe_file(root, rel, pos, staging, policy, layout, options)
+        return describe_file(root, rel, pos, staging, policy, layout, options, in_memory)
     except FileProblem as exc:
         return exc
 
@@ -86,8 +87,11 @@ def _describe_all(
     root = os.fspath(source.root)
     # each task carries the source's options: a worker (a process, a Dask task) opens with them
     opts = source.options
+    # described in this process: the span arrays stay in memory for the write (no staging)
+    here = isinstance(executor, InlineExecutor)
     tasks = [
-        (root, rel, pos, staging, policy, layout, opts) for pos, rel in enumerate(source.files)
+        (root, rel, pos, staging, policy, layout, opts, here)
+        for pos, rel in enumerate(source.files)
     ]
     with tqdm(total=len(tasks), unit="file", desc="index", disable=not progress) as bar:
         results = executor.run(describe_or_problem, tasks)

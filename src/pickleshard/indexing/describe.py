@@ -16,7 +16,7 @@ through :mod:`pickleshard.io`.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from ..read import SpanReader
 from ..read.whole.cache import estimate_nbytes
 from ..read.whole.load import load_layout
 from ..safety.policy import DEFAULT_POLICY, UnpicklePolicy
-from ..scan import ArrayItem, ScanResult, scan_file
+from ..scan import ArrayItem, IntItem, ScanResult, scan_file
 from ..scan.ambiguity import Ambiguity
 from ..scan.filemeta import metadata_to_json
 from ..scan.layouts import LayoutChoice
@@ -44,7 +44,9 @@ __all__ = ["Described", "describe_file", "staged_name"]
 _OBJECT_OVERHEAD = 64  # bytes per element beyond its pickled size, when none could be read
 _SIZED = 32  # samples read per file to size its object fields
 _ARRAY_OVERHEAD = 112  # an ndarray's header
+_INT_SLOT = 8 + 28  # a list slot and an int below 2**30 (sys.getsizeof), as estimate_nbytes counts
 _SIZED_SPAN_MAX = 64 << 10  # object bytes of one sample read to size a file, at most
+_KEPT_MAX = 8 << 20  # span-array bytes of one file kept in memory for the write, at most
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,9 @@ class Described:
     # every global the file names, with its first offset, when the scan could say (else None:
     # the dataset's audit walks the file itself)
     globals: dict[tuple[str, str], int] | None = None
+    # the span arrays themselves, when the file was described in the process that writes the
+    # index (no staging round trip: saved, read back and checksummed again); else None
+    arrays: dict[str, np.ndarray] | None = field(default=None, compare=False, repr=False)
 
 
 def staged_name(staging: Path, pos: int, array: str) -> Path:
@@ -65,8 +70,8 @@ def staged_name(staging: Path, pos: int, array: str) -> Path:
 
 
 def _estimate(scan: ScanResult, source: ByteSource, policy: UnpicklePolicy) -> int:
-    """Decoded bytes of a scanned file: array rows exactly, array items by their spans; any
-    other field by its span bytes times the decoded-per-pickled-byte ratio of up to
+    """Decoded bytes of a scanned file: array rows exactly, array items by their spans, int
+    items by their count (nothing read for any of these); any other field by its span bytes times the decoded-per-pickled-byte ratio of up to
     :data:`_SIZED` samples spread over the file, read by span under ``policy``, as
     :func:`~pickleshard.read.whole.cache.estimate_nbytes`
     measures a whole file. Pickled size alone undercounts small Python objects 4-5x (a 3-byte
@@ -83,6 +88,8 @@ def _estimate(scan: ScanResult, source: ByteSource, policy: UnpicklePolicy) -> i
             total += n * (row.nbytes + _ARRAY_OVERHEAD)
         elif f < len(scan.items) and isinstance(scan.items[f], ArrayItem):
             total += int(spans[:, f].sum()) + n * _ARRAY_OVERHEAD  # arrays: their payloads
+        elif f < len(scan.items) and isinstance(scan.items[f], IntItem):
+            total += n * _INT_SLOT  # each a BININT* opcode: an int below 2**31, known unread
         elif n:
             objects.append(f)
     if not objects:
@@ -190,13 +197,16 @@ def describe_file(
     policy: UnpicklePolicy = DEFAULT_POLICY,
     layout: LayoutChoice = "auto",
     options: SourceOptions | None = None,
+    in_memory: bool = False,
 ) -> Described:
     """Index file ``rel`` of ``root``, position ``pos`` in the files table, read as ``layout``
     (:data:`pickleshard.scan.layouts.LAYOUT_CHOICES`), opened with ``options`` (a URL's storage
     options: they come with the task, wherever the executor runs it).
 
     With a ``staging`` folder, the file is scanned and its span arrays saved there as
-    ``{pos}.{name}.npy``; without one (or when the scanner refuses it) it is unpickled whole.
+    ``{pos}.{name}.npy`` (``in_memory``: kept in :attr:`Described.arrays` instead, for a caller
+    in the process that writes the index); without one (or when the scanner refuses it) it is
+    unpickled whole.
     Raises the :class:`~pickleshard.errors.PickleshardError` that names a bad file.
     """
     path = os.path.join(root, rel)
@@ -233,8 +243,13 @@ def describe_file(
             named = _globals(scan, source)
     if why or staging is None:
         return _whole(path, base, policy, why, layout, options)
-    for name, array in scan.arrays_dict().items():
-        np.save(staged_name(staging, pos, name), np.ascontiguousarray(array))
+    arrays = {name: np.ascontiguousarray(a) for name, a in scan.arrays_dict().items()}
+    # kept for the write in this process when small (an inline build holds up to 16 files':
+    # 128 MiB at most); else staged, so that the write holds one file's arrays at a time
+    in_memory = in_memory and sum(a.nbytes for a in arrays.values()) <= _KEPT_MAX
+    if not in_memory:
+        for name, array in arrays.items():
+            np.save(staged_name(staging, pos, name), array)
     entry = FileEntry(
         **base,
         **_found(scan.metadata, scan.ambiguity),
@@ -245,15 +260,18 @@ def describe_file(
         mode="span",
         scan={**scan.meta(), "num_records": len(scan.records), **_fetched(source)},
     )
-    return Described(entry, len(scan.ext_keys), len(scan.records), named)
+    kept = arrays if in_memory else None
+    return Described(entry, len(scan.ext_keys), len(scan.records), named, kept)
 
 
 def _globals(scan: ScanResult, source: ByteSource) -> dict[tuple[str, str], int] | None:
     """The globals the file names, for the dataset's audit: none when the scan met no opcode
-    naming one (nothing to walk); else the audit's walk of the mapping the scan read (a local
+    naming one (nothing to walk); those the scan's walk listed when it could; else the audit's walk of the mapping the scan read (a local
     file, up to the audit's size limit); None for a remote object (its audit is the reads')."""
     if scan.global_ops == 0:
         return {}
+    if scan.named_globals is not None:  # the scan's walk listed them (safety.audit.named)
+        return scan.named_globals
     buf = source.map() if scan.global_ops > 0 and scan.bytes_read <= AUDIT_OPCODE_BYTES else None
     if buf is None:
         return None

@@ -1,5 +1,7 @@
-"""Writing an index: the per-sample arrays copied from the workers' staging folder, then the
-header, last, by atomic rename.
+"""Writing an index: the per-sample arrays copied from the workers' staging folder (or, for
+files described in this process, from memory: :attr:`Described.arrays`), then the header, last,
+by atomic rename. Each array's CRC-32 is computed over the bytes as they are written, never by
+reading the file back; the reader checks it where the index is opened.
 
 The header names the arrays it belongs to (each file name carries a fresh token) with each
 one's CRC-32, so a reader sees either the old index or the new one, never a mix; the new arrays
@@ -133,8 +135,11 @@ def write_index(
     def staged(array: str) -> Iterator[np.ndarray]:
         key_base = 0
         for d in spans:  # (none when the index has no span files: no staging either)
-            assert staging is not None
-            part = np.load(staged_name(staging, pos_of[d.entry.path], array))
+            if d.arrays is not None:  # described in this process: never staged
+                part = d.arrays[array]
+            else:
+                assert staging is not None
+                part = np.load(staged_name(staging, pos_of[d.entry.path], array))
             # ext_offsets point into the concatenated ext_keys: shift by the keys before them
             yield part + key_base if array == "ext_offsets" else part
             key_base += d.ext_keys

@@ -41,6 +41,7 @@ from ..errors import (
 from ..io import open_source
 from ..io.compressed.source import CompressedSource
 from ..io.options import SourceOptions
+from ..picklekit.extent import extent
 from ..picklekit.externals import ExternalMemos, MemoShifts
 from ..picklekit.spanfile import SpanFile
 from ..producers.joblibfile import joblib_note
@@ -61,6 +62,10 @@ __all__ = ["WHOLE_FILE_OPCODES", "FileReport", "inspect_file"]
 WHOLE_FILE_OPCODES = 1_000_000
 """A file the scanner cannot index is evaluated whole (inertly) only up to this many opcodes."""
 _WINDOW = 512
+# a preview never builds a sample with a set or dict in more opcodes than this (payloads count as
+# one): a set of 150,000 ints that hash alike takes hours to build; 8,192 a fraction of a second
+PREVIEW_OPCODES_MAX = 8192
+_HASHED_OPS = frozenset(b"\x8f\x90\x91}dsuR\x81\x92")  # sets, dicts, calls
 
 
 def _message(exc: FileProblem) -> str:
@@ -112,6 +117,22 @@ def _check_depth(value: Any, limit: int, what: str, sink: Refusals) -> None:
             sink.note(f"{what} nests containers deeper than max_depth={limit}")
 
 
+def _hash_flood(buf: Any, pos: int, end: int, limit: int) -> bool:
+    """Whether ``buf[pos:end]`` holds more than ``limit`` opcodes (payloads stepped over) and
+    builds a set or dict (or calls something, as protocol 2 writes ``set([...])``): what may
+    hash ``limit`` items alike. Deep lists and big arrays are evaluated as before."""
+    n, risky = 0, False
+    while pos < end:
+        risky = risky or buf[pos] in _HASHED_OPS
+        n += 1
+        if n > limit and risky:
+            return True
+        pos = extent(buf, pos, end)
+        if pos < 0:  # damaged: the evaluation says how
+            return False
+    return False
+
+
 def _no_external(memo_id: int) -> Any:
     raise NotInspectable(f"memo id {memo_id} is not defined before its use")
 
@@ -147,8 +168,10 @@ class _SpanPreview:
         row = s.arrays[f]
         if row is not None:
             return f"ndarray {row.dtype} {row.row_shape}"
+        start, end = int(s.starts[i, f]), int(s.ends[i, f])
+        if _hash_flood(self.reader.buf, start, end, PREVIEW_OPCODES_MAX):
+            return f"? (a set or dict in over {PREVIEW_OPCODES_MAX:,} opcodes: not evaluated)"
         try:
-            start, end = int(s.starts[i, f]), int(s.ends[i, f])
             value = self._load(start, end, int(s.memo_base[i, f]))[0]
         except Exception as exc:  # an inert reading that fails says so; it never runs code
             return f"? ({type(exc).__name__})"

@@ -37,7 +37,7 @@ import struct
 from typing import Final
 
 __all__ = ["ACTION", "ARGLEN", "COPY_STEP", "FINDS_CLASS", "FORM", "NPOP", "OPNAME", "PAYLOAD"]
-__all__ += ["HEAD", "PUSH_STEP", "REFUSED"]
+__all__ += ["HEAD", "NAME_TEXT", "PUSH_STEP", "REFUSED"]
 
 
 F_BAD, F_FIXED, F_LEN1, F_LEN4S, F_LEN4U, F_LEN8U, F_LINE, F_LINE2 = range(8)
@@ -115,6 +115,11 @@ PROTO_OP: Final = 0x80
 FINDS_CLASS: list[bool] = [
     OPNAME[b] in ("GLOBAL", "STACK_GLOBAL", "INST", "EXT1", "EXT2", "EXT4") for b in range(256)
 ]
+# Opcodes that push a string a STACK_GLOBAL may take as its module or name (the audit decodes
+# them); the walkers note which memo key stores one (Walked.strs).
+_NAMES = ("SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "SHORT_BINSTRING", "BINSTRING")
+NAME_TEXT: list[bool] = [OPNAME[b] in (*_NAMES, "STRING", "UNICODE") for b in range(256)]
+STACK_GLOBAL_OP: Final = 0x93
 # Total size of each fixed-size opcode that only pushes a value (the scanner's fast path), and of
 # each fixed-size opcode the span rewriter copies as is (not a memo opcode, not FRAME, not one
 # that names a global: the rewriter counts those); else 0.

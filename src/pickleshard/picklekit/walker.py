@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ..errors import CorruptPickleError, TruncatedPickleError
@@ -68,10 +68,12 @@ from .opcodes import (
     HEAD,
     HIGHEST_PROTOCOL,
     MEMOIZE_OP,
+    NAME_TEXT,
     NPOP,
     OPNAME,
     PUSH_STEP,
     REFUSED,
+    STACK_GLOBAL_OP,
     U4,
     U8,
 )
@@ -99,6 +101,12 @@ class Walked:
     # opcodes that name a global (GLOBAL, STACK_GLOBAL, INST, EXT1/2/4; FINDS_CLASS): none
     # means the globals audit has nothing to find, and need not walk the file again
     global_ops: int = 0
+    # the globals audit's facts (safety.audit.named): per global-naming opcode walked (not
+    # replayed: a replay repeats the bytes and memo keys of a value walked before),
+    # ``(offset, a, b)``, a and b the offsets of a STACK_GLOBAL's operands (-1: not a
+    # scalar); and the memo keys that store a string opcode's value, with its offset
+    named: array[int] = field(default_factory=lambda: array("q"))
+    strs: dict[int, int] = field(default_factory=dict)
 
 
 class Refused(Exception):
@@ -139,7 +147,7 @@ def walk_record(
     memo: dict[int, Node] = {}  # memo key -> node stored there, while it is kept
     key0, first_id, carry, skipped, fence = len(defs), -1, -1, 0, 0
     step_of, form_of, action_of, head_of = PUSH_STEP, FORM, ACTION, HEAD
-    finds_class = FINDS_CLASS
+    finds_class, name_text = FINDS_CLASS, NAME_TEXT
     while True:
         if pos >= end:
             raise cut_error(w, pos, "the opcode stream (no STOP)")
@@ -160,6 +168,8 @@ def walk_record(
             if type(top) is list:
                 memo[len(defs)] = top
                 top[KEY] = len(defs)
+            elif name_text[buf[top]]:
+                w.strs[len(defs)] = top
             defs.append(pos)
             pos += 1
             continue
@@ -182,6 +192,11 @@ def walk_record(
         act = action_of[op]
         if finds_class[op]:
             w.global_ops += 1
+            a = b = -1
+            if op == STACK_GLOBAL_OP and len(stack) >= 2:
+                a = stack[-2] if type(stack[-2]) is int else -1
+                b = stack[-1] if type(stack[-1]) is int else -1
+            w.named.extend((pos, a, b))
         if act == A_GET:
             mid = buf[pos + 1] if op == BINGET_OP else memo_arg(buf, pos, nxt, op, w)
             k = mid - first_id + key0
@@ -259,6 +274,8 @@ def walk_record(
             if type(top) is list:
                 memo[k] = top
                 top[KEY] = k
+            elif name_text[buf[top]]:
+                w.strs[k] = top
             defs.append(pos)
         elif act in (A_TUPLE, A_LIST, A_DICT, A_MARKPOP):
             if not marks:

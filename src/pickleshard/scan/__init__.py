@@ -59,6 +59,7 @@ from ..io.options import SourceOptions
 from ..picklekit.nodes import DICT, ITEMS, KIND, LIST, TUPLE, start_of
 from ..picklekit.walk import resolve_engine, walk_opcodes
 from ..picklekit.walker import Walked
+from ..safety.audit.named import named_globals
 from .access import fetched_since, scan_buffer
 from .ambiguity import Ambiguity, judge
 from .defaults import FieldFacts, appended_are_records, judge_one_sample, one_pickle_is_one_sample
@@ -202,6 +203,12 @@ def _scan(
     buf: Any, size: int, name: str, encoding: str, engine: str, layout: LayoutChoice = "auto"
 ) -> ScanResult:
     w = walk_opcodes(buf, size, name, engine=engine)
+    result = _scan_walked(buf, w, name, encoding, layout)
+    # the audit's facts from this walk: no second walk of the file to list its globals
+    return replace(result, named_globals=named_globals(buf, w) if w.global_ops else {})
+
+
+def _scan_walked(buf: Any, w: Walked, name: str, encoding: str, layout: LayoutChoice) -> ScanResult:
     stops = [end - 1 for _, end, _ in w.records]
     one = len(w.roots) == 1
     if layout == "file" and not one:  # the whole-file load words the error

@@ -199,6 +199,9 @@ class ScanResult:
     ambiguity: Ambiguity | None = field(default=None, compare=False)
     # opcodes naming a global the walk met (-1: not counted): 0 means nothing for the audit
     global_ops: int = field(default=-1, compare=False)
+    # the globals the walk saw named, as the audit's walk would list them (see
+    # safety.audit.named); None: the walk's facts did not settle it, or no walk gave them
+    named_globals: dict[tuple[str, str], int] | None = field(default=None, compare=False)
 
     @property
     def num_samples(self) -> int:
