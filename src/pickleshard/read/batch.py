@@ -176,7 +176,7 @@ class JoinedBatch(SampleBatch):
     first time they are asked for, by :func:`pickleshard.collate`. The parts' samples share a
     form (the first part's ``build`` and ``collated`` serve them all)."""
 
-    __slots__ = ("_joined", "allocate", "parts", "pos", "src")
+    __slots__ = ("_at", "_joined", "allocate", "parts", "pos", "src")
 
     def __init__(
         self,
@@ -187,12 +187,19 @@ class JoinedBatch(SampleBatch):
     ) -> None:
         self.parts, self.allocate = parts, allocate
         self.src, self.pos = np.asarray(src, np.intp), np.asarray(pos, np.intp)
+        self._at = list(zip(self.src.tolist(), self.pos.tolist(), strict=True))  # per sample
         self.size = len(self.src)
         self.build, self.collated = parts[0].build, parts[0].collated
         self._joined: list[BatchColumn] | None = None
 
     def values(self, k: int) -> tuple[Any, ...]:
-        return self.parts[int(self.src[k])].values(int(self.pos[k]))
+        part, at = self._at[k]
+        got: tuple[Any, ...] = self.parts[part].values(at)
+        return got
+
+    def __iter__(self) -> Iterator[Any]:
+        parts = self.parts
+        return (parts[part][at] for part, at in self._at)
 
     @property
     def columns(self) -> list[BatchColumn]:
