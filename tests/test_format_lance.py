@@ -26,6 +26,7 @@ _LANCE_OWN = ("_versions", "_transactions", "data")
 
 class TestLanceFormat(FormatTests):
     format = "lance"
+    worker_start = "spawn"  # Lance's runtime is not fork-safe: a forked reader is refused
 
     def output_contents(self, out: Path) -> Any:
         """Our files' bytes, and Lance's rows, schema and metadata. Not Lance's bytes: its file
@@ -142,3 +143,27 @@ def test_a_dataset_with_other_rows_is_refused_naming_it(tmp_path: Path) -> None:
     with pytest.raises(ConvertedDatasetError, match="holds 15 rows, expected 12") as info:
         open_dataset(out)
     assert str(out) in str(info.value)
+
+
+def test_a_forked_reader_is_refused_with_the_fix(tmp_path: Path) -> None:
+    import os
+
+    _source(tmp_path)
+    convert(tmp_path / "src", tmp_path / "out", to="lance")
+    ds = open_dataset(tmp_path / "out", shuffle=False)
+    ds[0]  # Lance used here: a fork of this process must not read it (it would hang)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what reading gives, then leave without cleanup
+        try:
+            ds[1]
+            text = "read"
+        except ConvertedDatasetError as exc:
+            text = str(exc)
+        os.write(write, text.encode()[:4000])
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as fh:
+        message = fh.read().decode()
+    os.waitpid(pid, 0)
+    assert "multiprocessing_context='spawn'" in message

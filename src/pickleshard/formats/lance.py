@@ -166,6 +166,9 @@ def _tensor_view(ct: ColumnType, arr: Any) -> np.ndarray[Any, Any]:
     return np.asarray(flat).reshape(len(arr), *ct["shape"])
 
 
+_USED_IN: int | None = None  # the process that used Lance here (a forked child inherits it)
+
+
 class LanceTableDataset(ConvertedDataset):
     """Reads a Lance conversion (module docstring): ``__getitems__`` is one ``take``."""
 
@@ -179,7 +182,17 @@ class LanceTableDataset(ConvertedDataset):
         self._lance.get()
 
     def _open(self) -> Any:
+        global _USED_IN
+        if _USED_IN is not None and os.getpid() != _USED_IN:
+            # a fork of a process that used Lance: its runtime's threads did not come along, and
+            # a read would wait for them forever
+            raise self._corrupt(
+                "Lance cannot be read in a process forked after it was used (its runtime is not "
+                "fork-safe): give the DataLoader multiprocessing_context='spawn' (or "
+                "'forkserver'), or convert to memmap for fork-started workers"
+            )
         lance = import_lance()
+        _USED_IN = os.getpid()
         try:
             ds = lance.dataset(str(self.root))
             schema, rows = ds.schema, ds.count_rows()

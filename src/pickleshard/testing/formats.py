@@ -116,6 +116,9 @@ class FormatTests:
     unsupported_dtypes: ClassVar[frozenset[str]] = frozenset()
     #: extra keyword arguments for every :func:`pickleshard.pipelines.convert.run` call
     convert_kwargs: ClassVar[dict[str, Any]] = {}
+    #: how DataLoader workers start for this format (None: the platform's default, fork on
+    #: Linux; "spawn" for a library that is not fork-safe)
+    worker_start: ClassVar[str | None] = None
 
     def make_format(self) -> str | Format:
         return self.format
@@ -371,9 +374,14 @@ class FormatTests:
         write_files(tmp_path / "src", objects)
         self.convert(tmp_path / "src", tmp_path / "out")
         ds = self.open(tmp_path / "out")
+        context = self.worker_start  # how the format's library lets workers start
         if isinstance(ds, data.IterableDataset):
-            loader = data.DataLoader(ds, batch_size=4, num_workers=2)
+            loader = data.DataLoader(
+                ds, batch_size=4, num_workers=2, multiprocessing_context=context
+            )
         else:
-            loader = data.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2)
+            loader = data.DataLoader(
+                ds, batch_size=4, shuffle=True, num_workers=2, multiprocessing_context=context
+            )
         seen = [int(y) for _, ys in loader for y in ys]
         assert sorted(seen) == list(range(30))
