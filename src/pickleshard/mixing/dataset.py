@@ -226,32 +226,35 @@ class MixedDataset(_DatasetBase[Any]):
 
     def __getitems__(self, indices: Sequence[int]) -> Sequence[Any]:
         """A batch in request order, each source read with one ``__getitems__`` call (or its
-        ``ds[i]`` one by one when it has none)."""
+        ``ds[i]`` one by one when it has none). Sources read by field (``SampleBatch``) of one
+        form, untagged and untransformed, make one :class:`~pickleshard.read.batch.JoinedBatch`
+        (``pickleshard.collate`` reads its columns); anything else a list."""
         sources, samples = self.locate(indices)
-        out: list[Any] = [None] * len(sources)
-        plain = not self.tag
-        parts: list[Any] = []
-        pos = np.zeros(len(sources), np.intp)
-        src = np.zeros(len(sources), np.intp)
+        got_by: list[tuple[int, np.ndarray, Any]] = []
         for s, where in self._by_source(sources):
             wanted = samples[where].tolist()
             source = self.datasets[s]
             many = getattr(source, "__getitems__", None)
-            got = many(wanted) if many is not None else [source[i] for i in wanted]
-            parts.append(got)
-            src[where], pos[where] = len(parts) - 1, np.arange(len(where))
-            if plain and self.transforms[s] is None:
-                for k, sample in zip(where.tolist(), got, strict=True):
-                    out[k] = sample
-            else:
-                for k, sample in zip(where.tolist(), got, strict=True):
-                    out[k] = self._finish(s, sample)
-        if plain and parts and all(t is None for t in self.transforms):
-            first = parts[0]
-            if all(
-                isinstance(p, SampleBatch) and p.build == first.build for p in parts
-            ):  # one batch of samples held by field: pickleshard.collate reads its columns
-                return JoinedBatch(parts, src, pos, batch_allocator())
+            got_by.append(
+                (s, where, many(wanted) if many is not None else [source[i] for i in wanted])
+            )
+        parts = [got for _, _, got in got_by]
+        plain = not self.tag and all(t is None for t in self.transforms)
+        if (
+            plain
+            and parts
+            and all(isinstance(p, SampleBatch) and p.build == parts[0].build for p in parts)
+        ):
+            src = np.zeros(len(sources), np.intp)
+            pos = np.zeros(len(sources), np.intp)
+            for k, (_, where, _) in enumerate(got_by):
+                src[where], pos[where] = k, np.arange(len(where))
+            return JoinedBatch(parts, src, pos, batch_allocator())
+        out: list[Any] = [None] * len(sources)
+        for s, where, got in got_by:
+            finish = self.tag or self.transforms[s] is not None
+            for k, sample in zip(where.tolist(), got, strict=True):
+                out[k] = self._finish(s, sample) if finish else sample
         return out
 
     def __repr__(self) -> str:

@@ -120,7 +120,7 @@ class SampleBatch(Sequence[Any]):
     list for tuples).
     """
 
-    __slots__ = ("build", "collated", "columns", "size")
+    __slots__ = ("_samples", "build", "collated", "columns", "size")
 
     def __init__(
         self,
@@ -130,6 +130,7 @@ class SampleBatch(Sequence[Any]):
         collated: Callable[[list[Any]], Any] = list,
     ) -> None:
         self.columns, self.size, self.build, self.collated = columns, size, build, collated
+        self._samples: list[Any] | None = None  # built by the first iteration, kept for the next
 
     def values(self, k: int) -> tuple[Any, ...]:
         """Sample ``k``'s field values, as a tuple."""
@@ -154,7 +155,10 @@ class SampleBatch(Sequence[Any]):
         return values if self.build is tuple else self.build(values)
 
     def __iter__(self) -> Iterator[Any]:
-        return (self[k] for k in range(self.size))
+        # default_collate walks a batch twice (sizes, then transposed): build the samples once
+        if self._samples is None:
+            self._samples = [self[k] for k in range(self.size)]
+        return iter(self._samples)
 
     def __eq__(self, other: object) -> bool:
         """Equal to a list or tuple of the same samples (as ``list(self) == other``)."""
@@ -191,6 +195,7 @@ class JoinedBatch(SampleBatch):
         self.size = len(self.src)
         self.build, self.collated = parts[0].build, parts[0].collated
         self._joined: list[BatchColumn] | None = None
+        self._samples = None
 
     def values(self, k: int) -> tuple[Any, ...]:
         part, at = self._at[k]
@@ -198,8 +203,10 @@ class JoinedBatch(SampleBatch):
         return got
 
     def __iter__(self) -> Iterator[Any]:
-        parts = self.parts
-        return (parts[part][at] for part, at in self._at)
+        if self._samples is None:
+            parts = [list(p) for p in self.parts]
+            self._samples = [parts[part][at] for part, at in self._at]
+        return iter(self._samples)
 
     @property
     def columns(self) -> list[BatchColumn]:
