@@ -1073,7 +1073,7 @@ cdef class Framing:
 # -- copies out of a file's mapping that survive the file shrinking under them -------------------
 #
 # A mapped page past the end of a file that was cut short since it was mapped raises SIGBUS on
-# access. fill_items copies out of a mapping only inside ps_copy_guarded: SIGBUS there jumps
+# access. SpanLoader._fill copies out of a mapping only inside ps_copy_guarded: SIGBUS there jumps
 # back out of the copy (the call returns -1 and the caller reads that sample its own way, which
 # names the error); SIGBUS anywhere else goes to the handler that was there before ours.
 
@@ -1122,7 +1122,7 @@ cdef extern from *:
 
 
 cdef struct Workspace:
-    # what fill_items' reads of up to ``m`` items use, allocated once per call
+    # what SpanLoader._fill's reads of up to ``m`` items use, allocated once per call
     unsigned char* scratch  # m * (2 * TPL_MAX + 9): each item's framing
     char** dst  # 3 * m pieces of a copy out of a mapping
     const char** src
@@ -1165,7 +1165,7 @@ cdef void _copy_mapped(
     const int64_t[:] ends, const int64_t[:] items, const int64_t[:] rowpos,
     unsigned char[:] slow,
 ) noexcept nogil:
-    """fill_items' reads out of a mapping: every item not ``slow`` copied (its framing into
+    """SpanLoader._fill's reads out of a mapping: every item not ``slow`` copied (its framing into
     the workspace's scratch), guarded; on SIGBUS every item is marked ``slow`` (read again)."""
     cdef Py_ssize_t j, i, k = 0, after
     cdef char** dst = ws.dst
@@ -1492,14 +1492,14 @@ cdef class SpanLoader:
             PyBuffer_Release(&view)
         return m
 
-    def fill_items(
-        self, int fd, rows, Framing fr, const int64_t[:] starts, const int64_t[:] ends,
-        const unsigned char[:] direct, const int64_t[:] items, const int64_t[:] rowpos,
-        const int64_t[:] labels, unsigned char[:] slow, Py_ssize_t gap=0,
-        const unsigned char[:] mapped=None,
-    ):
-        """Fill row ``rowpos[j]`` of ``rows`` (a C-contiguous ``(B, ...)`` batch buffer) with
-        the payload of array item ``items[j]`` (its span ``[starts[i], ends[i])`` of the field's
+    cdef Py_ssize_t _fill(
+        self, int fd, unsigned char* buf, Py_ssize_t row, Py_ssize_t nrows, Framing fr,
+        const int64_t[:] starts, const int64_t[:] ends, const unsigned char[:] direct,
+        const int64_t[:] items, const int64_t[:] rowpos, const int64_t[:] labels,
+        unsigned char[:] slow, Py_ssize_t gap, const unsigned char[:] mapped, Workspace* ws,
+    ) except -1:
+        """Fill row ``rowpos[j]`` of the ``nrows`` rows of ``row`` bytes at ``buf`` (a batch
+        buffer) with the payload of array item ``items[j]`` (its span ``[starts[i], ends[i])`` of the field's
         columns), for every ``j``, the bytes around each payload checked against ``fr`` (else
         the ``stale`` error naming ``labels[j]``) once every read is done. The batch plan:
         ``items`` come in offset order, and spans whose gap to the next is at most ``gap`` bytes
@@ -1512,38 +1512,10 @@ cdef class SpanLoader:
         ``mapped``, the file mapped whole (``mmap``), is read by ``memcpy`` instead of
         ``preadv`` (a page-cache copy without a system call per sample, as a memmap's fancy
         index is): guarded, so a file cut short under the mapping marks the items ``slow``
-        instead of raising SIGBUS."""
-        cdef Py_buffer view
-        cdef Py_ssize_t nrows = len(rows), filled
-        if items.shape[0] == 0:
-            return 0
-        cdef Workspace ws
-        if gap < 0 or gap > FILL_GAP_MAX:
-            raise ValueError(f"gap must be within [0, {FILL_GAP_MAX}], got {gap}")
-        if mapped is not None and mapped.shape[0] and ps_guard_sigbus() != 0:
-            PyErr_SetFromErrno(OSError)
-        _workspace(&ws, items.shape[0], gap)
-        PyObject_GetBuffer(rows, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
-        try:
-            if nrows == 0 or view.len % nrows:
-                raise ValueError(f"{view.len} bytes of rows for {nrows} rows")
-            filled = self._fill(
-                fd, <unsigned char*>view.buf, view.len // nrows, nrows, fr, starts, ends,
-                direct, items, rowpos, labels, slow, gap, mapped, &ws,
-            )
-        finally:
-            PyBuffer_Release(&view)
-            _release(&ws)
-        return filled
+        instead of raising SIGBUS.
 
-    cdef Py_ssize_t _fill(
-        self, int fd, unsigned char* buf, Py_ssize_t row, Py_ssize_t nrows, Framing fr,
-        const int64_t[:] starts, const int64_t[:] ends, const unsigned char[:] direct,
-        const int64_t[:] items, const int64_t[:] rowpos, const int64_t[:] labels,
-        unsigned char[:] slow, Py_ssize_t gap, const unsigned char[:] mapped, Workspace* ws,
-    ) except -1:
-        """:meth:`fill_items` into ``nrows`` rows of ``row`` bytes at ``buf``, with a workspace
-        for at least ``len(items)`` items and ``gap`` (and SIGBUS guarded when ``mapped``)."""
+        The caller gives a workspace for at least ``len(items)`` items and ``gap``, and has
+        guarded SIGBUS (``ps_guard_sigbus``) when ``mapped``."""
         cdef Py_ssize_t m = items.shape[0], j, g, nv, total, got, d, after, i
         cdef Py_ssize_t pre = fr.hlen, short_at = -1, stride = 2 * TPL_MAX + 9
         cdef Py_ssize_t n = starts.shape[0], filled = 0
@@ -1643,11 +1615,6 @@ cdef class SpanLoader:
         finally:
             pass
         return filled
-
-    def same_file(self, int fd, labels):
-        """Raise the ``stale`` error naming ``labels`` if the file open at ``fd`` is no longer
-        the one indexed (after :meth:`identify`; nothing before)."""
-        self._same_file(fd, labels, None)
 
     def load_sample(self, int fd, Py_ssize_t i, bint check=False, name=None):
         """Sample ``i`` as a tuple (after :meth:`plan`); or :data:`SLOW` with nothing counted
@@ -1785,7 +1752,7 @@ def fill_batch(
     ``cuts[g]:cuts[g + 1]`` of ``items`` (its samples, in offset order), ``rows`` (their rows in
     the batch) and ``labels`` (the names errors give them) into ``columns`` (one per field: a
     C-contiguous ``(B, ...)`` array for an array field, int64 ``(B,)`` for an int field, None
-    for others), by :meth:`SpanLoader.fill_items`' reads; each file's identity is checked after
+    for others), by :meth:`SpanLoader._fill`'s reads; each file's identity is checked after
     its reads. ``slow`` marks what the caller reads its own way. Returns each file's count of
     samples filled (int64)."""
     cdef Py_ssize_t nf = len(columns), ng = len(files), g, a, b, k, c, j, nrows
@@ -1850,18 +1817,6 @@ def fill_batch(
         free(held)
         _release(&ws)
     return filled
-
-
-def take_into(const int64_t[:] values, const int64_t[:] items, const int64_t[:] rows, int64_t[:] out):
-    """``out[rows[j]] = values[items[j]]`` for every ``j`` (a batch's int column from a file's
-    decoded one): one call where numpy takes two fancy indexings."""
-    cdef Py_ssize_t j, m = items.shape[0], n = values.shape[0], b = out.shape[0]
-    if rows.shape[0] != m:
-        raise ValueError(f"{m} items but {rows.shape[0]} rows")
-    for j in range(m):
-        if not (0 <= items[j] < n and 0 <= rows[j] < b):
-            raise IndexError(f"item {items[j]} of {n} into row {rows[j]} of {b}")
-        out[rows[j]] = values[items[j]]
 
 
 # -- the ArrayItem check's byte gather: the compiled twin of pickleshard.scan.fastpath.gathered --

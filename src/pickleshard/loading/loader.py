@@ -3,7 +3,7 @@
 The sampler's order is known ahead (a deterministic permutation), so the loader draws the indices
 of the next batches from it and keeps their reads going in a thread pool while the training loop
 works on the current one: a local file's batch read releases the interpreter lock (the compiled
-``fill_items``), a remote one waits on its ranges' round trips (fetched together per file), so
+``fill_batch``), a remote one waits on its ranges' round trips (fetched together per file), so
 threads serve both where worker processes were needed. ``workers=N`` runs the reads and a
 Python-heavy ``transform`` in N processes instead (a torch ``DataLoader`` inside, fed the same
 batches). Batches come out in the sampler's order, equal to ``DataLoader(ds, batch_size,

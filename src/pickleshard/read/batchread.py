@@ -212,7 +212,7 @@ class BatchReader:
         self.cold = took > COLD_SECONDS * len(items) + nbytes / COLD_BYTES_PER_SECOND
         for k, (fill, _, _) in enumerate(fast):
             a, b, done = bounds[k], bounds[k + 1], counts[k]
-            if done == b - a and fill.bounded:  # the common case, kept short
+            if done == b - a and fill.bounded and not fill.swapped:  # the common case
                 fill.stats.array_items += done * len(fill.arrays)
                 fill.stats.bytes_read += done * fill.row_bytes
             else:

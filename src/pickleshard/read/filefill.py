@@ -20,7 +20,7 @@ import numpy as np
 
 from ..picklekit.compiled import require
 from ..safety.bounds import check_sample
-from .batch import ARRAYS, INTS, BatchColumn
+from .batch import BatchColumn
 from .ints import IntColumn
 from .items import ArrayItems, compiled_framing
 from .plan import INT, ITEM, ReadPlan
@@ -67,9 +67,9 @@ def _mapping(fd: int, size: int) -> Any:
 
 class FileFill:
     """How one span-read file's samples are put in a batch's rows, decided once per reader and
-    process from its settled plan: :meth:`fill` reads the array fields by the compiled
-    ``fill_items`` and takes the ints from their decoded column when :meth:`fits` the batch's
-    columns; anything else goes through :meth:`SpanReader.many`, the reference."""
+    process from its settled plan: a file whose fields are all arrays read from their payloads
+    and small ints has a compiled record (:attr:`batch`) that ``_cscan.fill_batch`` reads, then
+    :meth:`filled` finishes; any other file is read by :meth:`fill`, the reference."""
 
     def __init__(self, reader: SpanReader, here: Opened, plan: ReadPlan) -> None:
         fd, loader = here.fd, here.loader
@@ -88,8 +88,7 @@ class FileFill:
                 self.ints.append((f, np.asarray(field.values, np.int64)))
         self.compiled = len(self.arrays) + len(self.ints) == len(plan.hows)
         self.row_bytes = sum(f.spec.dtype.itemsize * prod(f.spec.shape) for _, f, _ in self.arrays)
-        self.take: Any = require().take_into if compiled else None
-        # the file mapped whole, read by memcpy (see SpanLoader.fill_items); None: by preadv
+        # the file mapped whole, read by memcpy (see _cscan.fill_batch); None: by preadv
         self.mapped = _mapping(fd, reader.identity.size) if self.arrays else None
         # per array field, which samples are read from their payloads (not an exception, no
         # span defining a shared value) as uint8 flags; empty where all are
@@ -97,10 +96,11 @@ class FileFill:
         # these samples (fixed arrays, int64 ints) all decode to one size and depth: held to
         # the bounds once, by the first one read
         self.bounded = reader.bounds is None
-        # the whole file's part of a batch in C (SpanLoader's reads, the ints, the identity),
-        # for a batch whose columns fit and arrays that need no byte swap
+        # array fields stored byte-swapped: their rows are swapped once read
+        self.swapped = [f for f, field, _ in self.arrays if field.spec.swap]
+        # the whole file's part of a batch in C (SpanLoader's reads, the ints, the identity)
         self.batch: Any = None
-        if self.compiled and not any(f.spec.swap for _, f, _ in self.arrays):
+        if self.compiled:
             arrays, ints = self.arrays, self.ints
             n = len(reader.scan.starts)
             direct = np.zeros((0, 0), np.uint8)
@@ -133,8 +133,12 @@ class FileFill:
         columns: list[BatchColumn],
     ) -> None:
         """After :func:`fill_batch` put ``count`` of samples ``items`` in their rows: their
-        counts, the bounds (once), and the samples it left (``slow``) read by the reference."""
+        bytes in native order, their counts, the bounds (once), and the samples it left
+        (``slow``) read by the reference."""
         m = len(items)
+        for f in self.swapped:
+            mine = rows[slow == 0]
+            columns[f].data[mine] = columns[f].data[mine].byteswap()
         for _, field, _ in self.arrays:
             field.stats.array_items += count
             field.stats.bytes_read += count * field.spec.dtype.itemsize * prod(field.spec.shape)
@@ -160,62 +164,15 @@ class FileFill:
         for col, value in zip(columns, sample, strict=True):
             col.put(row, value)
 
-    def fits(self, columns: list[BatchColumn]) -> bool:
-        """Whether the compiled path can fill ``columns`` (every array field planned as
-        arrays of this file's dtype and shape)."""
-        if not self.compiled:
-            return False
-        for f, field, _ in self.arrays:
-            data = columns[f].data
-            if columns[f].kind != ARRAYS or data.shape[1:] != field.spec.shape:
-                return False
-            if data.dtype != field.spec.dtype:
-                return False
-        return True
-
     def fill(
         self, items: np.ndarray, labels: np.ndarray, rows: np.ndarray, columns: list[BatchColumn]
     ) -> None:
         """Put samples ``items`` (in range, in offset order; errors naming ``labels``) in rows
-        ``rows`` of ``columns``."""
-        reader = self.reader
-        if not self.fits(columns):
-            got = reader.many(items.tolist(), labels.tolist())
-            for k, sample in zip(rows.tolist(), got, strict=True):
-                for col, value in zip(columns, sample, strict=True):
-                    col.put(k, value)
-            return
-        m = len(items)
-        slow = np.zeros(m, np.uint8)  # samples left to the reference, read one by one
-        short = False
-        for f, values in self.ints:
-            data = columns[f].data
-            if columns[f].kind == INTS:
-                self.take(values, items, rows, data)
-            else:
-                columns[f].put_rows(rows, values[items])
-        for (f, field, framing), direct in zip(self.arrays, self.direct, strict=True):
-            data = columns[f].data
-            done = self.loader.fill_items(
-                self.fd,
-                data,
-                framing,
-                field.starts,
-                field.ends,
-                direct,
-                items,
-                rows,
-                labels,
-                slow,
-                FILL_GAP,
-                self.mapped,
-            )
-            if field.spec.swap:
-                mine = rows[slow == 0]
-                data[mine] = data[mine].byteswap()
-            short = short or done < m
-        self.loader.same_file(self.fd, labels)  # after the reads: a raced write shows by now
-        self.filled(m if not short else m - int(slow.sum()), slow, items, labels, rows, columns)
+        ``rows`` of ``columns`` by :meth:`SpanReader.many`, the reference."""
+        got = self.reader.many(items.tolist(), labels.tolist())
+        for k, sample in zip(rows.tolist(), got, strict=True):
+            for col, value in zip(columns, sample, strict=True):
+                col.put(k, value)
 
     def close(self) -> None:
         """Let go of the file's mapping (its reader is closing the file); returns None."""
