@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import pickle
 from enum import IntEnum
 from typing import Any
@@ -104,7 +105,9 @@ def is_json_exact(value: Any, depth: int = 0) -> bool:
     t = type(value)
     if t is int:
         return bool(value.bit_length() <= MAX_TEXT_INT_BITS)
-    if value is None or t is bool or t is float or t is str:
+    if t is float:  # json writes NaN and inf as non-standard words, and NaN loses its sign
+        return math.isfinite(value)
+    if value is None or t is bool or t is str:
         return True
     if depth > _MAX_DEPTH:
         return False
