@@ -206,10 +206,10 @@ def test_general_span_reader_counts_memoize_after_an_explicit_put(tmp_path: Path
 
 
 def test_a_one_bit_flip_can_make_whole_file_loading_allocate_a_huge_memo(tmp_path: Path) -> None:
-    """Documents a limit of ``load_file`` without ``check_memo``: CPython's C unpickler sizes
+    """Documents a limit of ``load_file`` without ``check_first``: CPython's C unpickler sizes
     its memo array to the largest PUT id, so a LONG_BINPUT id near 2**31 in a 9-byte file asks
     for ~32 GiB. Under an address-space limit that is a clean CorruptPickleError; without one
-    it is real memory. ``check_memo=True`` and index building refuse the id first
+    it is real memory. ``check_first=True`` and index building refuse the id first
     (tests/test_memo_ids.py); the span path renumbers memo ids and is not affected."""
     code = (
         "import resource, sys\n"

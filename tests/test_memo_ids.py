@@ -2,9 +2,9 @@
 
 CPython's C unpickler keeps its memo in an array sized to twice the largest PUT id, so one
 ``LONG_BINPUT`` id near 2**32 in a 20-byte file asks for 64 GiB. A pickle of S bytes defines at
-most S memo entries: :func:`check_memo_ids` refuses any PUT, BINPUT or LONG_BINPUT id above the
+most S memo entries: :func:`check_before_load` refuses any PUT, BINPUT or LONG_BINPUT id above the
 file size, naming the file, the opcode's offset, the id and the limit. Whole-file loads run it
-with ``check_memo=True``; index building always does (span-indexed files only when the
+with ``check_first=True``; index building always does (span-indexed files only when the
 scanner's records cannot rule it out).
 
 Ids here are small enough (<= 10**6) that a regression costs megabytes, not gigabytes; the one
@@ -27,7 +27,7 @@ import pytest
 from conftest import BAD_FILES
 from pickleshard import errors
 from pickleshard.indexing.build import build_index
-from pickleshard.picklekit.memoids import check_memo_ids
+from pickleshard.picklekit.preload import check_before_load
 from pickleshard.read.whole.load import load_file, load_layout, load_records
 
 MID = 1_000_000  # far above every file below, harmless if ever allocated
@@ -73,7 +73,7 @@ def _write(folder: Path, name: str, data: bytes) -> Path:
 )
 def test_a_memo_id_above_the_file_size_is_refused(data: bytes, offset: int, mid: int) -> None:
     with pytest.raises(errors.CorruptPickleError) as info:
-        check_memo_ids(data, 0, len(data), "f.pkl")
+        check_before_load(data, 0, len(data), "f.pkl")
     err = info.value
     assert (err.path, err.offset) == ("f.pkl", offset)
     assert f"memo id {mid}" in str(err)
@@ -85,7 +85,7 @@ def test_payload_bytes_that_look_like_a_long_binput_are_stepped_over() -> None:
     for obj in ([fake, fake.decode("latin-1")], {"k": fake * 50}):
         for protocol in range(6):
             data = pickle.dumps(obj, protocol=protocol)
-            assert check_memo_ids(data, 0, len(data), "f.pkl") == len(data)
+            assert check_before_load(data, 0, len(data), "f.pkl") == len(data)
 
 
 @pytest.mark.parametrize("protocol", range(6))
@@ -99,24 +99,24 @@ def test_valid_pickles_pass_and_the_walk_ends_after_stop(protocol: int) -> None:
     )
     data = pickle.dumps(obj, protocol=protocol)
     tail = pickle.dumps([1, 2], protocol=protocol)
-    assert check_memo_ids(data + tail, 0, len(data + tail), "f.pkl") == len(data)
+    assert check_before_load(data + tail, 0, len(data + tail), "f.pkl") == len(data)
 
 
 def test_every_memo_id_up_to_the_file_size_is_allowed() -> None:
     # 400 memoized lists at protocol 2: ids cross from BINPUT to LONG_BINPUT at 256
     data = pickle.dumps([[i] for i in range(400)], protocol=2)
     assert b"r" + _p4(399) in data
-    assert check_memo_ids(data, 0, len(data), "f.pkl") == len(data)
+    assert check_before_load(data, 0, len(data), "f.pkl") == len(data)
     edge = b"\x80\x02]r" + _p4(9) + b"."  # id == size: allowed
     assert len(edge) == 9
-    assert check_memo_ids(edge, 0, len(edge), "f.pkl") == len(edge)
+    assert check_before_load(edge, 0, len(edge), "f.pkl") == len(edge)
     with pytest.raises(errors.CorruptPickleError, match="memo id 10 "):
-        check_memo_ids(edge.replace(_p4(9), _p4(10)), 0, len(edge), "f.pkl")
+        check_before_load(edge.replace(_p4(9), _p4(10)), 0, len(edge), "f.pkl")
 
 
 def test_unreadable_opcodes_are_left_to_the_unpickler() -> None:
     for data in (b"\x80\x02]r\x01", b"\x80\x02\xff.", b"\x80\x02T\xff\xff\xff\xff.", b"(lp12"):
-        assert check_memo_ids(data, 0, len(data), "f.pkl") < len(data)
+        assert check_before_load(data, 0, len(data), "f.pkl") < len(data)
 
 
 # -- whole-file loading ----------------------------------------------------------------------
@@ -126,7 +126,7 @@ def test_whole_file_loads_refuse_with_check_memo(tmp_path: Path) -> None:
     path = _write(tmp_path, "f.pkl", _out_of_order(MID))
     for load in (load_file, load_records, load_layout):
         with pytest.raises(errors.CorruptPickleError, match=rf"memo id {MID} is larger") as info:
-            load(path, check_memo=True)  # type: ignore[operator]
+            load(path, check_first=True)  # type: ignore[operator]
         assert (info.value.path, info.value.offset) == (os.fspath(path), 9)
     assert load_file(path) == ([1], [2])  # off by default: a small id loads as before
 
@@ -135,7 +135,7 @@ def test_check_memo_walks_every_appended_pickle(tmp_path: Path) -> None:
     first = pickle.dumps(([1], [2]), protocol=2)
     path = _write(tmp_path, "f.pkl", first + _in_order(MID))
     with pytest.raises(errors.CorruptPickleError) as info:
-        load_records(path, check_memo=True)
+        load_records(path, check_first=True)
     assert info.value.offset == len(first) + 3
 
 
@@ -145,7 +145,7 @@ def test_check_memo_walks_every_appended_pickle(tmp_path: Path) -> None:
 def test_check_memo_keeps_every_other_error(tmp_path: Path, data: bytes, expected: str) -> None:
     path = _write(tmp_path, "bad.pkl", data)
     with pytest.raises(getattr(errors, expected)) as info:
-        load_records(path, check_memo=True)
+        load_records(path, check_first=True)
     assert info.value.path == os.fspath(path)
 
 
@@ -153,7 +153,7 @@ def test_check_memo_loads_valid_files_unchanged(tmp_path: Path) -> None:
     for protocol in range(6):
         obj = ([np.full(3, i, np.float32) for i in range(50)], [str(i) for i in range(50)])
         path = _write(tmp_path, f"p{protocol}.pkl", pickle.dumps(obj, protocol=protocol) * 2)
-        got = load_records(path, check_memo=True)
+        got = load_records(path, check_first=True)
         assert len(got) == 2
         for rec in got:
             assert rec[1] == obj[1]
@@ -168,7 +168,7 @@ def test_a_memo_id_near_2_32_is_refused_before_any_allocation(tmp_path: Path) ->
         "from pickleshard.errors import CorruptPickleError\n"
         "from pickleshard.indexing import build_index\n"
         "from pickleshard.read.whole.load import load_records\n"
-        "for run in (lambda: load_records(sys.argv[1], check_memo=True),\n"
+        "for run in (lambda: load_records(sys.argv[1], check_first=True),\n"
         "            lambda: build_index(sys.argv[2], jobs=1)):\n"
         "    try:\n"
         "        run()\n"

@@ -8,7 +8,7 @@ it cannot prove...) is unpickled whole to count its samples instead, and its row
 (``mode="whole"``, ``reason``). The scanner's other errors are checked against a whole-file
 load, so a bad file raises the same :class:`~pickleshard.errors.PickleshardError` either way.
 Either way a memo id larger than the file is refused
-(:func:`pickleshard.picklekit.memoids.check_memo_ids`), so that no file an index holds makes a later
+(:func:`pickleshard.picklekit.preload.check_before_load`), so that no file an index holds makes a later
 whole-file load allocate a huge memo. The file's identity, fingerprint and memo check read it
 through :mod:`pickleshard.io`.
 """
@@ -27,7 +27,7 @@ from ..index.files import FileEntry, fingerprint
 from ..io import ByteSource, open_source
 from ..io.options import SourceOptions
 from ..io.remote.counting import remote_fetch_counts
-from ..picklekit.memoids import check_memo_ids
+from ..picklekit.preload import check_before_load
 from ..producers.foreign import foreign_scan
 from ..read import SpanReader
 from ..read.whole.cache import estimate_nbytes
@@ -144,7 +144,7 @@ def _check_span_memo(scan: ScanResult, options: SourceOptions | None) -> None:
     The scanner numbers each pickle's memo ids from its first one, consecutively, and records
     ``shift`` = memo key - memo id. The first key of a pickle is at most its start offset and
     it defines at most ``end - start`` entries, so its ids stay below ``end - shift``: only a
-    pickle where that bound passes the file size is walked again, by :func:`check_memo_ids`,
+    pickle where that bound passes the file size is walked again, by :func:`check_before_load`,
     which names the opcode. A file written by ``pickle.dump`` is never walked again.
     """
     suspect = [int(start) for start, end, shift in scan.records if end - shift - 1 > scan.size]
@@ -156,7 +156,7 @@ def _check_span_memo(scan: ScanResult, options: SourceOptions | None) -> None:
         if buf is None:  # a remote object (this check is rare): its bytes
             buf = source.read_at(0, source.size)
         for start in suspect:
-            check_memo_ids(buf, start, source.size, scan.path)
+            check_before_load(buf, start, source.size, scan.path)
 
 
 def _found(metadata: dict[str, Any], ambiguity: Ambiguity | None) -> dict[str, Any]:
@@ -175,7 +175,7 @@ def _whole(
     layout: LayoutChoice,
     options: SourceOptions | None,
 ) -> Described:
-    decoded = load_layout(path, policy, check_memo=True, layout=layout, options=options)
+    decoded = load_layout(path, policy, check_first=True, layout=layout, options=options)
     entry = FileEntry(
         **base,
         **_found(decoded.metadata, decoded.ambiguity),

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..picklekit.hashalike import AlikeInts, hash_flood_message
 from ..picklekit.opcodes import I4, U4, U8
 from ..picklekit.spanfile import SpanFile
 from ..picklekit.unpicklers import SpanUnpickler
@@ -134,7 +135,10 @@ class InspectUnpickler(SpanUnpickler):
     loader would refuse (the shared argument checks of :mod:`pickleshard.safety.guards`) are noted in
     :attr:`refusals` (``refusals=`` shares one :class:`Refusals` between unpicklers).
     ``bytes`` / ``bytearray`` payloads of at least ``bytes_min`` bytes and text payloads of at
-    least 4 KiB become :class:`Payload` placeholders and are skipped.
+    least 4 KiB become :class:`Payload` placeholders and are skipped. Ints crafted to hash alike
+    (:mod:`pickleshard.picklekit.hashalike`; ``alike=`` shares the count between unpicklers)
+    are refused with :class:`NotInspectable`, the refusal noted, before a set or dict of them
+    is built.
     """
 
     dispatch: ClassVar[dict[int, Any]] = dict(SpanUnpickler.dispatch)
@@ -145,11 +149,13 @@ class InspectUnpickler(SpanUnpickler):
         *,
         bytes_min: int = 0,
         refusals: Refusals | None = None,
+        alike: AlikeInts | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(file, **kwargs)
         self._bytes_min = bytes_min
         self.refusals = refusals if refusals is not None else Refusals()
+        self._alike = alike if alike is not None else AlikeInts()
 
     def find_class(self, module: str, name: str) -> Any:
         key = (module, name)
@@ -209,6 +215,38 @@ class InspectUnpickler(SpanUnpickler):
     def load_binunicode8(self) -> None:
         self._payload(U8(self.read(8))[0], "text", lambda b: str(b, "utf-8", "surrogatepass"))
 
+    def _push_int(self, value: int, raw: bytes) -> None:
+        """Push an int, counting it first: a set or dict of ints crafted to hash alike is
+        refused (noted in :attr:`refusals`), never built, by an inert evaluation."""
+        most = self._alike.add(value, raw)
+        if most:
+            why = hash_flood_message(most)
+            self.refusals.note(why)
+            raise NotInspectable(why)
+        self.append(value)
+
+    def load_long1(self) -> None:
+        raw = self.read(self.read(1)[0])
+        self._push_int(int.from_bytes(raw, "little", signed=True), raw)
+
+    def load_long4(self) -> None:
+        n = I4(self.read(4))[0]
+        if n < 0:
+            raise pickle.UnpicklingError("LONG pickle has negative byte count")
+        raw = self.read(n)
+        self._push_int(int.from_bytes(raw, "little", signed=True), raw)
+
+    def load_int(self) -> None:  # as pickle's: 00 and 01 are protocol 0's False and True
+        raw = self.readline()
+        if raw in (b"00\n", b"01\n"):
+            self.append(raw == b"01\n")
+        else:
+            self._push_int(int(raw, 0), raw)
+
+    def load_long(self) -> None:
+        raw = self.readline()[:-1]
+        self._push_int(int(raw[:-1] if raw.endswith(b"L") else raw, 0), raw)
+
     dispatch[pickle.SHORT_BINBYTES[0]] = load_short_binbytes
     dispatch[pickle.BINBYTES[0]] = load_binbytes
     dispatch[pickle.BINBYTES8[0]] = load_binbytes8
@@ -216,3 +254,7 @@ class InspectUnpickler(SpanUnpickler):
     dispatch[pickle.BINUNICODE[0]] = load_binunicode
     dispatch[pickle.BINSTRING[0]] = load_binstring
     dispatch[pickle.BINUNICODE8[0]] = load_binunicode8
+    dispatch[pickle.LONG1[0]] = load_long1
+    dispatch[pickle.LONG4[0]] = load_long4
+    dispatch[pickle.INT[0]] = load_int
+    dispatch[pickle.LONG[0]] = load_long

@@ -12,10 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptPickleError
+from ..errors import CorruptPickleError, NotSpanIndexableError
 from ..picklekit import opcodes as oc
 from ..picklekit.compiled import require
 from ..picklekit.externals import ExternalMemos, MemoShifts
+from ..picklekit.hashalike import AlikeInts, hash_flood_message
 from ..picklekit.memotables import ElementTable
 from ..picklekit.spanfile import WINDOW, SpanFile
 from ..picklekit.walk import releaser
@@ -44,6 +45,7 @@ class Inspector:
         self.consts: dict[int, str] = {}
         self.bytes_read = 0
         self.window = WINDOW  # bytes per read of a span
+        self.alike = AlikeInts()  # one count for the file: its keys are evaluated one by one
 
     def _read_at(self, offset: int, n: int) -> bytes:
         return bytes(self.buf[offset : offset + n])
@@ -65,6 +67,7 @@ class Inspector:
             first_id=first,
             resolve=lambda i: self.externals(i + shift),
             encoding=self.encoding,
+            alike=self.alike,
         )
         try:
             value = u.load()
@@ -87,6 +90,9 @@ class Inspector:
         try:
             return self.load(start, end, bytes_min)[0]
         except Exception:  # anything the inspector cannot evaluate is of unknown type
+            if self.alike.over:  # but a file whose ints hash alike is not scanned on
+                reason = hash_flood_message(self.alike.over)
+                raise NotSpanIndexableError(self.w.name, reason, offset=start) from None
             return UNKNOWN
 
     def key(self, start: int, end: int) -> Any:

@@ -313,7 +313,7 @@ def _load_whole(path: Path, policy: UnpicklePolicy) -> tuple[Sequence[Any], Chun
     """Every pickle of ``path``, as columns, by the scanner's rules for appended pickles."""
     # load_records classifies every failure, bytes after the last pickle included (they are
     # a NotAPickleError at their offset), and refuses impossible memo ids before unpickling.
-    objs = load_records(path, policy, check_memo=True)
+    objs = load_records(path, policy, check_first=True)
     if _one_per_pickle(objs, path):
         return _samples(objs, path)
     if len(objs) == 1:

@@ -26,7 +26,7 @@ from ...io.identity import FileIdentity
 from ...io.options import SourceOptions
 from ...picklekit.archives import HEAD_BYTES, torch_save_kind, torch_save_message
 from ...picklekit.gcpause import paused_gc
-from ...picklekit.memoids import check_memo_ids
+from ...picklekit.preload import check_before_load
 from ...producers.foreign import foreign_records, unwrap_tables
 from ...producers.python2 import is_python2_str, python2_error
 from ...safety.policy import DEFAULT_POLICY, UnpicklePolicy, guard_misuse
@@ -47,40 +47,40 @@ def load_file(
     path: str | os.PathLike[str],
     policy: UnpicklePolicy = DEFAULT_POLICY,
     *,
-    check_memo: bool = False,
+    check_first: bool = False,
 ) -> Any:
     """Unpickle the first pickle of ``path``; every failure becomes a :class:`PickleshardError`.
 
     ``policy`` decides which globals may load (default: the allowlist) and the text encoding.
     A file may hold more pickles after it: :func:`load_records` reads them all.
 
-    ``check_memo=True`` first runs :func:`check_memo_ids` over each pickle, so that a memo id
+    ``check_first=True`` first runs :func:`check_before_load` over each pickle, so that a memo id
     no pickle of this size can hold is refused before CPython's unpickler sizes its memo array
     to it (a ``LONG_BINPUT`` id near 2**32 asks for 64 GiB, and gets it where memory is
-    overcommitted). It is off by default because it walks every opcode in Python: about 0.3x
+    overcommitted), and ints crafted to hash alike before a set or dict of them is built. It is off by default because it walks every opcode in Python: about 0.3x
     the load's time on a file of 12 KB arrays, 1.2-1.7x on small Python objects (measured on
     40,000 samples of each). Index building turns it on,
     so a file an index holds has been checked (and the index's staleness check says it has not
     changed since).
     """
-    return _load(path, policy, every=False, check_memo=check_memo)[0]
+    return _load(path, policy, every=False, check_first=check_first)[0]
 
 
 def load_records(
     path: str | os.PathLike[str],
     policy: UnpicklePolicy = DEFAULT_POLICY,
     *,
-    check_memo: bool = False,
+    check_first: bool = False,
     identity: FileIdentity | None = None,
     options: SourceOptions | None = None,
 ) -> list[Any]:
     """Every pickle of ``path`` (opened with ``options``) in file order (one per
-    ``pickle.dump`` call that wrote it); ``check_memo`` as in :func:`load_file`. With ``identity`` (what the index recorded), the
+    ``pickle.dump`` call that wrote it); ``check_first`` as in :func:`load_file`. With ``identity`` (what the index recorded), the
     open file is compared with it before and after the load (``fstat``): a file changed since
     it was indexed, or while it was read, raises :class:`FileChangedError` instead of giving
     samples that are neither the old nor the new data."""
     return _load(
-        path, policy, every=True, check_memo=check_memo, identity=identity, options=options
+        path, policy, every=True, check_first=check_first, identity=identity, options=options
     )
 
 
@@ -89,7 +89,7 @@ def _load(
     policy: UnpicklePolicy,
     *,
     every: bool,
-    check_memo: bool,
+    check_first: bool,
     identity: FileIdentity | None = None,
     options: SourceOptions | None = None,
 ) -> list[Any]:
@@ -106,12 +106,12 @@ def _load(
         if torch_save is not None:
             raise NotAPickleError(where, torch_save_message(torch_save), offset=0)
         source.advise("sequential")  # the unpickler reads every byte, in order
-        buf = _map(source) if check_memo else None
+        buf = _map(source) if check_first else None
         with open_reader(source) as fh:
             records: list[Any] = []
             while True:
                 if buf is not None:
-                    check_memo_ids(buf, fh.tell(), size, where)
+                    check_before_load(buf, fh.tell(), size, where)
                 records.append(_load_one(fh, where, size, policy))
                 if not every or fh.tell() >= size:
                     if identity is not None:  # a write that raced the load has stamped it
@@ -189,17 +189,17 @@ def load_layout(
     path: str | os.PathLike[str],
     policy: UnpicklePolicy = DEFAULT_POLICY,
     *,
-    check_memo: bool = False,
+    check_first: bool = False,
     identity: FileIdentity | None = None,
     layout: LayoutChoice = "auto",
     options: SourceOptions | None = None,
 ) -> DecodedLayout:
     """Unpickle every pickle of ``path`` and return its samples as columns, read as ``layout``
     says (see :func:`pickleshard.scan.records.decode_records`: one pickle, or several appended
-    ones); ``check_memo``, ``identity`` and ``options`` as in :func:`load_records`."""
+    ones); ``check_first``, ``identity`` and ``options`` as in :func:`load_records`."""
     records = foreign_records(path, policy, identity, options)  # joblib.dump files, by bytes
     if records is None:
         records = load_records(
-            path, policy, check_memo=check_memo, identity=identity, options=options
+            path, policy, check_first=check_first, identity=identity, options=options
         )
     return decode_records(unwrap_tables(records, path), path, layout)  # DataFrame/Series: rows

@@ -1,20 +1,22 @@
-"""The memo-id guard: refuse a memo id no pickle of its size can hold, before unpickling.
+"""What is refused before a pickle is unpickled whole: the walk :func:`check_before_load`.
 
 CPython's unpickler sizes its memo array to the largest id a ``PUT``/``BINPUT``/``LONG_BINPUT``
 names (a ``LONG_BINPUT`` id near 2**32 asks for 64 GiB, and gets it where memory is
-overcommitted). :func:`check_memo_ids` walks one pickle with
-:func:`~pickleshard.picklekit.extent.extent` and refuses such an id first.
+overcommitted), and builds a set or dict of ints crafted to hash alike in O(N**2)
+(:mod:`pickleshard.picklekit.hashalike`). :func:`check_before_load` walks one pickle with
+:func:`~pickleshard.picklekit.extent.extent` and refuses either first.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..errors import CorruptPickleError
+from ..errors import CorruptPickleError, SampleLimitError
 from .extent import PAST_END, extent, extent_error
+from .hashalike import HASH_ALIKE_MAX, LONG_OPS, AlikeInts, hash_flood_message, int_argument
 from .opcodes import A_PUT, ACTION, ARGLEN, F_FIXED, FORM, STOP_OP, U4
 
-__all__ = ["check_memo_ids"]
+__all__ = ["check_before_load"]
 
 # Size of each fixed-size opcode the memo check steps over unread (not a PUT, not STOP), else 0.
 _STEP = [
@@ -23,8 +25,9 @@ _STEP = [
 ]
 
 
-def check_memo_ids(buf: Any, pos: int, size: int, name: str) -> int:
-    """Refuse a memo id that cannot be legitimate in the pickle starting at ``buf[pos]``.
+def check_before_load(buf: Any, pos: int, size: int, name: str) -> int:
+    """Refuse a memo id that cannot be legitimate, or ints crafted to hash alike, in the pickle
+    starting at ``buf[pos]``.
 
     ``buf`` holds the whole ``size``-byte file (bytes or mmap). A pickle of ``size`` bytes
     defines at most ``size`` memo entries, so a ``PUT``, ``BINPUT`` or ``LONG_BINPUT`` id above
@@ -32,13 +35,15 @@ def check_memo_ids(buf: Any, pos: int, size: int, name: str) -> int:
     the id and the limit. A payload length past the end of the file raises
     :class:`~pickleshard.errors.TruncatedPickleError` the same way (:func:`extent_error`), before
     the unpickler allocates it (CPython sizes a ``BYTEARRAY8`` to the declared length, and a
-    failed allocation of 2**62 bytes also prints a stray ``SystemError`` traceback). The walk
+    failed allocation of 2**62 bytes also prints a stray ``SystemError`` traceback). More than
+    :data:`~pickleshard.picklekit.hashalike.HASH_ALIKE_MAX` distinct ints with one hash raise
+    :class:`~pickleshard.errors.SampleLimitError` at the pickle's offset. The walk
     steps over opcodes and payloads, reading only opcode bytes, lengths and memo ids. Returns the
     offset just after the pickle's STOP, or the offset of the first opcode it cannot read
     (unknown, negative length, running past the end): what is wrong there is the unpickler's to
     report, with the same error it always gave.
     """
-    step_of = _STEP
+    step_of, first, alike = _STEP, pos, AlikeInts()
     while pos < size:
         op = buf[pos]
         step = step_of[op]
@@ -46,11 +51,13 @@ def check_memo_ids(buf: Any, pos: int, size: int, name: str) -> int:
             pos += step
             continue
         if op == STOP_OP:
+            _check_alike(alike, first, name)
             return pos + 1
         nxt = extent(buf, pos, size)
         if nxt < 0:
             if nxt == PAST_END:
                 raise extent_error(nxt, buf, pos, size, name)
+            _check_alike(alike, first, name)
             return pos
         if ACTION[op] == A_PUT:
             if FORM[op] == F_FIXED:
@@ -61,8 +68,21 @@ def check_memo_ids(buf: Any, pos: int, size: int, name: str) -> int:
                 except ValueError:
                     return pos
             _check_id(mid, pos, size, name)
+        elif op in LONG_OPS:
+            try:
+                alike.add(*int_argument(buf, pos, nxt))
+            except ValueError:  # text that is no int: the unpickler's to report
+                _check_alike(alike, first, name)
+                return pos
         pos = nxt
+    _check_alike(alike, first, name)
     return pos
+
+
+def _check_alike(alike: AlikeInts, first: int, name: str) -> None:
+    most = alike.most_alike()
+    if most > HASH_ALIKE_MAX:
+        raise SampleLimitError(name, hash_flood_message(most), offset=first)
 
 
 def _check_id(mid: int, pos: int, size: int, name: str) -> None:
