@@ -49,8 +49,8 @@ def keep_list(batch: list[Any]) -> list[Any]:
 
 
 def _consume(batch: Any) -> int:
-    if isinstance(batch, list) and batch and isinstance(batch[0], tuple):
-        return len(batch)  # kept as a list of (x, y)
+    if batch and isinstance(batch[0], tuple):
+        return len(batch)  # kept as a list (or a SampleBatch) of (x, y)
     xb = batch[0]
     float(xb.float().sum())  # the same trivial touch of every element for every row
     return int(xb.shape[0])
@@ -77,12 +77,12 @@ def run_epoch(
     from torch.utils.data import DataLoader
 
     gc.collect()
-    dl = DataLoader(
+    dl = loader.batches or DataLoader(
         loader.dataset,
         batch_size=batch_size,
         sampler=loader.sampler,
         num_workers=workers,
-        collate_fn=None if stack else keep_list,
+        collate_fn=loader.collate or (None if stack else keep_list),
     )
     fetched0 = read_bytes()
     mem = _Sampler(memory_interval)

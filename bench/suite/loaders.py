@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset, IterableDataset, RandomSampler, SequentialSampler
 
-from .plan import RowSpec
+from .plan import KINDS, RowSpec
 from .prepare import PREP_KEY
 
 __all__ = ["Loader", "Unavailable", "open_loader"]
@@ -31,10 +31,16 @@ class Unavailable(Exception):
 
 @dataclass
 class Loader:
+    """A row's dataset and sampler for the one DataLoader loop; ``collate`` replaces its
+    default collate where given; ``batches`` (an iterable of batches, built for the row's
+    batch size, stacking and workers) replaces the DataLoader itself."""
+
     dataset: Any
     sampler: Any | None
     samples: int
     note: str = ""
+    collate: Any | None = None
+    batches: Any | None = None
 
 
 def _random(ds: Any, spec: RowSpec, cap: int | None = None) -> RandomSampler:
@@ -147,7 +153,14 @@ class Tuples(Dataset[tuple[Any, Any]]):
 
 
 def _pickleshard(spec: RowSpec) -> Loader:
-    from pickleshard import BlockShuffleSampler, PickleDataset, ShuffleSampler, open_dataset
+    from pickleshard import (
+        BlockShuffleSampler,
+        PickleDataset,
+        ShuffleSampler,
+        collate,
+        open_dataset,
+    )
+    from pickleshard import Loader as PickleshardLoader
 
     data, prep = spec.data, spec.data.prepared(PREP_KEY[spec.loader] or "")
     if spec.loader == "whole":
@@ -158,9 +171,24 @@ def _pickleshard(spec: RowSpec) -> Loader:
             ds, batch_size=spec.batch_size, num_workers=spec.workers, cache_bytes=spec.cache_bytes
         )
         return Loader(ds, sampler, len(ds))
-    if spec.loader == "span":
+    if spec.loader in ("span", "span-collate", "loader"):
         ds = PickleDataset(data.directory, index=prep / "index", mode="span")
-        return Loader(ds, ShuffleSampler(ds, seed=spec.seed), len(ds))
+        sampler = ShuffleSampler(ds, seed=spec.seed)
+        if spec.loader == "span":
+            return Loader(ds, sampler, len(ds))
+        stack = KINDS[data.kind][0] == "arrays"
+        if spec.loader == "span-collate":
+            if not stack:
+                raise Unavailable("object samples are kept as lists by every row: no collate")
+            return Loader(ds, sampler, len(ds), collate=collate)
+        batches = PickleshardLoader(
+            ds,
+            spec.batch_size,
+            sampler=sampler,
+            workers=spec.workers,
+            collate_fn=None if stack else list,
+        )
+        return Loader(ds, sampler, len(ds), batches=batches)
     conv = open_dataset(prep / "data", seed=spec.seed)
     if isinstance(conv, IterableDataset):
         return Loader(conv, None, len(conv))
@@ -183,7 +211,17 @@ def open_loader(spec: RowSpec) -> Loader:
             return Loader(folk, SequentialSampler(folk), len(folk), "sequential order")
         n = min(spec.folk_cap, len(folk))
         return Loader(folk, _random(folk, spec, n), n, f"first {n:,} shuffled indices")
-    if spec.loader in ("whole", "span", "memmap", "lmdb", "webdataset", "lance", "arrayrecord"):
+    if spec.loader in (
+        "whole",
+        "span",
+        "span-collate",
+        "loader",
+        "memmap",
+        "lmdb",
+        "webdataset",
+        "lance",
+        "arrayrecord",
+    ):
         return _pickleshard(spec)
     assert prep is not None
     if spec.loader == "memmap-plain":

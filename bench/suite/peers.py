@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -63,13 +64,25 @@ class _GrainSamples(Dataset[tuple[Any, Any]]):
         return self.ds[i]  # type: ignore[no-any-return]
 
 
-def _npy_record(record: bytes) -> tuple[Any, Any]:
-    """A pickleshard ArrayRecord record of (array, int) decoded with numpy (docs/formats.md)."""
+# a record's field by its kind, as a grain user decodes one (the table of
+# pickleshard.formats.arrayrecord; kind 7 is the user's own pickle of a dict or list)
+_BY_KIND = (
+    lambda a: a,
+    lambda a: a[()],
+    int,
+    float,
+    bool,
+    str,
+    lambda a: a.tobytes(),
+    lambda a: pickle.loads(a.tobytes()),
+)
+
+
+def _npy_record(record: bytes) -> tuple[Any, ...]:
+    """A pickleshard ArrayRecord record decoded with numpy (docs/formats.md)."""
     f = io.BytesIO(record)
     kinds = np.load(f, allow_pickle=False)
-    if kinds.tolist() != [0, 2]:
-        raise ValueError(f"record kinds {kinds.tolist()}: not an (ndarray, int) sample")
-    return np.load(f, allow_pickle=False), int(np.load(f, allow_pickle=False))
+    return tuple(_BY_KIND[k](np.load(f, allow_pickle=False)) for k in kinds.tolist())
 
 
 class _DictsAsTuples(IterableDataset[tuple[Any, Any]]):

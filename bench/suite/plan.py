@@ -36,6 +36,8 @@ LOADERS: dict[str, str] = {
     "folk-shuffled": "folk JSON index + one-file cache, shuffled (capped)",
     "whole": "PickleDataset whole-file + BlockShuffleSampler",
     "span": "PickleDataset span reads + ShuffleSampler",
+    "span-collate": "PickleDataset span reads + ShuffleSampler + collate_fn=pickleshard.collate",
+    "loader": "pickleshard.Loader (batch reads ahead in the sampler's order, threads)",
     "memmap": "pickleshard memmap via open_dataset",
     "memmap-plain": "memmap read with plain numpy (np.load mmap_mode='r')",
     "lmdb": "pickleshard LMDB via open_dataset",

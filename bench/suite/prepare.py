@@ -33,6 +33,8 @@ PREP_KEY: dict[str, str | None] = {
     "folk-shuffled": "folk",
     "whole": "index",
     "span": "index",
+    "span-collate": "index",
+    "loader": "index",
     "memmap": "memmap",
     "memmap-plain": "memmap",
     "lmdb": "lmdb",

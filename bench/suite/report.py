@@ -23,7 +23,7 @@ __all__ = ["OURS", "SUMMARY_LOADERS", "leads_and_trails", "markdown", "write_rep
 MiB = 1 << 20
 
 #: pickleshard reading the pickles in place, shuffled
-OURS = ("span", "whole")
+OURS = ("span", "whole", "span-collate", "loader")
 #: the loaders the summary plot shows, in its order
 SUMMARY_LOADERS = (
     "naive",
