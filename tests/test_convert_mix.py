@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mixsources import oracle, write_source
 from pickleshard import PickleDataset
 from pickleshard.cli import main
 from pickleshard.errors import UnencodableValueError, VerifyMismatchError
@@ -44,26 +45,6 @@ class Renamed(list[tuple[Any, ...]]):
     fields = ("image", "label")
 
 
-def write_source(folder: Path, source: int, size: int, files: int = 3) -> None:
-    """``size`` id-labelled samples of ``source`` in ``files`` pickle files."""
-    folder.mkdir(parents=True, exist_ok=True)
-    ids = [1000 * source + k for k in range(size)]
-    for f, part in enumerate(np.array_split(np.asarray(ids), files)):
-        xs = [np.full(2, i, dtype=np.float32) for i in part.tolist()]
-        with open(folder / f"part-{f:05d}.pkl", "wb") as fh:
-            pickle.dump((xs, part.tolist()), fh, protocol=5)
-
-
-def loaded(folder: Path) -> list[tuple[Any, ...]]:
-    """Every sample of a source folder by ``pickle.load`` of its files, in name order."""
-    out: list[tuple[Any, ...]] = []
-    for path in sorted(folder.glob("*.pkl")):
-        with open(path, "rb") as fh:
-            xs, ys = pickle.load(fh)
-        out += list(zip(xs, ys, strict=True))
-    return out
-
-
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     root = tmp_path_factory.mktemp("sources")
@@ -74,7 +55,7 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
 def expected(mix: MixedDataset, folders: list[Path]) -> list[tuple[Any, ...]]:
     """The mix's epoch by the pickle.load oracle: position i holds the sample locate names."""
-    data = [loaded(f) for f in folders]
+    data = [oracle(f) for f in folders]
     sources, samples = mix.locate(range(len(mix)))
     tag = (lambda s: (s,)) if mix.tag else (lambda s: ())
     return [(*data[s][j], *tag(s)) for s, j in zip(sources.tolist(), samples.tolist(), strict=True)]

@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import pickleshard
+from mixsources import oracle, write_source
 from pickleshard import PickleDataset, PickleshardError
 from pickleshard.mixing import (
     MixedDataset,
@@ -46,27 +47,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
 
 SIZES = (60, 35, 25)  # source 0 runs out within epoch 1 at 50 draws an epoch
 WEIGHTS = (0.5, 0.3, 0.2)
-
-
-def write_source(folder: Path, source: int, size: int, files: int = 3) -> list[int]:
-    """Write ``size`` id-labelled samples of ``source`` in ``files`` files; return their ids."""
-    folder.mkdir(parents=True, exist_ok=True)
-    ids = [1000 * source + k for k in range(size)]
-    for f, part in enumerate(np.array_split(np.asarray(ids), files)):
-        xs = [np.full(2, i, dtype=np.float32) for i in part.tolist()]
-        with open(folder / f"part-{f:05d}.pkl", "wb") as fh:
-            pickle.dump((xs, part.tolist()), fh, protocol=5)
-    return ids
-
-
-def oracle(folder: Path) -> list[tuple[Any, Any]]:
-    """Every sample of a source folder by ``pickle.load`` of its files, in name order."""
-    out: list[tuple[Any, Any]] = []
-    for path in sorted(folder.glob("*.pkl")):
-        with open(path, "rb") as fh:
-            xs, ys = pickle.load(fh)
-        out += list(zip(xs, ys, strict=True))
-    return out
 
 
 @pytest.fixture(scope="module")

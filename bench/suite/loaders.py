@@ -167,10 +167,10 @@ def _pickleshard(spec: RowSpec) -> Loader:
         ds = PickleDataset(
             data.directory, index=prep / "index", mode="whole", cache_bytes=spec.cache_bytes
         )
-        sampler = BlockShuffleSampler(
+        blocks = BlockShuffleSampler(
             ds, batch_size=spec.batch_size, num_workers=spec.workers, cache_bytes=spec.cache_bytes
         )
-        return Loader(ds, sampler, len(ds))
+        return Loader(ds, blocks, len(ds))
     if spec.loader in ("span", "span-collate", "loader"):
         ds = PickleDataset(data.directory, index=prep / "index", mode="span")
         sampler = ShuffleSampler(ds, seed=spec.seed)
