@@ -46,8 +46,8 @@ __all__ = [
 
 FIRST_CHUNK = 4  # batches in the first chunk (the first batch waits for little)
 CHUNKS_PER_WINDOW = 4  # a chunk is at most this share of the window, so fetches overlap
-MAX_GAP = 16  # samples between two of a chunk's that may be pulled forward to fill the gap
-PULL = 2  # a chunk pulls forward at most this many samples per sample of its own
+MAX_GAP = 32  # samples between two of a chunk's that may be pulled forward to fill the gap
+PULL = 4  # a chunk pulls forward at most this many samples per sample of its own
 FETCH_THREADS = 2  # chunks fetched at once (the next starts while the last one's tail arrives)
 
 Ahead = tuple[list[int], Any, tuple["Future[None]", ...]]  # indices, state, fetches to wait on
@@ -139,6 +139,8 @@ class ReadAhead:
             self.window.append(slot)
             for i in slot.indices:  # an index drawn twice in the window: fetched for the first
                 self.unclaimed.setdefault(i, slot)
+        if self.planned and not self.batch_bytes():
+            return  # the first batch is read alone (its weight sizes the window): its fetch too
         while self.planned < len(self.window) and (self.planned < cap // 2 or not self.planned):
             size = min(self.chunk, max(FIRST_CHUNK, cap // CHUNKS_PER_WINDOW))
             self._plan(size)
