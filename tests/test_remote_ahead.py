@@ -123,11 +123,12 @@ def test_read_ahead_chunks_grow_and_pull_the_window_forward() -> None:
 def test_pulled_forward_fills_the_narrowest_gaps_within_its_budget() -> None:
     later = {3, 5, 6, 11, 12, 13, 40}.__contains__
     # gaps: 2..4 holds 3 (1 not claimable: 2), 4..7 holds 5, 6 (none missing),
-    # 10..14 holds 11-13, 20..41 (too wide)
+    # 10..14 holds 11-13, 20..41 holds 40 (20 samples between: too wide for max_gap=16)
     chunk = [1, 4, 7, 10, 14, 20, 41]
-    assert pulled_forward(chunk, later, budget=10) == [5, 6, 11, 12, 13, 3]
-    assert pulled_forward(chunk, later, budget=2) == [5, 6]
-    assert pulled_forward(chunk, later, budget=0) == []
+    assert pulled_forward(chunk, later, budget=10, max_gap=16) == [5, 6, 11, 12, 13, 3]
+    assert pulled_forward(chunk, later, budget=2, max_gap=16) == [5, 6]
+    assert pulled_forward(chunk, later, budget=0, max_gap=16) == []
+    assert pulled_forward(chunk, later, budget=10, max_gap=20) == [5, 6, 11, 12, 13, 3, 40]
 
 
 def test_read_ahead_off_without_prefetch_and_a_failed_prefetch_is_not_the_batch_error() -> None:
