@@ -189,10 +189,12 @@ class Loader:
         get_state = getattr(pass_, "get_state", None)
         start = get_state() if get_state is not None else None
         size, drop_last = self.batch_size, self.drop_last
+        # a resumable sampler's pass hands a batch over at once (not a Python call a sample)
+        take = getattr(pass_, "take", None)
 
         def batches() -> Iterator[Drawn]:
             while True:
-                indices = list(islice(pass_, size))
+                indices = take(size) if take is not None else list(islice(pass_, size))
                 if not indices or (drop_last and len(indices) < size):
                     return
                 yield indices, (get_state() if get_state is not None else None)
