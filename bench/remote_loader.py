@@ -44,7 +44,7 @@ __all__ = ["loader_lines", "measure_loader", "write_loader_plot"]
 MB = 1e6
 S3_GETS_PER_PREFIX = 5500
 SHAPE, PER_FILE, FILES = (3, 32, 32), 2500, 4
-LOCAL_PASSES = 3  # a local row is the best of this many epochs
+LOCAL_PASSES = 7  # a local row is the best of this many epochs
 
 
 def _same_start(got: list[Any], local: PickleDataset, order: list[int], batch: int) -> None:
@@ -127,20 +127,34 @@ def measure_loader(
     n = len(order)
     sample_bytes = n * int(np.prod(SHAPE)) * 4
     rows: list[dict[str, Any]] = []
-    # local rows: the best of LOCAL_PASSES epochs each (an epoch is a fraction of a second:
-    # one pass is at the mercy of whatever else the machine runs)
+    # local rows: the best of LOCAL_PASSES epochs each, taken in rounds (every row once a
+    # round), so that whatever else the machine runs weighs on each row alike: an epoch is a
+    # fraction of a second
     _dataloader(local, order, batch, 0)  # warm the page cache and the readers
-    for workers in (0, 2):
-        seconds = min(_dataloader(local, order, batch, workers)[0] for _ in range(LOCAL_PASSES))
-        rows.append(_row(f"local DataLoader (num_workers={workers})", seconds, n, latency_ms=None))
-    # the default for local files (threads=0: read in the loop's thread), then reading ahead
-    # in 1 and 2 threads (what the default gives up: the measured reason for it)
-    for threads in (None, 1, 2):
-        passes = [_loader(local, batch, 2, threads) for _ in range(LOCAL_PASSES)]
-        seconds, pss = min(p[0] for p in passes), max(p[3] for p in passes)
-        name = f"local Loader (threads={passes[0][2].threads}"
-        name += ", default)" if threads is None else ")"
-        rows.append(_row(name, seconds, n, latency_ms=None, pss=pss))
+    names = [f"local DataLoader (num_workers={w})" for w in (0, 2)]
+    # the Loader's default for local files (threads=0: read in the loop's thread), then
+    # reading ahead in 1 and 2 threads (what the default gives up: the measured reason for it)
+    names += ["local Loader (threads=0, default)", "local Loader (threads=1)"]
+    names += ["local Loader (threads=2)"]
+    runs: dict[str, list[tuple[float, int | None]]] = {name: [] for name in names}
+    for _ in range(LOCAL_PASSES):
+        for workers in (0, 2):
+            seconds = _dataloader(local, order, batch, workers)[0]
+            runs[f"local DataLoader (num_workers={workers})"].append((seconds, None))
+        for threads, name in zip((None, 1, 2), names[2:], strict=True):
+            seconds, _, _, pss = _loader(local, batch, 2, threads)
+            runs[name].append((seconds, pss))
+    for name, got in runs.items():
+        pss_seen = [p for _, p in got if p is not None]
+        rows.append(
+            _row(
+                name,
+                min(t for t, _ in got),
+                n,
+                latency_ms=None,
+                pss=max(pss_seen) if pss_seen else None,
+            )
+        )
     for kind in servers:
         rows += _remote_rows(
             kind,
