@@ -14,8 +14,8 @@ are read in the loop's own thread (``threads=0``), each batch by the dataset's b
 compiled call for its files, the interpreter lock released while it copies). Measured on 2
 cores with a warm page cache (``python -m bench remote``), a batch of 64 12 KB samples is read in
 ~0.2 ms, and handing it over from a reading thread costs more than that (the two threads trade
-the interpreter lock): reading one or two batches ahead in one or two threads ran at 0.48x and
-0.39x the loop's own reads, sixteen threads at ~0.3x. ``threads=N`` (N >= 1) reads N batches ahead in threads anyway: a cold disk rewards a
+the interpreter lock): reading one or two batches ahead in one or two threads ran at 0.64x and
+0.56x the loop's own reads, sixteen threads at ~0.3x. ``threads=N`` (N >= 1) reads N batches ahead in threads anyway: a cold disk rewards a
 queue of reads.
 
 The memory it holds is bounded (stated, enforced): at most ``prefetch`` batches are submitted and
