@@ -7,7 +7,9 @@ the range server (and moto's S3 with ``--servers http,s3``), each in a process o
 (:class:`~pickleshard.testing.servers.ServerProcess`) adding the latency to every request. Rows:
 
 - ``local DataLoader`` (``num_workers=0`` and ``2``, ``collate_fn=pickleshard.collate``) and
-  ``local Loader`` (threads): the same files, page cache warm (once, not per latency);
+  ``local Loader`` (its default for local files, ``threads=0``: read in the loop's thread; then
+  ``threads=1`` and ``2`` with ``prefetch=2``, reading ahead): the same files, page cache warm,
+  each the best of :data:`LOCAL_PASSES` epochs (once, not per latency);
 - per latency: ``remote DataLoader`` (``num_workers=0``, over the first ``--dl-samples`` of the
   epoch: at 20 ms a whole epoch takes minutes), ``remote Loader`` (``--prefetch`` batches in
   flight, a whole epoch; PSS of the process measured), ``download then read`` (the files fetched
@@ -42,6 +44,7 @@ __all__ = ["loader_lines", "measure_loader", "write_loader_plot"]
 MB = 1e6
 S3_GETS_PER_PREFIX = 5500
 SHAPE, PER_FILE, FILES = (3, 32, 32), 2500, 4
+LOCAL_PASSES = 7  # a local row is the best of this many epochs
 
 
 def _same_start(got: list[Any], local: PickleDataset, order: list[int], batch: int) -> None:
@@ -68,8 +71,12 @@ def _dataloader(ds: Any, order: list[int], batch: int, workers: int) -> tuple[fl
     return time.perf_counter() - t0, first
 
 
-def _loader(ds: Any, batch: int, prefetch: int) -> tuple[float, list[Any], Loader, int]:
-    loader = Loader(ds, batch, sampler=ShuffleSampler(ds, seed=0), prefetch=prefetch)
+def _loader(
+    ds: Any, batch: int, prefetch: int, threads: int | None = None
+) -> tuple[float, list[Any], Loader, int]:
+    loader = Loader(
+        ds, batch, sampler=ShuffleSampler(ds, seed=0), prefetch=prefetch, threads=threads
+    )
     first: list[Any] = []
     with PeakTreeMemory() as memory:
         t0 = time.perf_counter()
@@ -120,14 +127,34 @@ def measure_loader(
     n = len(order)
     sample_bytes = n * int(np.prod(SHAPE)) * 4
     rows: list[dict[str, Any]] = []
-    for workers in (0, 2):
-        _dataloader(local, order, batch, workers)  # warm the page cache and the readers
-        seconds, _ = _dataloader(local, order, batch, workers)
-        rows.append(_row(f"local DataLoader (num_workers={workers})", seconds, n, latency_ms=None))
-    seconds, _, loader, pss = _loader(local, batch, prefetch)
-    rows.append(
-        _row(f"local Loader (threads={loader.threads})", seconds, n, latency_ms=None, pss=pss)
-    )
+    # local rows: the best of LOCAL_PASSES epochs each, taken in rounds (every row once a
+    # round), so that whatever else the machine runs weighs on each row alike: an epoch is a
+    # fraction of a second
+    _dataloader(local, order, batch, 0)  # warm the page cache and the readers
+    names = [f"local DataLoader (num_workers={w})" for w in (0, 2)]
+    # the Loader's default for local files (threads=0: read in the loop's thread), then
+    # reading ahead in 1 and 2 threads (what the default gives up: the measured reason for it)
+    names += ["local Loader (threads=0, default)", "local Loader (threads=1)"]
+    names += ["local Loader (threads=2)"]
+    runs: dict[str, list[tuple[float, int | None]]] = {name: [] for name in names}
+    for _ in range(LOCAL_PASSES):
+        for workers in (0, 2):
+            seconds = _dataloader(local, order, batch, workers)[0]
+            runs[f"local DataLoader (num_workers={workers})"].append((seconds, None))
+        for threads, name in zip((None, 1, 2), names[2:], strict=True):
+            seconds, _, _, pss = _loader(local, batch, 2, threads)
+            runs[name].append((seconds, pss))
+    for name, got in runs.items():
+        pss_seen = [p for _, p in got if p is not None]
+        rows.append(
+            _row(
+                name,
+                min(t for t, _ in got),
+                n,
+                latency_ms=None,
+                pss=max(pss_seen) if pss_seen else None,
+            )
+        )
     for kind in servers:
         rows += _remote_rows(
             kind,
@@ -289,6 +316,50 @@ def loader_lines(raw: dict[str, Any]) -> list[str]:
             f"| {r['row']} | {lat} | {r['samples']} | {r['seconds']} | **{r['samples_per_s']}** "
             f"| {rps} | {r.get('requests_per_sample', '-')} | {r.get('x_sample_bytes', '-')} "
             f"| {pss} | {note} |"
+        )
+    return lines + _target_lines(raw["loader_rows"])
+
+
+def _target_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The issue's loader targets, each as measured in this run (ratios between its rows)."""
+
+    def rate(prefix: str, ms: int | None) -> float | None:
+        got = [r for r in rows if r["row"].startswith(prefix) and r["latency_ms"] == ms]
+        return got[0]["samples_per_s"] if got else None
+
+    def row(prefix: str, ms: int | None) -> dict[str, Any]:
+        return next(r for r in rows if r["row"].startswith(prefix) and r["latency_ms"] == ms)
+
+    lines = ["", "### The loader targets, as measured in this run", ""]
+    for kind in ("http", "s3"):
+        at0, at20 = rate(f"{kind} Loader", 0), rate(f"{kind} Loader", 20)
+        if at0 is None or at20 is None:
+            continue
+        fetched = row(f"{kind} Loader", 20)["x_sample_bytes"]
+        lines.append(
+            f"- {kind}, 20 ms: Loader {at20:,.0f} samples/s (target >= 5,000); "
+            f"{at20 / at0:.2f}x the same Loader at 0 ms (target >= 0.8); fetched "
+            f"{fetched}x the samples' bytes (target <= 1.5)"
+        )
+        ceiling = rate(f"{kind} client ceiling", 0)
+        if ceiling is not None:
+            rps = row(f"{kind} Loader", 0)["requests_per_s"]
+            lines.append(
+                f"- {kind}, 0 ms: Loader {at0:,.0f} samples/s = {at0 / ceiling:.2f}x the "
+                f"client's request-rate ceiling ({ceiling:,.0f} requests/s, one sample a "
+                f"request; target >= 0.7); its own {rps:,.0f} requests/s = "
+                f"{rps / ceiling:.2f}x the ceiling (it needs fewer: ranges merged)"
+            )
+    loader, w0, w2 = (
+        rate("local Loader (threads=0, default)", None),
+        rate("local DataLoader (num_workers=0)", None),
+        rate("local DataLoader (num_workers=2)", None),
+    )
+    if loader and w0 and w2:
+        lines.append(
+            f"- local: Loader (default, threads=0) {loader:,.0f} samples/s = {loader / w2:.2f}x "
+            f"DataLoader num_workers=2 (target >= 1) and {loader / w0:.2f}x num_workers=0 "
+            "(should not trail it)"
         )
     return lines
 

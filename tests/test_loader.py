@@ -66,7 +66,7 @@ def _oracle(dataset: Any, sampler: Iterable[int], batch_size: int, drop_last: bo
 @given(
     batch_size=st.integers(1, 20),
     prefetch=st.integers(1, 6),
-    threads=st.integers(1, 4),
+    threads=st.integers(0, 4),
     drop_last=st.booleans(),
     seed=st.integers(0, 5),
     epoch=st.integers(0, 3),
@@ -117,15 +117,16 @@ def test_default_sampler_is_the_exact_shuffle(ds: PickleDataset) -> None:
     assert sorted(got) == list(range(len(ds)))
 
 
-def test_resume_is_exact_once(ds: PickleDataset) -> None:
+@pytest.mark.parametrize("threads", [0, 3])
+def test_resume_is_exact_once(ds: PickleDataset, threads: int) -> None:
     def make() -> Loader:
-        return Loader(ds, 4, sampler=ShuffleSampler(ds, seed=1), prefetch=5, threads=3)
+        return Loader(ds, 4, sampler=ShuffleSampler(ds, seed=1), prefetch=5, threads=threads)
 
     check_loader_resume(make, stops=[0, 1, 3, 12, 13, 14, 20, 26])
 
 
 def test_resume_state_counts_batches_handed_out_not_read_ahead(ds: PickleDataset) -> None:
-    loader = Loader(ds, 4, sampler=ShuffleSampler(ds, seed=1), prefetch=8)
+    loader = Loader(ds, 4, sampler=ShuffleSampler(ds, seed=1), prefetch=8, threads=2)
     it = iter(loader)
     next(it)
     next(it)
@@ -216,12 +217,12 @@ def test_byte_budget_bounds_the_batches_in_flight(ds: PickleDataset) -> None:
     one = ShuffleSampler(ds, seed=0)
     x, y = next(iter(Loader(ds, 8, sampler=one)))
     batch_bytes = x.nbytes + y.nbytes
-    loader = Loader(ds, 8, prefetch=6, max_bytes_in_flight=2 * batch_bytes)
+    loader = Loader(ds, 8, prefetch=6, threads=2, max_bytes_in_flight=2 * batch_bytes)
     list(loader)
     assert loader.stats.max_bytes_held <= 2 * batch_bytes
     assert loader.stats.max_in_flight <= 2
     assert loader.stats.budget_limited > 0
-    wide = Loader(ds, 8, prefetch=6)
+    wide = Loader(ds, 8, prefetch=6, threads=2)
     list(wide)
     assert wide.stats.max_in_flight > 2
 
@@ -236,8 +237,9 @@ class _Failing(torch.utils.data.Dataset[Any]):
         return torch.tensor([i])
 
 
-def test_a_read_error_reaches_the_loop_as_it_was_raised() -> None:
-    loader = Loader(_Failing(), 4, sampler=list(range(20)), prefetch=3)
+@pytest.mark.parametrize("threads", [0, 2])
+def test_a_read_error_reaches_the_loop_as_it_was_raised(threads: int) -> None:
+    loader = Loader(_Failing(), 4, sampler=list(range(20)), prefetch=3, threads=threads)
     it = iter(loader)
     got = [next(it).ravel().tolist() for _ in range(3)]
     assert got == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
@@ -245,11 +247,21 @@ def test_a_read_error_reaches_the_loop_as_it_was_raised() -> None:
         next(it)
 
 
+def test_threads_follow_the_source_kind(ds: PickleDataset) -> None:
+    # local files: read in the loop's thread (a hand-off costs more than a page-cache read)
+    assert not ds.remote
+    loader = Loader(ds, 4, prefetch=3)
+    assert loader.threads == 0
+    assert len(list(loader)) == len(loader)
+    assert loader.stats.max_in_flight == 0
+    assert Loader(ds, 4, prefetch=3, threads=2).threads == 2
+
+
 def test_arguments_are_checked(ds: PickleDataset) -> None:
     with pytest.raises(ValueError, match="batch_size >= 1"):
         Loader(ds, 0)
-    with pytest.raises(ValueError, match="threads >= 1"):
-        Loader(ds, 4, threads=0)
+    with pytest.raises(ValueError, match="threads >= 0"):
+        Loader(ds, 4, threads=-1)
     if not torch.cuda.is_available():
         with pytest.warns(UserWarning, match="no accelerator"):
             assert not Loader(ds, 4, pin_memory=True).pin_memory

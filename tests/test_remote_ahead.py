@@ -1,5 +1,5 @@
 """Read-ahead across batches: ``coalesce`` under an overread budget, the process's stage of
-prefetched ranges, and :class:`~pickleshard.loading.ahead.ReadAhead`'s groups."""
+prefetched ranges, and :class:`~pickleshard.loading.ahead.ReadAhead`'s window."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from pickleshard.io.base import COALESCE_GAP, coalesce
 from pickleshard.io.remote.staging import StagedRanges
-from pickleshard.loading.ahead import FIRST_GROUP, ReadAhead, after_prefetch
+from pickleshard.loading.ahead import FIRST_CHUNK, PULL, ReadAhead, after_prefetch, pulled_forward
 
 ranges_st = st.lists(st.tuples(st.integers(0, 50_000), st.integers(0, 3000)), max_size=40)
 
@@ -64,28 +64,77 @@ def test_stage_serves_one_read_and_keeps_its_budget() -> None:
     assert stage.stats.dropped == 1
 
 
-def test_read_ahead_groups_batches_and_fetches_each_group_first() -> None:
-    batches = [([k * 3, k * 3 + 1, k * 3 + 2], k) for k in range(60)]
+@given(
+    st.integers(1, 200),
+    st.integers(1, 9),
+    st.integers(1, 12),
+    st.permutations(range(120)),
+    st.booleans(),
+)
+def test_read_ahead_fetches_each_sample_once_before_its_batch_within_the_window(
+    n: int, size: int, window: int, order: list[int], repeat: bool
+) -> None:
+    """Every sample is asked for once (an index drawn again after its fetch: again), by a fetch
+    done before its batch is read; the batches drawn ahead stay within the window."""
+    order = [i for i in order if i < n] + (order[:5] if repeat else [])
+    batches = [(order[k : k + size], k) for k in range(0, len(order), size)]
     asked: list[list[int]] = []
-    ahead = ReadAhead(iter(batches), asked.append, group_bytes=30 * 8, batch_bytes=lambda: 8)
+    ahead = ReadAhead(iter(batches), asked.append, window_bytes=window * 8, batch_bytes=lambda: 8)
+    cap = ahead.capacity()
     got: list[Any] = []
     while (drawn := ahead.next()) is not None:
         indices, state, fetched = drawn
-        assert fetched is not None
-        fetched.result()
+        assert len(ahead.window) <= cap
+        for done in fetched:
+            done.result()
+        assert set(indices) <= {i for a in asked for i in a}
         got.append((indices, state))
-        # the group holding this batch was asked for before it is read
-        assert any(set(indices) <= set(a) for a in asked)
     ahead.close()
     assert got == batches
-    assert [len(a) // 3 for a in asked] == [FIRST_GROUP, 16, 30, 10]  # grown to the cap (30)
-    assert sorted(i for a in asked for i in a) == list(range(180))
+    fetched = sorted(i for a in asked for i in a)
+    assert set(fetched) == set(order)
+    assert fetched == sorted(order) if not repeat else len(fetched) <= len(order)
+    assert all(len(set(a)) == len(a) for a in asked)
+
+
+def test_read_ahead_chunks_grow_and_pull_the_window_forward() -> None:
+    # batches of 4 samples 30 apart, batch k starting at 7k mod 30: the first chunk's samples
+    # lie 7 apart, the gaps between them held by later batches
+    batches = [([7 * k % 30 + 30 * j for j in range(4)], k) for k in range(30)]
+    asked: list[list[int]] = []
+    ahead = ReadAhead(iter(batches), asked.append, window_bytes=32 * 8, batch_bytes=lambda: 8)
+    drawn = ahead.next()
+    assert drawn is not None
+    for done in drawn[2]:
+        done.result()
+    # the first chunk: FIRST_CHUNK batches, and the window's samples between them
+    first = sorted(asked[0])
+    assert {i for indices, _ in batches[:FIRST_CHUNK] for i in indices} < set(first)
+    assert ahead.pulled > 0
+    assert len(first) <= (1 + PULL) * 4 * FIRST_CHUNK
+    while (drawn := ahead.next()) is not None:
+        for done in drawn[2]:
+            done.result()
+    ahead.close()
+    assert sorted(i for a in asked for i in a) == list(range(120))
+    assert len(asked) < 30 // FIRST_CHUNK  # chunks grew: fewer fetches than batches
+
+
+def test_pulled_forward_fills_the_narrowest_gaps_within_its_budget() -> None:
+    later = {3, 5, 6, 11, 12, 13, 40}.__contains__
+    # gaps: 2..4 holds 3 (1 not claimable: 2), 4..7 holds 5, 6 (none missing),
+    # 10..14 holds 11-13, 20..41 holds 40 (20 samples between: too wide for max_gap=16)
+    chunk = [1, 4, 7, 10, 14, 20, 41]
+    assert pulled_forward(chunk, later, budget=10, max_gap=16) == [5, 6, 11, 12, 13, 3]
+    assert pulled_forward(chunk, later, budget=2, max_gap=16) == [5, 6]
+    assert pulled_forward(chunk, later, budget=0, max_gap=16) == []
+    assert pulled_forward(chunk, later, budget=10, max_gap=20) == [5, 6, 11, 12, 13, 3, 40]
 
 
 def test_read_ahead_off_without_prefetch_and_a_failed_prefetch_is_not_the_batch_error() -> None:
     ahead = ReadAhead(iter([([1], None), ([2], None)]), None, 1 << 20, lambda: 0)
-    assert ahead.next() == ([1], None, None)
-    assert ahead.next() == ([2], None, None)
+    assert ahead.next() == ([1], None, ())
+    assert ahead.next() == ([2], None, ())
     assert ahead.next() is None
 
     def boom(_: list[int]) -> None:
@@ -94,5 +143,6 @@ def test_read_ahead_off_without_prefetch_and_a_failed_prefetch_is_not_the_batch_
     failing = ReadAhead(iter([([1], None)]), boom, 1 << 20, lambda: 0)
     drawn = failing.next()
     assert drawn is not None
+    assert len(drawn[2]) == 1
     assert after_prefetch(drawn[2], lambda idx: idx)([1]) == [1]
     failing.close()

@@ -228,3 +228,26 @@ def test_state_from_loader_finds_the_one_sampler_state() -> None:
         sampler_state_from_loader({**nested, "_steps_since_snapshot": 2})
     with pytest.raises(ValueError, match="expected one"):
         sampler_state_from_loader({"a": None})
+
+
+@given(
+    n=st.integers(0, 300),
+    world_size=st.integers(1, 3),
+    sizes=st.lists(st.integers(0, 70), max_size=8),
+    resume_at=st.integers(0, 40),
+)
+def test_take_gives_what_next_gives_and_the_same_state(
+    n: int, world_size: int, sizes: list[int], resume_at: int
+) -> None:
+    def sampler() -> ShuffleSampler:
+        s = ShuffleSampler(Sized(n), seed=3, rank=world_size - 1, world_size=world_size)
+        s.load_state_dict({**s.state_dict(), "samples_seen": min(resume_at, n)})
+        return s
+
+    by_next, by_take = iter(sampler()), iter(sampler())
+    for k in sizes:
+        want = [i for _, i in zip(range(k), by_next, strict=False)]
+        assert by_take.take(k) == want
+        assert by_take.get_state() == by_next.get_state()
+    assert by_take.take(10**6) == list(by_next)
+    assert by_take.take(5) == []

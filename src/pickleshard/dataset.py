@@ -31,6 +31,7 @@ from .io.handles import ProcessLocal
 from .io.listing import Source
 from .io.lru import CacheStats
 from .io.options import SourceOptions, source_options
+from .io.remote.source import is_url
 from .read import SpanFiles
 from .read.ahead import prefetch_samples
 from .read.batchread import BatchReader
@@ -221,6 +222,12 @@ class PickleDataset(_DatasetBase[Any]):
     @property
     def fields(self) -> tuple[str, ...]:
         return self.index.fields
+
+    @property
+    def remote(self) -> bool:
+        """Whether any of its files is a remote object (a URL read by byte range): a
+        :class:`~pickleshard.Loader` then reads ahead in threads."""
+        return any(is_url(path) for path in self._paths)
 
     def __len__(self) -> int:
         return self.index.num_samples

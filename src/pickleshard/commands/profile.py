@@ -70,7 +70,13 @@ def register(sub: Any) -> None:
     s.add_argument("--batches", type=int, default=300, help="batches to run (default 300)")
     s.add_argument("--batch-size", type=int, default=64)
     s.add_argument("--prefetch", type=int, default=8, help="batches kept in flight")
-    s.add_argument("--threads", type=int, default=None, help="reading threads (default: prefetch)")
+    s.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="reading threads (default: prefetch for remote files, 0 for local ones: read in "
+        "the loop's thread)",
+    )
     s.add_argument(
         "--workers", type=int, default=0, help="worker processes (default 0: threads read)"
     )

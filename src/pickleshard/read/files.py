@@ -17,6 +17,7 @@ their cost does.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from ..index import DatasetIndex
@@ -74,6 +75,7 @@ class SpanFiles:
         self._readers: ProcessLocal[BudgetCache[int, SpanReader]] = ProcessLocal(
             self._no_readers, BudgetCache.clear
         )
+        self._opening: ProcessLocal[dict[int, threading.Lock]] = ProcessLocal(dict)
         self.verify = True  # readers check framing and identity (off: the cost benchmark only)
 
     def _no_readers(self) -> BudgetCache[int, SpanReader]:
@@ -105,8 +107,13 @@ class SpanFiles:
         return got if got is not None else self._open(pos, readers)
 
     def _open(self, pos: int, readers: BudgetCache[int, SpanReader]) -> SpanReader:
-        with readers.lock:  # a Loader's threads share the readers: one opens a file
-            got = readers.get(pos) if pos in readers else None
+        # a Loader's threads share the readers: one opens a file, while others open other
+        # files (a remote object's opening is round trips: one file at a time would add them)
+        with readers.lock:
+            opening = self._opening.get().setdefault(pos, threading.Lock())
+        with opening:
+            with readers.lock:
+                got = readers.get(pos) if pos in readers else None
             return got if got is not None else self._open_locked(pos, readers)
 
     def _open_locked(self, pos: int, readers: BudgetCache[int, SpanReader]) -> SpanReader:
@@ -129,7 +136,8 @@ class SpanFiles:
             source=source,
             bounds=(self.policy.max_sample_bytes, self.policy.max_depth),
         )
-        readers.put(pos, reader, 1)
+        with readers.lock:
+            readers.put(pos, reader, 1)
         return reader
 
     def one(self, pos: int, item: int, label: int) -> tuple[Any, ...]:

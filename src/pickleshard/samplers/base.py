@@ -28,6 +28,7 @@ and a fresh one when the loaded state says the epoch had finished). So:
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from itertools import islice
 from typing import Any, Generic, TypeVar
 
 try:  # a real torch Sampler when torch is there (isinstance checks, typing); plain class if not
@@ -216,6 +217,16 @@ class SamplerPass(Iterator[int]):
         return self._sampler._state_after(self._start, self._taken)
 
     __next__ = next  # the hook is the protocol method: one call per sample, not two
+
+    def take(self, n: int) -> list[int]:
+        """The next ``n`` sample indices (fewer at the end of the pass, none after it), as
+        ``n`` calls of :meth:`next` would give: a batch drawn without a Python call a sample."""
+        if self._start is None:
+            pending, self._sampler._pending = self._sampler._pending, None
+            self.reset(pending)
+        got = list(islice(self._stream, n))
+        self._taken += len(got)
+        return got
 
     def state_dict(self) -> dict[str, Any]:
         return self.get_state()
