@@ -30,6 +30,8 @@ from pickleshard.io.remote.known import identity_from_info
 from pickleshard.io.remote.link import MAX_GAP, MIN_GAP, LinkEstimate
 from pickleshard.io.remote.listing import resolve_urls
 from pickleshard.pipelines.synth import write_synthetic
+from pickleshard.scan import scan_file
+from pickleshard.scan import sparse as sparse_scan
 from pickleshard.testing.servers import RangeHTTPServer, S3Server
 
 
@@ -297,3 +299,28 @@ def test_the_gap_stays_within_its_bounds(
     assert MIN_GAP <= link.gap() <= MAX_GAP
     if not large:  # bandwidth as assumed until a large fetch measures it
         assert link.bandwidth == pytest.approx(1e8)
+
+
+@pytest.mark.parametrize("whole_below", [0, 64 << 20])
+def test_a_dense_scan_is_the_local_one_fetched_whole_or_in_windows(
+    tmp_path: Path, whole_below: int
+) -> None:
+    import fsspec
+
+    path = write_synthetic(tmp_path, files=1, per_file=600, shape=(3, 32, 32))[0]
+    data = path.read_bytes()
+    fsspec.filesystem("memory").pipe(f"/dense{whole_below}/{path.name}", data)
+    src = remote.FsspecSource(f"memory://dense{whole_below}/{path.name}")
+    with pytest.MonkeyPatch.context() as mp:
+        # 0: into a temporary file's mirror, by windows of 1 MiB; else one request, walked as is
+        mp.setattr(sparse_scan, "IN_MEMORY", whole_below)
+        mp.setattr(remote, "DOWNLOAD_WINDOW", 1 << 20)
+        mp.setattr(remote, "MAX_WINDOW", 1 << 20)
+        got = scan_file(src)
+    want = scan_file(path)
+    assert (got.layout, got.fields, got.meta()) == (want.layout, want.fields, want.meta())
+    for name, array in want.arrays_dict().items():
+        assert np.array_equal(got.arrays_dict()[name], array), name
+    windows = 1 if whole_below else -(-len(data) // (1 << 20))
+    assert src.counters.requests <= 1 + windows  # the head, then the download
+    assert src.counters.bytes <= len(data) + remote.head_bytes(len(data))
