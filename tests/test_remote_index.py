@@ -24,6 +24,7 @@ pytest.importorskip("moto.server")
 
 from pickleshard import DatasetIndex, PickleDataset, build_index
 from pickleshard.executors.local import InlineExecutor
+from pickleshard.index.files import fingerprint
 from pickleshard.io.remote import source as remote
 from pickleshard.io.remote.inflight import InFlightBytes
 from pickleshard.io.remote.known import identity_from_info
@@ -108,6 +109,9 @@ def test_a_dense_file_is_indexed_like_a_download(
     # a few requests a file (metadata, fingerprint, walk, the download's windows) whatever its
     # length, where it was one a sample: 1,500 samples a file here (bench: 2,500, <= 0.01)
     assert http.traffic.requests <= 20 * len(dense) < 0.015 * samples, http.traffic.requests
+    # on each file's critical path: its lookup, its head, its download (the fingerprint is
+    # taken from the download, the identity from the lookup)
+    assert http.traffic.requests == 3 * len(dense), http.traffic.requests
     assert http.traffic.sent <= 1.1 * total  # the file once, and little more
     _same_as_local(idx, dense, tmp_path)
     counted = sum(int(f.scan["requests"]) for f in idx.files if f.scan)
@@ -324,3 +328,22 @@ def test_a_dense_scan_is_the_local_one_fetched_whole_or_in_windows(
     windows = 1 if whole_below else -(-len(data) // (1 << 20))
     assert src.counters.requests <= 1 + windows  # the head, then the download
     assert src.counters.bytes <= len(data) + remote.head_bytes(len(data))
+
+
+def test_a_whole_object_held_serves_the_reads_after_it(
+    http: RangeHTTPServer, tmp_path: Path
+) -> None:
+    data = np.random.default_rng(9).integers(0, 256, 1 << 20, np.uint8).tobytes()
+    http.files["/whole.bin"] = data
+    (tmp_path / "whole.bin").write_bytes(data)  # the oracle: the same bytes on local disk
+    for hold in (False, True):
+        src = remote.FsspecSource(f"{http.url}/whole.bin")
+        if hold:
+            src.hold_whole()
+        assert src.read_blocks([(0, len(data), [0])])[0] == data
+        before = src.counters.requests
+        assert fingerprint(src) == fingerprint(tmp_path / "whole.bin")
+        assert src.read_at(700_000, 10) == data[700_000:700_010]
+        # held: no request; else the head (the first block), the 7 others, and the read
+        assert src.counters.requests - before == (0 if hold else 1 + 7 + 1)
+        src.close()

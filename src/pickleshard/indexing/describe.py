@@ -10,15 +10,14 @@ load, so a bad file raises the same :class:`~pickleshard.errors.PickleshardError
 Either way a memo id larger than the file is refused
 (:func:`pickleshard.picklekit.memoids.check_memo_ids`), so that no file an index holds makes a later
 whole-file load allocate a huge memo. The file's identity, fingerprint and memo check read it
-through :mod:`pickleshard.io`; a remote object's fingerprint blocks are fetched in a thread of
-their own while the scan runs, so that their round trip is off the file's critical path.
+through :mod:`pickleshard.io`; the fingerprint is read after the scan, so that a remote object
+the scan downloaded whole gives its blocks with no request
+(:meth:`~pickleshard.io.remote.source.FsspecSource.hold_whole`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -215,18 +214,19 @@ def describe_file(
     """
     path = os.path.join(root, rel)
     # one open for the identity and the fingerprint's 8 scattered blocks (hence "random")
-    with open_source(path, options) as source, ThreadPoolExecutor(1) as aside:
+    with open_source(path, options) as source:
         source.advise("random")
         source.fileno()  # the open's own error (identity() words it as a failed stat)
         now = source.identity()
-        printed = _fingerprint_soon(source, aside)
+        if isinstance(source, FsspecSource):
+            source.hold_whole()  # a dense object's download then serves the fingerprint
         base: dict[str, Any] = {
             "path": rel,
             "size": now.size,
             "mtime_ns": now.mtime_ns,
             "ctime_ns": now.ctime_ns,
             "ino": now.ino,
-            "fingerprint": "",  # below, once the scan has run beside its fetch
+            "fingerprint": "",  # below: after the scan, from what it fetched where it can
             **({} if now.etag is None else {"etag": now.etag}),  # remote objects only
         }
         if staging is None:
@@ -242,7 +242,7 @@ def describe_file(
             except Exception as exc:  # the whole-file load below decides whether it is bad
                 # A file the whole-file load reads is not bad: the scanner was stricter.
                 why = f"the scanner failed: {type(exc).__name__}: {exc}"
-        base["fingerprint"] = printed()
+        base["fingerprint"] = fingerprint(source)
         if not why and staging is not None:
             _check_span_memo(scan, options)
             nbytes = _estimate(scan, source, policy)  # reads a few samples through this open
@@ -268,15 +268,6 @@ def describe_file(
     )
     kept = arrays if in_memory else None
     return Described(entry, len(scan.ext_keys), len(scan.records), named, kept)
-
-
-def _fingerprint_soon(source: ByteSource, aside: ThreadPoolExecutor) -> Callable[[], str]:
-    """A call that returns ``source``'s fingerprint: a remote object's is fetched in ``aside``
-    from now on (its blocks' round trip beside the scan's), a local file's read at once."""
-    if isinstance(source, FsspecSource):
-        return aside.submit(fingerprint, source).result
-    value = fingerprint(source)
-    return lambda: value
 
 
 def _globals(scan: ScanResult, source: ByteSource) -> dict[tuple[str, str], int] | None:

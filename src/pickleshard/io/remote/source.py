@@ -27,10 +27,12 @@ into place as it arrives, the bytes in flight held in this process's budget
 The first read inside an object's head (its first 1/256, within 16-64 KiB: :func:`head_bytes`)
 fetches it all and keeps it: the sniff for compression, a producer's header check, the
 fingerprint's first block and a scan's first windows (enough of them to tell a dense file) are
-then one round trip, not one each (at most 64 KiB held per open object). Every fetch is timed into the store's
-:class:`~pickleshard.io.remote.link.LinkEstimate`, from which :meth:`FsspecSource.coalesce_gap`
-says how far apart two ranges are worth one request; :attr:`FsspecSource.counters` counts this
-process's requests, bytes and seconds waiting for them.
+then one round trip, not one each (at most 64 KiB held per open object: 16 MiB for a reader
+pool's 256). Every fetch is timed into the store's
+:class:`~pickleshard.io.remote.link.LinkEstimate`, from which
+:meth:`FsspecSource.coalesce_gap` says how far apart two ranges are worth one request;
+:attr:`FsspecSource.counters` counts this process's requests, bytes and seconds waiting for
+them.
 
 ``identity()`` is the object's size, ETag and last-modified time (fsspec's ``info``, refreshed
 at most every ``identity_ttl`` seconds: a read path checks identity after every batch, and one
@@ -129,6 +131,7 @@ class FsspecSource(ByteSource):
         self.options = options if options is not None else SourceOptions()
         self.retries, self.backoff, self.identity_ttl = retries, backoff, identity_ttl
         self.counters = RemoteCounters()  # this process's requests, since it connected
+        self._hold_whole = False  # hold_whole(): not carried by pickling
         self._connection = ProcessLocal(self._connect)
 
     # -- the filesystem and the object's metadata --------------------------------------------
@@ -312,11 +315,12 @@ class FsspecSource(ByteSource):
         wanted = [s for s, got in zip(spans, out, strict=True) if got is None and s[1] > s[0]]
         cache = self.options.block_cache
         if cache is None:
-            fetched = iter(self._fetch(wanted) if wanted else [])
+            got_wanted = self._fetch(wanted) if wanted else []
         else:
-            fetched = iter(
-                [cache.read(here.key, size, lo, hi - lo, self._fetch) for lo, hi in wanted]
-            )
+            got_wanted = [cache.read(here.key, size, lo, hi - lo, self._fetch) for lo, hi in wanted]
+        if self._hold_whole and (0, size) in wanted:  # the whole object: later reads take it
+            here.head = got_wanted[wanted.index((0, size))]
+        fetched = iter(got_wanted)
         return [
             got if got is not None else next(fetched) if hi > lo else b""
             for (lo, hi), got in zip(spans, out, strict=True)
@@ -324,14 +328,21 @@ class FsspecSource(ByteSource):
 
     def _in_head(self, here: _Connection, lo: int, hi: int) -> bytes | None:
         """Bytes ``[lo, hi)`` from the object's head (fetched whole by the first read inside
-        it), or None for a read that ends past it."""
-        if hi > head_bytes(here.opened.size) or hi <= lo:
-            return None
+        it; the whole object after :meth:`hold_whole`), or None for a read that ends past it."""
         head = here.head
         if head is None:
+            if hi > head_bytes(here.opened.size) or hi <= lo:
+                return None
             head = self._fetch([(0, head_bytes(here.opened.size))], (lo, hi))[0]
             here.head = head
-        return head[lo:hi]
+        return head[lo:hi] if lo < hi <= len(head) else None
+
+    def hold_whole(self) -> None:
+        """From now on, once a read has fetched the whole object, keep its bytes (until
+        :meth:`close`) and serve the later reads from them: an index build's fingerprint after
+        a dense file's download costs no request. (A reader pool never asks: it would hold
+        every file it downloads.)"""
+        self._hold_whole = True
 
     def readinto_at(self, offset: int, view: memoryview) -> int:
         _check_range(offset, len(view))
