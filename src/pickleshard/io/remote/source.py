@@ -22,8 +22,9 @@ names the URL and the byte range. A refusal (403, bad credentials) is raised at 
 
 A read of more than :data:`DOWNLOAD_WINDOW` bytes (a scan's dense file, a whole-file load) is
 fetched like a download: in windows of 8-16 MiB, :data:`IN_FLIGHT` requests at once, each written
-into place as it arrives, the bytes in flight held in this process's budget
-(:mod:`~pickleshard.io.remote.inflight`: several files downloaded at once stay under it).
+into place as it arrives; these batches, and any other read of as many bytes, hold their bytes
+in this process's budget (:mod:`~pickleshard.io.remote.inflight`: several files downloaded at
+once stay under it).
 The first read inside an object's head (its first 1/256, within 16-64 KiB: :func:`head_bytes`)
 fetches it all and keeps it: the sniff for compression, a producer's header check, the
 fingerprint's first block and a scan's first windows (enough of them to tell a dense file) are
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import Any, TypeVar
 
 from ...errors import RemoteStorageError, UnreadableFileError
@@ -315,7 +317,9 @@ class FsspecSource(ByteSource):
         wanted = [s for s, got in zip(spans, out, strict=True) if got is None and s[1] > s[0]]
         cache = self.options.block_cache
         if cache is None:
-            got_wanted = self._fetch(wanted) if wanted else []
+            total = sum(hi - lo for lo, hi in wanted)  # a large read holds the budget in flight
+            with in_flight_bytes().hold(total) if total >= DOWNLOAD_WINDOW else nullcontext():
+                got_wanted = self._fetch(wanted) if wanted else []
         else:
             got_wanted = [cache.read(here.key, size, lo, hi - lo, self._fetch) for lo, hi in wanted]
         if self._hold_whole and (0, size) in wanted:  # the whole object: later reads take it
