@@ -16,6 +16,17 @@ dataset):
 
 The targets (issue 28): at 20 ms, the dense index within 2x the download and at most 0.01
 requests a sample; the sparse index fetching at most 5% of the bytes.
+
+What a dense file costs, one round trip after another: the lookup of every URL (all at once:
+its identity, kept for the open), the object's head (16-64 KiB: the compression sniff, a
+producer's header, the scan's first windows, enough to tell the file is dense), then the object
+in one request (its bytes are the buffer the scan walks; the fingerprint is taken from them).
+Four files go at once (:data:`pickleshard.indexing.build.REMOTE_FILES_AT_ONCE`), so the index
+costs about two round trips, the download and the scans' CPU. A sparse file's windows are
+predicted at the sample stride, 1, 2, 4... 64 ahead: about log2(samples) round trips a file,
+then its fingerprint's blocks (one more). moto reads a whole object for every ranged GET, so a
+sparse file's windows cost the S3 server a whole-object read each: its sparse rows say little
+about S3.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ process pool of one worker per CPU, where the cores are there to use.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from multiprocessing import get_all_start_methods, get_context
 from multiprocessing.context import BaseContext
 from typing import Any, Protocol, TypeVar
@@ -67,13 +67,30 @@ class IndexExecutor(Protocol):
 
 
 class InlineExecutor:
-    """Every call in this process, one after another, in task order."""
+    """Every call in this process, results in task order: one after another, or up to
+    ``threads`` at once, for calls that mostly wait (a remote object's fetches release the
+    GIL: several files' round trips and downloads overlap where one after another they add)."""
+
+    def __init__(self, threads: int = 1) -> None:
+        if threads < 1:
+            raise ValueError(f"threads must be at least 1, got {threads}")
+        self.threads = threads
 
     def run(
         self, work: Callable[..., R], tasks: Sequence[tuple[Any, ...]]
     ) -> Generator[tuple[int, R], None, None]:
-        for k, args in enumerate(tasks):
-            yield k, work(*args)
+        if self.threads == 1 or len(tasks) <= 1:
+            for k, args in enumerate(tasks):
+                yield k, work(*args)
+            return
+        with ThreadPoolExecutor(min(self.threads, len(tasks))) as pool:
+            futures = [pool.submit(work, *args) for args in tasks]
+            try:
+                for k, fut in enumerate(futures):
+                    yield k, fut.result()
+            finally:  # an error, or the caller closed us: drop what has not started
+                for fut in futures:
+                    fut.cancel()
 
 
 def _pool_context() -> BaseContext:

@@ -35,13 +35,14 @@ from ..index.model import DatasetIndex
 from ..index.ondisk import default_index_path
 from ..io.listing import ResolvedSource, Source, resolve_source
 from ..io.options import SourceOptions, source_options
+from ..io.remote.source import is_url
 from ..safety.policy import DEFAULT_POLICY, UnpicklePolicy
 from ..scan.layouts import LayoutChoice, check_layout_choice
 from .describe import Described, describe_file
 from .openaudit import remember_globals
 from .write import write_index
 
-__all__ = ["INLINE_FILES", "build_index"]
+__all__ = ["INLINE_FILES", "REMOTE_FILES_AT_ONCE", "build_index"]
 
 INLINE_FILES = 16
 """Up to this many files are indexed in this process, one after another, unless an executor is
@@ -49,6 +50,11 @@ named: the compiled scan holds the GIL (threads take turns), and a process pool'
 pickling and staged arrays cost more than a few files' scans (measured with ``python -m bench
 open --executors``: inline is fastest up to 32 files on a loaded 2-core machine, 2 threads
 1.1-1.6x and 2 processes 1.4-2.7x slower; see :mod:`pickleshard.executors.local`)."""
+
+REMOTE_FILES_AT_ONCE = 4
+"""Files under a URL indexed in this process are described this many at once, in threads: their
+fetches wait on round trips and downloads (GIL released) that overlap where one after another
+they add (``python -m bench remote``; their downloads share one budget of bytes in flight)."""
 
 
 def describe_or_problem(
@@ -202,7 +208,12 @@ def build_index(
     index_dir = Path(index) if index is not None else default_index_path(resolved)
     n_jobs = jobs if jobs is not None else min(os.cpu_count() or 1, 8)
     small = executor is None and len(resolved.files) <= INLINE_FILES
-    runner = InlineExecutor() if small else resolve_executor(executor, n_jobs, len(resolved.files))
+    threads = REMOTE_FILES_AT_ONCE if is_url(os.fspath(resolved.root)) else 1
+    runner = (
+        InlineExecutor(threads)
+        if small
+        else resolve_executor(executor, n_jobs, len(resolved.files))
+    )
     staging = _staging_dir(index_dir.absolute()) if spans else None  # workers' cwd may differ
     try:
         described: dict[int, Described] = {}

@@ -10,7 +10,9 @@ load, so a bad file raises the same :class:`~pickleshard.errors.PickleshardError
 Either way a memo id larger than the file is refused
 (:func:`pickleshard.picklekit.preload.check_before_load`), so that no file an index holds makes a later
 whole-file load allocate a huge memo. The file's identity, fingerprint and memo check read it
-through :mod:`pickleshard.io`.
+through :mod:`pickleshard.io`; the fingerprint is read after the scan, so that a remote object
+the scan downloaded whole gives its blocks with no request
+(:meth:`~pickleshard.io.remote.source.FsspecSource.hold_whole`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ..index.files import FileEntry, fingerprint
 from ..io import ByteSource, open_source
 from ..io.options import SourceOptions
 from ..io.remote.counting import remote_fetch_counts
+from ..io.remote.source import FsspecSource
 from ..picklekit.preload import check_before_load
 from ..producers.foreign import foreign_scan
 from ..read import SpanReader
@@ -215,13 +218,15 @@ def describe_file(
         source.advise("random")
         source.fileno()  # the open's own error (identity() words it as a failed stat)
         now = source.identity()
+        if isinstance(source, FsspecSource):
+            source.hold_whole()  # a dense object's download then serves the fingerprint
         base: dict[str, Any] = {
             "path": rel,
             "size": now.size,
             "mtime_ns": now.mtime_ns,
             "ctime_ns": now.ctime_ns,
             "ino": now.ino,
-            "fingerprint": fingerprint(source),
+            "fingerprint": "",  # below: after the scan, from what it fetched where it can
             **({} if now.etag is None else {"etag": now.etag}),  # remote objects only
         }
         if staging is None:
@@ -237,6 +242,7 @@ def describe_file(
             except Exception as exc:  # the whole-file load below decides whether it is bad
                 # A file the whole-file load reads is not bad: the scanner was stricter.
                 why = f"the scanner failed: {type(exc).__name__}: {exc}"
+        base["fingerprint"] = fingerprint(source)
         if not why and staging is not None:
             _check_span_memo(scan, options)
             nbytes = _estimate(scan, source, policy)  # reads a few samples through this open

@@ -21,12 +21,15 @@ bytes one round trip is worth) go out as one request, kept whole.
 A dense file is fetched like a download instead. When :data:`NEAR_MISSES` windows in a row had
 to be fetched after the walk stepped off a window's end or jumped over a payload shorter than
 that gap (samples of a few KB, or no large payloads at all: the walk would fetch most of the
-file a window at a time, one round trip each), the rest of the object is read
-whole by one :meth:`~pickleshard.io.ByteSource.readinto_at` (a remote source fetches it in
-large windows, several in flight) and the walk goes on in the mirror. Files no longer than
-:data:`WHOLE_BELOW` are read whole at once. A mirror larger than :data:`IN_MEMORY` is backed by
-an unlinked temporary file, so a downloaded file sits in the page cache, not in this
-process's anonymous memory.
+file a window at a time, one round trip each), the object is read whole instead. One of at
+most :data:`IN_MEMORY` bytes is fetched by one request and its bytes are the buffer the scan
+walks: copied into a fresh mirror, every page written for the first time, it cost as much CPU
+again as the download itself (an index build fetches several files at once, so one stream a
+file still fills the link). A larger one is read by one
+:meth:`~pickleshard.io.ByteSource.readinto_at` (a remote source fetches it in large windows,
+several in flight) into a mirror backed by an unlinked temporary file, so that a downloaded
+file sits in the page cache, not in this process's anonymous memory. Files no longer than
+:data:`WHOLE_BELOW` are read whole at once.
 """
 
 from __future__ import annotations
@@ -120,8 +123,11 @@ def sparse_buffer(source: ByteSource) -> Any:
         if found is None:
             near = near + 1 if skipped <= gap else 0
         if near >= NEAR_MISSES or win.fetched > DENSE * pos + (1 << 20):
-            # dense: the rest like a download (found or not, ``pos`` may lie in a window)
-            lo = pos if found is None else found[0]
+            # dense: the whole object like a download
+            if size <= IN_MEMORY:  # one request, its bytes walked as they came (no copy)
+                whole: bytes = source.read_blocks([(0, size, [0])])[0]
+                return whole
+            lo = pos if found is None else found[0]  # ``pos`` may lie in a window
             source.readinto_at(lo, memoryview(mirror)[lo:size])
             break
         if found is None:

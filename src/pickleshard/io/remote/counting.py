@@ -7,6 +7,7 @@ bytes are ``/proc/self/io``'s to count).
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 __all__ = ["RemoteCounters", "remote_fetch_counts"]
@@ -20,6 +21,14 @@ class RemoteCounters:
         self.requests = 0
         self.bytes = 0
         self.seconds = 0.0
+        self._lock = threading.Lock()  # a prefetch in another thread counts too
+
+    def add(self, requests: int, nbytes: int, seconds: float) -> None:
+        """Count one fetch: ``requests`` requests made together, returning ``nbytes``."""
+        with self._lock:
+            self.requests += requests
+            self.bytes += nbytes
+            self.seconds += seconds
 
     def as_json(self) -> dict[str, int | float]:
         """``{"requests", "bytes_fetched", "fetch_seconds"}`` (an index keeps the counts)."""

@@ -20,7 +20,8 @@ from ...errors import DatasetNotFoundError, NoPickleFilesError, RemoteStorageErr
 from ..filenames import PICKLE_PATTERNS, is_pickle_name
 from ..options import SourceOptions
 from ..resolved import ResolvedSource
-from .source import filesystem, is_url
+from .known import remember_info
+from .source import filesystem, filesystem_key, is_url
 
 __all__ = [
     "URLPath",
@@ -101,12 +102,16 @@ def resolve_url(
 
 def resolve_urls(urls: Sequence[str], options: SourceOptions | None = None) -> ResolvedSource:
     """A list of object URLs as a resolved source; each must name an existing object (looked
-    up with ``options``' storage options)."""
+    up with ``options``' storage options; what each lookup said is kept a few seconds for its
+    open, :mod:`~pickleshard.io.remote.known`)."""
 
     def check(url: str) -> None:
         fs, path = filesystem(url, _storage(options))
         try:  # info, not isfile: HTTP's isfile is a GET of the whole object
-            found = fs.info(path).get("type", "file") == "file"
+            meta = fs.info(path)
+            found = meta.get("type", "file") == "file"
+            # kept: the object's open (an index build's) takes it instead of asking again
+            remember_info(filesystem_key(url, _storage(options)), path, meta)
         except FileNotFoundError:
             found = False
         except Exception as exc:

@@ -22,31 +22,42 @@ names the URL and the byte range. A refusal (403, bad credentials) is raised at 
 
 A read of more than :data:`DOWNLOAD_WINDOW` bytes (a scan's dense file, a whole-file load) is
 fetched like a download: in windows of 8-16 MiB, :data:`IN_FLIGHT` requests at once, each written
-into place as it arrives. Every fetch is timed into the store's
-:class:`~pickleshard.io.remote.link.LinkEstimate`, from which :meth:`FsspecSource.coalesce_gap`
-says how far apart two ranges are worth one request; :attr:`FsspecSource.counters` counts this
-process's requests, bytes and seconds waiting for them.
+into place as it arrives; these batches, and any other read of as many bytes, hold their bytes
+in this process's budget (:mod:`~pickleshard.io.remote.inflight`: several files downloaded at
+once stay under it).
+The first read inside an object's head (its first 1/256, within 16-64 KiB: :func:`head_bytes`)
+fetches it all and keeps it: the sniff for compression, a producer's header check, the
+fingerprint's first block and a scan's first windows (enough of them to tell a dense file) are
+then one round trip, not one each (at most 64 KiB held per open object: 16 MiB for a reader
+pool's 256). Every fetch is timed into the store's
+:class:`~pickleshard.io.remote.link.LinkEstimate`, from which
+:meth:`FsspecSource.coalesce_gap` says how far apart two ranges are worth one request;
+:attr:`FsspecSource.counters` counts this process's requests, bytes and seconds waiting for
+them.
 
 ``identity()`` is the object's size, ETag and last-modified time (fsspec's ``info``, refreshed
 at most every ``identity_ttl`` seconds: a read path checks identity after every batch, and one
-metadata request per batch would double the round trips).
+metadata request per batch would double the round trips). An open takes the identity that
+resolving the URL has just looked up, where there is one (:mod:`~pickleshard.io.remote.known`),
+instead of asking again.
 """
 
 from __future__ import annotations
 
-import os
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import Any, TypeVar
 
-from ...errors import MissingDependencyError, RemoteStorageError, UnreadableFileError
+from ...errors import RemoteStorageError, UnreadableFileError
 from ..base import ByteSource, _check_range, coalesce, register_source
 from ..handles import ProcessLocal
 from ..identity import FileIdentity
 from ..options import SourceOptions
 from .counting import RemoteCounters
+from .filesystems import filesystem, filesystem_key, is_url
+from .inflight import in_flight_bytes
+from .known import identity_from_info, take_identity
 from .link import LinkEstimate, link_for
 from .staging import staged_ranges
 
@@ -54,6 +65,7 @@ __all__ = [
     "PROTOCOLS",
     "FsspecSource",
     "filesystem",
+    "filesystem_key",
     "is_url",
 ]
 
@@ -62,64 +74,14 @@ PROTOCOLS = ("s3", "s3a", "gs", "gcs", "http", "https", "memory", "az", "abfs", 
 
 T = TypeVar("T")
 
-# this process's filesystems: (protocol, token of options) -> fs; a forked child makes its own
-_FILESYSTEMS: ProcessLocal[dict[tuple[str, str], Any]] = ProcessLocal(dict)
-_FS_LOCK = threading.Lock()
 RETRIES = 5  # tries after the first, by default
 BACKOFF = 0.1  # seconds before the first retry, doubled each time
 OVERREAD = 0.4  # a prefetch reads through gaps of at most this share of its ranges' bytes
 DOWNLOAD_WINDOW = 8 << 20  # a read longer than this goes out as windows of 8-16 MiB...
 MAX_WINDOW = 16 << 20
 IN_FLIGHT = 8  # ...this many requested at once (memory in flight: IN_FLIGHT * window)
-
-
-def is_url(where: str | os.PathLike[str]) -> bool:
-    """Whether ``where`` is a URL (``scheme://...``) rather than a local path."""
-    text = os.fspath(where)
-    scheme, sep, _ = text.partition("://")
-    return bool(sep) and scheme.isidentifier() and scheme != "file"
-
-
-# the extra of pyproject.toml that installs a protocol's fsspec backend
-_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "http"}
-
-
-def _fsspec(url: str) -> Any:
-    try:
-        import fsspec
-    except ImportError:
-        protocol = url.partition("://")[0]
-        extra = _EXTRAS.get(protocol, "remote")
-        raise MissingDependencyError("fsspec", extra, "reading a URL", path=url) from None
-    return fsspec
-
-
-def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
-    """This process's fsspec filesystem for ``url`` with ``storage_options`` (None: fsspec's
-    own configuration) and the object's path in it; one per set of options, so two datasets
-    with different credentials never share one."""
-    fsspec = _fsspec(url)
-    protocol = url.partition("://")[0]
-    opts = dict(storage_options or {})
-    key = (protocol, fsspec.utils.tokenize(protocol, opts))
-    with _FS_LOCK:
-        held = _FILESYSTEMS.get()
-        fs = held.get(key)
-        if fs is None:
-            if len(held) > 64:  # options no source uses any more
-                held.clear()
-            try:
-                cls = fsspec.get_filesystem_class(protocol)
-            except ImportError as exc:
-                raise MissingDependencyError(
-                    str(exc.name or protocol),
-                    _EXTRAS.get(protocol, "remote"),
-                    f"reading {protocol}:// URLs",
-                    path=url,
-                ) from None
-            fs = cls(**opts, skip_instance_cache=True)
-            held[key] = fs
-    return fs, fs._strip_protocol(url)
+HEAD_BYTES = 64 << 10  # the first read inside an object's head fetches (and keeps) it all...
+HEAD_MIN = 16 << 10  # ...the head: 1/256 of the object, within these bounds (head_bytes)
 
 
 def _refused(exc: BaseException) -> bool:
@@ -132,12 +94,14 @@ def _refused(exc: BaseException) -> bool:
 
 class _Connection:
     """A remote object as one process sees it: its filesystem and path there, its identity
-    when opened, the identity last seen (and when), and the key of its staged ranges."""
+    when opened, the identity last seen (and when), the key of its staged ranges and its
+    head (:func:`head_bytes`) once a read fetched it."""
 
-    __slots__ = ("fs", "key", "opened", "path", "seen")
+    __slots__ = ("fs", "head", "key", "opened", "path", "seen")
 
     def __init__(self, fs: Any, path: str, url: str, opened: FileIdentity) -> None:
         self.fs, self.path, self.opened = fs, path, opened
+        self.head: bytes | None = None
         self.seen = (time.monotonic(), opened)
         self.key = f"{url}#{opened.etag}#{opened.size}"  # one version of the object
 
@@ -169,13 +133,16 @@ class FsspecSource(ByteSource):
         self.options = options if options is not None else SourceOptions()
         self.retries, self.backoff, self.identity_ttl = retries, backoff, identity_ttl
         self.counters = RemoteCounters()  # this process's requests, since it connected
+        self._hold_whole = False  # hold_whole(): not carried by pickling
         self._connection = ProcessLocal(self._connect)
 
     # -- the filesystem and the object's metadata --------------------------------------------
     def _connect(self) -> _Connection:
         fs, path = filesystem(self.url, self.options.storage_options)
         self.counters = RemoteCounters()
-        return _Connection(fs, path, self.url, self._stat(fs, path))
+        # the identity resolving the URL just looked up, else one metadata request
+        known = take_identity(filesystem_key(self.url, self.options.storage_options), path)
+        return _Connection(fs, path, self.url, known or self._stat(fs, path))
 
     def _stat(self, fs: Any, path: str) -> FileIdentity:
         def info() -> dict[str, Any]:
@@ -186,7 +153,7 @@ class FsspecSource(ByteSource):
         meta = self._retried(info, "cannot get the object's metadata", None)
         if meta.get("type", "file") != "file":
             raise UnreadableFileError(self.url, f"is a {meta.get('type')}, not an object")
-        return _identity(meta)
+        return identity_from_info(meta)
 
     @property
     def size(self) -> int:
@@ -264,23 +231,26 @@ class FsspecSource(ByteSource):
         ``latency * bandwidth`` as measured (:meth:`LinkEstimate.gap`)."""
         return self.link.gap()
 
-    def _fetch(self, spans: Sequence[tuple[int, int]]) -> list[bytes]:
-        """The bytes of each ``(lo, hi)`` (within the object), all requested at once."""
+    def _fetch(
+        self, spans: Sequence[tuple[int, int]], asked: tuple[int, int] | None = None
+    ) -> list[bytes]:
+        """The bytes of each ``(lo, hi)`` (within the object), all requested at once; an error
+        names ``asked`` (the range a caller read, where it lies inside the one fetched)."""
         here = self._connection.get()
         t0 = time.perf_counter()
         if len(spans) == 1:
             lo, hi = spans[0]
             data = self._retried(
-                lambda: here.fs.cat_file(here.path, start=lo, end=hi), "cannot read", (lo, hi)
+                lambda: here.fs.cat_file(here.path, start=lo, end=hi),
+                "cannot read",
+                asked or (lo, hi),
             )
             out = [data]
         else:
             out = self._retried(lambda: self._cat_ranges(here, spans), "cannot read", _cover(spans))
         seconds = time.perf_counter() - t0
         got = sum(len(d) for d in out)
-        self.counters.requests += len(spans)
-        self.counters.bytes += got
-        self.counters.seconds += seconds
+        self.counters.add(len(spans), got, seconds)
         self.link.observe(len(spans), got, seconds)
         for (lo, hi), d in zip(spans, out, strict=True):
             if len(d) != hi - lo:
@@ -343,12 +313,40 @@ class FsspecSource(ByteSource):
             got = staged_ranges().take(here.key, *spans[0])
             if got is not None:
                 return [got]
+        out = [self._in_head(here, lo, hi) for lo, hi in spans]
+        wanted = [s for s, got in zip(spans, out, strict=True) if got is None and s[1] > s[0]]
         cache = self.options.block_cache
         if cache is None:
-            wanted = [s for s in spans if s[1] > s[0]]
-            fetched = iter(self._fetch(wanted) if wanted else [])
-            return [next(fetched) if hi > lo else b"" for lo, hi in spans]
-        return [cache.read(here.key, size, lo, hi - lo, self._fetch) for lo, hi in spans]
+            total = sum(hi - lo for lo, hi in wanted)  # a large read holds the budget in flight
+            with in_flight_bytes().hold(total) if total >= DOWNLOAD_WINDOW else nullcontext():
+                got_wanted = self._fetch(wanted) if wanted else []
+        else:
+            got_wanted = [cache.read(here.key, size, lo, hi - lo, self._fetch) for lo, hi in wanted]
+        if self._hold_whole and (0, size) in wanted:  # the whole object: later reads take it
+            here.head = got_wanted[wanted.index((0, size))]
+        fetched = iter(got_wanted)
+        return [
+            got if got is not None else next(fetched) if hi > lo else b""
+            for (lo, hi), got in zip(spans, out, strict=True)
+        ]
+
+    def _in_head(self, here: _Connection, lo: int, hi: int) -> bytes | None:
+        """Bytes ``[lo, hi)`` from the object's head (fetched whole by the first read inside
+        it; the whole object after :meth:`hold_whole`), or None for a read that ends past it."""
+        head = here.head
+        if head is None:
+            if hi > head_bytes(here.opened.size) or hi <= lo:
+                return None
+            head = self._fetch([(0, head_bytes(here.opened.size))], (lo, hi))[0]
+            here.head = head
+        return head[lo:hi] if lo < hi <= len(head) else None
+
+    def hold_whole(self) -> None:
+        """From now on, once a read has fetched the whole object, keep its bytes (until
+        :meth:`close`) and serve the later reads from them: an index build's fingerprint after
+        a dense file's download costs no request. (A reader pool never asks: it would hold
+        every file it downloads.)"""
+        self._hold_whole = True
 
     def readinto_at(self, offset: int, view: memoryview) -> int:
         _check_range(offset, len(view))
@@ -365,12 +363,16 @@ class FsspecSource(ByteSource):
         """Fill ``view`` from ``offset`` as a download: windows of ``len(view) / IN_FLIGHT``
         (8-16 MiB), :data:`IN_FLIGHT` requested at once, each copied into place on arrival."""
         end = offset + len(view)
-        window = min(MAX_WINDOW, max(DOWNLOAD_WINDOW, -(-len(view) // IN_FLIGHT)))
-        spans = [(lo, min(lo + window, end)) for lo in range(offset, end, window)]
+        head = self._connection.get().head or b""
+        start = max(offset, min(len(head), end))  # what the head holds is not fetched again
+        view[: start - offset] = head[offset:start]
+        window = min(MAX_WINDOW, max(DOWNLOAD_WINDOW, -(-(end - start) // IN_FLIGHT)))
+        spans = [(lo, min(lo + window, end)) for lo in range(start, end, window)]
         for k in range(0, len(spans), IN_FLIGHT):
             batch = spans[k : k + IN_FLIGHT]
-            for (lo, hi), data in zip(batch, self._fetch(batch), strict=True):
-                view[lo - offset : hi - offset] = data
+            with in_flight_bytes().hold(sum(hi - lo for lo, hi in batch)):
+                for (lo, hi), data in zip(batch, self._fetch(batch), strict=True):
+                    view[lo - offset : hi - offset] = data
         return len(view)
 
     def read_at(self, offset: int, n: int) -> bytes:
@@ -388,6 +390,13 @@ class FsspecSource(ByteSource):
         return f"FsspecSource({self.url!r})"
 
 
+def head_bytes(size: int) -> int:
+    """The bytes of an object of ``size`` bytes its first read fetches: 1/256 of it, at least
+    :data:`HEAD_MIN` (a sniff, a header, the first samples' opcodes) and at most
+    :data:`HEAD_BYTES`; a few percent of a small object's bytes, a fraction of one of a large one's."""
+    return min(size, HEAD_BYTES, max(HEAD_MIN, size >> 8))
+
+
 def _cover(spans: Sequence[tuple[int, int]]) -> tuple[int, int]:
     return min(lo for lo, _ in spans), max(hi for _, hi in spans)
 
@@ -395,30 +404,6 @@ def _cover(spans: Sequence[tuple[int, int]]) -> tuple[int, int]:
 def _short(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
-
-
-def _identity(meta: Mapping[str, Any]) -> FileIdentity:
-    """Size, ETag and last-modified time of fsspec ``info`` of an object (each store spells
-    them its own way); an object whose store gives no ETag has ``etag=""``."""
-    etag = next(
-        (str(meta[k]) for k in ("ETag", "etag", "md5Hash", "Content-MD5") if meta.get(k)), ""
-    )
-    mtime = next(
-        (meta[k] for k in ("LastModified", "mtime", "updated", "last_modified") if meta.get(k)),
-        None,
-    )
-    if isinstance(mtime, str):
-        try:
-            mtime = datetime.fromisoformat(mtime.replace("Z", "+00:00"))
-        except ValueError:
-            mtime = None
-    if isinstance(mtime, datetime):
-        mtime_ns = int(mtime.timestamp() * 1_000_000) * 1000
-    elif isinstance(mtime, (int, float)):
-        mtime_ns = int(mtime * 1e9)
-    else:
-        mtime_ns = 0  # the store does not say: the ETag and the size decide
-    return FileIdentity(int(meta["size"]), mtime_ns, None, None, etag)
 
 
 for _protocol in PROTOCOLS:
