@@ -56,6 +56,7 @@ import numpy as np
 from ..errors import FieldLengthMismatchError, NotSpanIndexableError
 from ..io import ByteSource, open_source, storage_read_bytes
 from ..io.options import SourceOptions
+from ..picklekit.gcpause import paused_gc
 from ..picklekit.nodes import DICT, ITEMS, KIND, LIST, TUPLE, start_of
 from ..picklekit.walk import resolve_engine, walk_opcodes
 from ..picklekit.walker import Walked
@@ -74,6 +75,7 @@ from .layouts import (
     default_field_names,
 )
 from .matching import (
+    Candidate,
     Field,
     NotLayout,
     dict_rows,
@@ -85,6 +87,7 @@ from .matching import (
     structure,
 )
 from .model import ArrayItem, ArrayRow, IntItem, ScanResult
+from .rows import walk_rows
 
 __all__ = ["ENGINE", "ArrayItem", "ArrayRow", "IntItem", "ScanResult", "scan_bytes", "scan_file"]
 
@@ -119,9 +122,15 @@ def _facts(cols: list[Field]) -> list[FieldFacts]:
 
 
 def _scan_chunks(
-    buf: Any, w: Walked, stops: list[int], encoding: str, choice: LayoutChoice = "auto"
+    buf: Any,
+    w: Walked,
+    stops: list[int],
+    encoding: str,
+    choice: LayoutChoice = "auto",
+    cands: list[Candidate] | None = None,
 ) -> ScanResult:
-    cands = [structure(r, w.name, choice) for r in w.roots]
+    if cands is None:
+        cands = [structure(r, w.name, choice) for r in w.roots]
     table = element_table(w, [leaf for c in cands for leaf in leaves(c)])
     insp = Inspector(buf, w, table, encoding)
     found = facts_of(cands[0], insp) if choice == "auto" and len(cands) == 1 else None
@@ -202,23 +211,38 @@ def _scan_samples(
 def _scan(
     buf: Any, size: int, name: str, encoding: str, engine: str, layout: LayoutChoice = "auto"
 ) -> ScanResult:
-    w = walk_opcodes(buf, size, name, engine=engine)
-    result = _scan_walked(buf, w, name, encoding, layout)
+    # The walk's nodes (a few lists per row of a file of objects) live until the match is done:
+    # no collection may walk them in between (nothing here makes a cycle).
+    with paused_gc():
+        rows = walk_rows(buf, size, name, engine, layout)
+        if rows is not None:  # one list of flat rows: no nodes (see pickleshard.scan.rows)
+            w, cand = rows
+            result = _scan_walked(buf, w, name, encoding, layout, [cand])
+        else:
+            w = walk_opcodes(buf, size, name, engine=engine)
+            result = _scan_walked(buf, w, name, encoding, layout)
     # the audit's facts from this walk: no second walk of the file to list its globals
     return replace(result, named_globals=named_globals(buf, w) if w.global_ops else {})
 
 
-def _scan_walked(buf: Any, w: Walked, name: str, encoding: str, layout: LayoutChoice) -> ScanResult:
+def _scan_walked(
+    buf: Any,
+    w: Walked,
+    name: str,
+    encoding: str,
+    layout: LayoutChoice,
+    cands: list[Candidate] | None = None,
+) -> ScanResult:
+    """The result of walk ``w``: its roots matched, or ``cands`` (the row pass's) as they are."""
     stops = [end - 1 for _, end, _ in w.records]
-    one = len(w.roots) == 1
+    one = len(w.records) == 1
     if layout == "file" and not one:  # the whole-file load words the error
         raise NotSpanIndexableError(
             name, f"layout='file' but the file holds {len(w.roots)} pickles"
         )
-    root = w.roots[0]
-    if layout == "file" or (
-        layout == "records" and not (one and type(root) is list and root[KIND] == LIST)
-    ):
+    root = w.roots[0] if w.roots else None
+    is_list = cands is not None or (type(root) is list and root[KIND] == LIST)
+    if layout == "file" or (layout == "records" and not (one and is_list)):
         try:
             return _scan_samples(buf, w, stops, encoding, "" if one else APPENDED)
         except NotLayout as exc:
@@ -226,7 +250,7 @@ def _scan_walked(buf: Any, w: Walked, name: str, encoding: str, layout: LayoutCh
                 name, f"{exc}; not samples that can be read in place"
             ) from None
     try:
-        return _scan_chunks(buf, w, stops, encoding, layout)
+        return _scan_chunks(buf, w, stops, encoding, layout, cands)
     except (NotLayout, FieldLengthMismatchError) as exc:
         if one or layout != "auto":
             if isinstance(exc, FieldLengthMismatchError):
