@@ -61,7 +61,7 @@ from ..picklekit.nodes import DICT, ITEMS, KIND, LIST, TUPLE, start_of
 from ..picklekit.walk import resolve_engine, walk_opcodes
 from ..picklekit.walker import Walked
 from ..safety.audit.named import named_globals
-from .access import fetched_since, scan_buffer
+from .access import fetched_since, scan_view
 from .ambiguity import Ambiguity, judge
 from .defaults import FieldFacts, appended_are_records, judge_one_sample, one_pickle_is_one_sample
 from .externals import assemble, element_table
@@ -128,14 +128,15 @@ def _scan_chunks(
     encoding: str,
     choice: LayoutChoice = "auto",
     cands: list[Candidate] | None = None,
+    release: bool = True,
 ) -> ScanResult:
     if cands is None:
         cands = [structure(r, w.name, choice) for r in w.roots]
     table = element_table(w, [leaf for c in cands for leaf in leaves(c)])
-    insp = Inspector(buf, w, table, encoding)
+    insp = Inspector(buf, w, table, encoding, release)
     found = facts_of(cands[0], insp) if choice == "auto" and len(cands) == 1 else None
     if found is not None and one_pickle_is_one_sample(*found):
-        whole = _scan_samples(buf, w, stops, encoding, "")
+        whole = _scan_samples(buf, w, stops, encoding, "", release)
         return replace(whole, ambiguity=judge_one_sample(found[0]))
     meta: dict[str, Any] | None = {} if len(cands) == 1 else None
     parts = [fields_of(c, insp, w.name, meta) for c in cands]
@@ -152,7 +153,7 @@ def _scan_chunks(
                 offset=w.records[r][0],
             )
     if choice == "auto" and appended_are_records([_facts(cs) for _, cs in parts]):
-        return _scan_samples(buf, w, stops, encoding)
+        return _scan_samples(buf, w, stops, encoding, APPENDED, release)
     if len(parts) > 1:
         joined = [
             [
@@ -172,7 +173,12 @@ def _scan_chunks(
 
 
 def _scan_samples(
-    buf: Any, w: Walked, stops: list[int], encoding: str, prefix: str = APPENDED
+    buf: Any,
+    w: Walked,
+    stops: list[int],
+    encoding: str,
+    prefix: str = APPENDED,
+    release: bool = True,
 ) -> ScanResult:
     first = w.roots[0]
     kind = (
@@ -191,7 +197,7 @@ def _scan_samples(
     else:
         leaves = [(np.array([start_of(r) for r in w.roots], np.int64), np.array(stops, np.int64))]
     table = element_table(w, leaves)
-    insp = Inspector(buf, w, table, encoding)
+    insp = Inspector(buf, w, table, encoding, release)
     if kind == DICT:
         names, cols = dict_rows(w.roots, insp, w.name)
         return assemble(w, table, insp, prefix + DICT_SAMPLES.name, names, cols)
@@ -209,18 +215,24 @@ def _scan_samples(
 
 
 def _scan(
-    buf: Any, size: int, name: str, encoding: str, engine: str, layout: LayoutChoice = "auto"
+    buf: Any,
+    size: int,
+    name: str,
+    encoding: str,
+    engine: str,
+    layout: LayoutChoice = "auto",
+    release: bool = True,
 ) -> ScanResult:
     # The walk's nodes (a few lists per row of a file of objects) live until the match is done:
     # no collection may walk them in between (nothing here makes a cycle).
     with paused_gc():
-        rows = walk_rows(buf, size, name, engine, layout)
+        rows = walk_rows(buf, size, name, engine, layout, release)
         if rows is not None:  # one list of flat rows: no nodes (see pickleshard.scan.rows)
             w, cand = rows
-            result = _scan_walked(buf, w, name, encoding, layout, [cand])
+            result = _scan_walked(buf, w, name, encoding, layout, [cand], release)
         else:
-            w = walk_opcodes(buf, size, name, engine=engine)
-            result = _scan_walked(buf, w, name, encoding, layout)
+            w = walk_opcodes(buf, size, name, engine=engine, release=release)
+            result = _scan_walked(buf, w, name, encoding, layout, None, release)
     # the audit's facts from this walk: no second walk of the file to list its globals
     return replace(result, named_globals=named_globals(buf, w) if w.global_ops else {})
 
@@ -232,6 +244,7 @@ def _scan_walked(
     encoding: str,
     layout: LayoutChoice,
     cands: list[Candidate] | None = None,
+    release: bool = True,
 ) -> ScanResult:
     """The result of walk ``w``: its roots matched, or ``cands`` (the row pass's) as they are."""
     stops = [end - 1 for _, end, _ in w.records]
@@ -244,13 +257,13 @@ def _scan_walked(
     is_list = cands is not None or (type(root) is list and root[KIND] == LIST)
     if layout == "file" or (layout == "records" and not (one and is_list)):
         try:
-            return _scan_samples(buf, w, stops, encoding, "" if one else APPENDED)
+            return _scan_samples(buf, w, stops, encoding, "" if one else APPENDED, release)
         except NotLayout as exc:
             raise NotSpanIndexableError(
                 name, f"{exc}; not samples that can be read in place"
             ) from None
     try:
-        return _scan_chunks(buf, w, stops, encoding, layout, cands)
+        return _scan_chunks(buf, w, stops, encoding, layout, cands, release)
     except (NotLayout, FieldLengthMismatchError) as exc:
         if one or layout != "auto":
             if isinstance(exc, FieldLengthMismatchError):
@@ -259,7 +272,7 @@ def _scan_walked(
                 name, f"{exc}; not a layout that can be read in place"
             ) from None
     try:
-        return _scan_samples(buf, w, stops, encoding)
+        return _scan_samples(buf, w, stops, encoding, APPENDED, release)
     except NotLayout as exc:  # private: never past this module
         raise NotSpanIndexableError(name, f"{exc}; not samples that can be read in place") from None
 
@@ -289,7 +302,8 @@ def scan_file(
     source = path if isinstance(path, ByteSource) else open_source(path, options)
     before = storage_read_bytes()
     try:
-        result = _scan(scan_buffer(source), source.size, source.name, encoding, engine, layout)
+        buf, release = scan_view(source)
+        result = _scan(buf, source.size, source.name, encoding, engine, layout, release)
     finally:  # the source's map goes with it
         if source is not path:
             source.close()

@@ -33,10 +33,11 @@ __all__ = ["walk_rows"]
 
 
 def walk_rows(
-    buf: Any, size: int, name: str, engine: str, layout: LayoutChoice
+    buf: Any, size: int, name: str, engine: str, layout: LayoutChoice, release: bool = True
 ) -> tuple[Walked, Candidate] | None:
     """The walk of ``buf[:size]`` and its one candidate (layout ``rows`` or ``dict_rows``) when
-    the file is one pickle of a list of flat rows and the compiled core runs; else None."""
+    the file is one pickle of a list of flat rows and the compiled core runs; else None.
+    ``release``: as :func:`~pickleshard.picklekit.walk.walk_opcodes`'s."""
     if (
         CORE is None
         or layout not in ("auto", "records")
@@ -47,7 +48,7 @@ def walk_rows(
     ):
         return None
     w = Walked(name, size, buf[1], [], [], array("q"), array("q"), array("q"), 0, "compiled")
-    got = CORE.walk_rows(buf, 2, size, w, releaser(buf))
+    got = CORE.walk_rows(buf, 2, size, w, releaser(buf) if release else None)
     if got is None:
         return None
     kind, row_ends, sizes, starts, ends, nxt, first_id = got
