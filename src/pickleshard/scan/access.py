@@ -38,6 +38,7 @@ PROBE_BYTES = 256 << 10  # the head examined to choose the pattern
 PROBE_OPCODES = 1024  # ... or this many opcodes, whichever ends first (dense files end early)
 PAGE = 4096
 SPARSE_PAGES = 16  # opcodes on under one page in 16 (64 KiB apart or more): read "random"
+WILLNEED_BYTES = 256 << 20  # a dense file's head asked for at once (see scan_buffer)
 
 
 def choose_pattern(source: ByteSource) -> AccessPattern:
@@ -83,10 +84,16 @@ def scan_buffer(source: ByteSource, pattern: AccessPattern | None = None) -> Any
     the bytes the scan examines, fetched by ranges."""
     if source.fileno() is None and source.map() is None:
         return sparse_buffer(source)
-    source.advise(choose_pattern(source) if pattern is None else pattern)
+    pattern = choose_pattern(source) if pattern is None else pattern
+    source.advise(pattern)
     buf = source.map()
     if buf is None:
         buf = source.read_at(0, source.size)
+    elif pattern == "sequential" and isinstance(buf, mmap.mmap) and hasattr(mmap, "MADV_WILLNEED"):
+        # A dense file is read whole: ask for it all now, so storage streams it while the walk
+        # runs behind (faults then find pages read, or in flight), where readahead would only
+        # start each window when the walk reached the one before.
+        buf.madvise(mmap.MADV_WILLNEED, 0, min(len(buf), WILLNEED_BYTES))
     return buf
 
 
