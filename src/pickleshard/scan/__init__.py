@@ -40,8 +40,9 @@ The package, by concern: :mod:`~pickleshard.scan.model` (the result and its stor
 :mod:`~pickleshard.scan.dtypes` (the dtype codec), :mod:`~pickleshard.scan.layouts` (the layout
 table, and decoding an unpickled object by it), :mod:`~pickleshard.scan.matching` (the same
 decisions on the walker's nodes), :mod:`~pickleshard.scan.inspector` (evaluating spans without
-running code), :mod:`~pickleshard.scan.externals` (memo-reference tables) and
-:mod:`~pickleshard.scan.fastpath` (fields read without unpickling).
+running code), :mod:`~pickleshard.scan.externals` (memo-reference tables),
+:mod:`~pickleshard.scan.fastpath` (fields read without unpickling) and :mod:`~pickleshard.scan.rows`
+(the compiled row pass: a file that is one list of flat rows, walked without a node per value).
 """
 
 from __future__ import annotations
