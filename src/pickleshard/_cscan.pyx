@@ -44,6 +44,7 @@ __all__ = [
     "node_spans",
     "rewrite_span",
     "walk_record",
+    "walk_rows",
 ]
 
 cdef enum:
@@ -723,6 +724,283 @@ def node_spans(list nodes, long long[::1] starts, long long[::1] ends):
                 ends[base + cnt - 1] = bounds[k + 1]
             prev = cnt
         base += len(node[ITEMS])
+
+
+# -- the row pass: a file that is one list of flat rows, walked without a node per value -------
+#
+# The common layout of a file of Python objects is one list of rows, each a dict (fixed keys)
+# or a tuple, whose values are scalars, strings, memo GETs or lists of those. walk_record
+# builds a Python list per container and an int per value for it, and the matching then reads
+# those back row by row. walk_rows walks the same opcodes and keeps what the scan's result is
+# made of, in C arrays: every row's item spans, exactly as node_spans gives them from
+# walk_record's nodes, and the same memo definitions, GETs and memoized strings in ``w``. Any
+# opcode or shape it does not know (a global, a nested dict, a GET of a container, anything
+# walk_record would refuse or raise for) makes it return None with ``w`` as it was: the caller
+# then walks the file with walk_record, which gives the same answer or the error.
+
+from libc.stdlib cimport free, realloc
+
+cdef enum:
+    R_SCALAR = 0  # a value kept as its offset
+    R_LIST = 1  # a list whose items are scalars (not tracked: only its start matters)
+    R_DICT = 2  # a row: a dict
+    R_TROW = 3  # a row: a tuple
+    R_ROOT = 4  # the top-level list
+
+
+cdef struct _Pairs:  # a growable array of (a, b) int64 pairs
+    int64_t* a
+    int64_t* b
+    Py_ssize_t n, cap
+
+
+cdef int _pairs_push(_Pairs* s, int64_t a, int64_t b) except -1:
+    cdef Py_ssize_t cap
+    cdef int64_t* na
+    cdef int64_t* nb
+    if s.n == s.cap:
+        cap = s.cap * 2 if s.cap else 64
+        na = <int64_t*>realloc(s.a, cap * sizeof(int64_t))
+        if na == NULL:
+            raise MemoryError()
+        s.a = na
+        nb = <int64_t*>realloc(s.b, cap * sizeof(int64_t))
+        if nb == NULL:
+            raise MemoryError()
+        s.b = nb
+        s.cap = cap
+    s.a[s.n] = a
+    s.b[s.n] = b
+    s.n += 1
+    return 0
+
+
+cdef inline bint _all_of(_Pairs* st, Py_ssize_t lo, int k1, int k2) noexcept:
+    """Whether every stack entry from ``lo`` on is of kind ``k1`` or ``k2``."""
+    cdef Py_ssize_t j
+    for j in range(lo, st.n):
+        if st.b[j] != k1 and st.b[j] != k2:
+            return False
+    return True
+
+
+cdef int _items_out(
+    _Pairs* st, Py_ssize_t m, Py_ssize_t pos, array.array starts, array.array ends
+) except -1:
+    """Stack entries ``[m, top]`` as one batch of a row's items: each ends where the next
+    starts, the last at ``pos`` (the opcode that consumed the batch)."""
+    cdef Py_ssize_t j
+    for j in range(m, st.n):
+        array_push(starts, st.a[j])
+        array_push(ends, st.a[j + 1] if j + 1 < st.n else pos)
+    return 0
+
+
+def walk_rows(object buf, Py_ssize_t pos, Py_ssize_t end, object w, object release=None):
+    """Walk one pickle from just after its PROTO, as :func:`walk_record` does, if it is a list
+    of rows (all dicts, or all tuples of one length) of scalars and lists of scalars; else
+    return None, ``w`` untouched. Returns ``(kind, row_ends, sizes, item_starts, item_ends,
+    end, first id)``: ``kind`` 3 (dict rows) or 2 (tuple rows); ``row_ends`` where each row ends
+    in the top-level list (as :func:`node_spans` of the root gives it); ``sizes`` each row's
+    item count (a dict's keys and values); ``item_starts``/``item_ends`` the rows' items one
+    after another, as :func:`node_spans` of the row nodes gives them (int64 ``array``\\ s).
+    ``w``'s memo definitions, GETs, memoized strings and skipped bytes grow as walk_record's
+    would."""
+    cdef const unsigned char[:] b = buf
+    if end > b.shape[0] or pos < 0:
+        raise ValueError(f"walk of [{pos}, {end}) over a buffer of {b.shape[0]} bytes")
+    cdef Py_ssize_t avail = b.shape[0]
+    cdef const unsigned char* bp = &b[0] if avail else NULL
+    cdef array.array defs = w.defs
+    cdef array.array goffs = w.get_offs
+    cdef array.array gkeys = w.get_keys
+    cdef dict strs = w.strs
+    cdef Py_ssize_t key0 = len(defs), n_gets = len(goffs)
+    cdef array.array row_ends = pyarray.array("q")
+    cdef array.array sizes = pyarray.array("q")
+    cdef array.array starts = pyarray.array("q")
+    cdef array.array ends = pyarray.array("q")
+    cdef _Pairs st  # the stack: (start offset, R_* kind)
+    cdef _Pairs marks  # (stack height, MARK offset)
+    cdef _Pairs boxes  # per memo key from key0: (1 if it stores a container, 0)
+    st.a = st.b = marks.a = marks.b = boxes.a = boxes.b = NULL
+    st.n = st.cap = marks.n = marks.cap = boxes.n = boxes.cap = 0
+    cdef Py_ssize_t fence = 0, m, nxt, k, j, nrows = 0, width = -1
+    cdef int64_t first_id = -1, mid, kind, row_kind = 0
+    cdef uint64_t n, skipped = 0
+    cdef int op, step, act, nst
+    cdef bint done = False
+    try:
+        while True:
+            if pos >= end:
+                return None
+            op = b[pos]
+            step = PUSH_STEP_[op]
+            if step:
+                _pairs_push(&st, pos, R_SCALAR)
+                pos += step
+                continue
+            if op == MEMOIZE_OP:
+                if st.n <= fence or first_id > 0:
+                    return None
+                first_id = 0
+                k = len(defs)
+                kind = st.b[st.n - 1]
+                if kind == R_SCALAR and NAME_TEXT_[b[st.a[st.n - 1]]]:
+                    strs[k] = st.a[st.n - 1]
+                _pairs_push(&boxes, kind != R_SCALAR, 0)
+                array_push(defs, pos)
+                pos += 1
+                continue
+            nxt = _extent(bp, avail, pos, end)
+            if nxt < 0:
+                return None
+            if F_LEN1 <= FORM_[op] <= F_LEN8U:
+                skipped += <uint64_t>(nxt - pos - 1 - ARGLEN_[op])
+                if release is not None and nxt >> RELEASE_SHIFT != pos >> RELEASE_SHIFT:
+                    release(pos)
+                _pairs_push(&st, pos, R_SCALAR)
+                pos = nxt
+                continue
+            act = ACTION_[op]
+            if FINDS_CLASS_[op] or FORM_[op] == F_LINE or FORM_[op] == F_LINE2:
+                return None  # a global (the audit's walk), or protocol 0-1 text: walk_record's
+            if act == A_GET:
+                if op == BINGET_OP:
+                    mid = b[pos + 1]
+                elif op == LONG_BINGET_OP:
+                    mid = <int64_t>_le(b, pos + 1, 4)
+                else:
+                    return None
+                k = mid - first_id + key0
+                if first_id < 0 or not key0 <= k < len(defs) or boxes.a[k - key0]:
+                    return None  # not stored, or a container again: walk_record's nodes
+                array_push(goffs, pos)
+                array_push(gkeys, k)
+                _pairs_push(&st, pos, R_SCALAR)
+            elif act == A_PUT:
+                if st.n <= fence:
+                    return None
+                if op == BINPUT_OP:
+                    mid = b[pos + 1]
+                elif op == LONG_BINPUT_OP:
+                    mid = <int64_t>_le(b, pos + 1, 4)
+                else:
+                    return None
+                k = len(defs)
+                if first_id < 0:
+                    first_id = mid
+                elif mid != first_id + k - key0:
+                    return None
+                kind = st.b[st.n - 1]
+                if kind == R_SCALAR and NAME_TEXT_[b[st.a[st.n - 1]]]:
+                    strs[k] = st.a[st.n - 1]
+                _pairs_push(&boxes, kind != R_SCALAR, 0)
+                array_push(defs, pos)
+            elif act == A_MARK:
+                fence = st.n
+                _pairs_push(&marks, fence, pos)
+            elif act == A_EMPTY_LIST:
+                _pairs_push(&st, pos, R_ROOT if st.n == 0 and nrows == 0 else R_LIST)
+            elif act == A_EMPTY_DICT:
+                if st.n == 0 or st.b[st.n - 1] < R_DICT:
+                    return None  # a dict inside a row
+                nrows += 1
+                array_push(sizes, 0)
+                _pairs_push(&st, pos, R_DICT)
+            elif act == A_APPEND or act == A_APPENDS or act == A_SETITEM or act == A_SETITEMS:
+                if act == A_APPENDS or act == A_SETITEMS:
+                    if marks.n == 0:
+                        return None
+                    marks.n -= 1
+                    m = marks.a[marks.n]
+                    fence = marks.a[marks.n - 1] if marks.n else 0
+                else:
+                    m = st.n - (1 if act == A_APPEND else 2)
+                if m < 1 or m <= fence:
+                    return None
+                kind = st.b[m - 1]
+                if act == A_APPEND or act == A_APPENDS:
+                    if kind == R_LIST and _all_of(&st, m, R_SCALAR, R_SCALAR):
+                        pass
+                    elif kind == R_ROOT and m == 1 and _all_of(&st, m, R_DICT, R_TROW):
+                        for j in range(m, st.n):  # rows: all dicts, or all tuples
+                            if row_kind == 0:
+                                row_kind = st.b[j]
+                            elif st.b[j] != row_kind:
+                                return None
+                            array_push(row_ends, st.a[j + 1] if j + 1 < st.n else pos)
+                    else:
+                        return None
+                else:
+                    # a row's items: rows are made only above the root and stay on the stack
+                    # until the root takes them, so with nothing but values above it this row
+                    # is the newest: its items follow the earlier rows' in the flat arrays
+                    if kind != R_DICT or (st.n - m) % 2 or not _all_of(&st, m, R_SCALAR, R_LIST):
+                        return None
+                    _items_out(&st, m, pos, starts, ends)
+                    sizes.data.as_longlongs[nrows - 1] += st.n - m
+                st.n = m
+            elif act == A_TUPLEN or act == A_TUPLE:
+                if act == A_TUPLE:
+                    if marks.n == 0:
+                        return None
+                    marks.n -= 1
+                    m = marks.a[marks.n]
+                    mid = marks.b[marks.n]  # the tuple starts at its MARK
+                    fence = marks.a[marks.n - 1] if marks.n else 0
+                else:
+                    m = st.n - NPOP_[op]
+                    if m < fence:
+                        return None
+                    mid = st.a[m] if m < st.n else -1
+                if (
+                    m == st.n
+                    or m < 1
+                    or st.b[m - 1] < R_DICT
+                    or not _all_of(&st, m, R_SCALAR, R_LIST)
+                ):
+                    return None  # an empty tuple, or a tuple inside a row
+                if width < 0:
+                    width = st.n - m
+                elif width != st.n - m:
+                    return None  # rows of several lengths: walk_record's nodes decide
+                _items_out(&st, m, pos, starts, ends)
+                array_push(sizes, st.n - m)
+                nrows += 1
+                st.n = m
+                _pairs_push(&st, mid, R_TROW)
+            elif act == A_FRAME:
+                n = _le(b, pos + 1, 8)
+                if n > <uint64_t>(end - pos - 9):
+                    return None
+            elif act == A_STOP:
+                if st.n != 1 or marks.n or st.b[0] != R_ROOT or nrows == 0:
+                    return None
+                if len(row_ends) != nrows:
+                    return None
+                done = True
+                w.skipped += skipped
+                return (
+                    3 if row_kind == R_DICT else 2,
+                    row_ends, sizes, starts, ends, nxt, max(first_id, 0),
+                )
+            elif act == A_PUSH:
+                _pairs_push(&st, pos, R_SCALAR)
+            elif act != A_NOP:
+                return None  # anything else: walk_record's to walk (or refuse)
+            pos = nxt
+    finally:
+        free(st.a)
+        free(st.b)
+        free(marks.a)
+        free(marks.b)
+        free(boxes.a)
+        free(boxes.b)
+        if not done:  # w as it was: walk_record starts again from the same state
+            for k in range(key0, len(defs)):
+                strs.pop(k, None)
+            del defs[key0:], goffs[n_gets:], gkeys[n_gets:]
 
 
 # -- the span rewrite: the compiled twin of pickleshard.picklekit.rewrite.rewrite_span ---------

@@ -90,7 +90,9 @@ def releaser(buf: Any) -> Release | None:
     return release
 
 
-def walk_opcodes(buf: Any, size: int, name: str, *, engine: str = "auto") -> Walked:
+def walk_opcodes(
+    buf: Any, size: int, name: str, *, engine: str = "auto", release: bool = True
+) -> Walked:
     """Walk every pickle of ``buf[:size]`` (bytes or mmap), one after another.
 
     ``engine`` picks the walker (:func:`resolve_engine`); both give equal results and raise the
@@ -99,7 +101,8 @@ def walk_opcodes(buf: Any, size: int, name: str, *, engine: str = "auto") -> Wal
     :class:`EmptyPickleError`, :class:`NotAPickleError`, :class:`TruncatedPickleError` or
     :class:`CorruptPickleError` for bad bytes in the first pickle, and
     :class:`NotSpanIndexableError` for anything readable only as a whole (including bytes after
-    the first pickle that are not a complete protocol 2+ pickle).
+    the first pickle that are not a complete protocol 2+ pickle). ``release=False`` keeps the
+    pages mapped until the caller unmaps ``buf`` (a randomly advised map: only pages touched).
     """
     if size == 0:
         raise EmptyPickleError(name, "file is empty; expected a pickle stream", offset=0)
@@ -109,7 +112,7 @@ def walk_opcodes(buf: Any, size: int, name: str, *, engine: str = "auto") -> Wal
     walk = compiled_walker() if engine == "compiled" else walk_record
     assert walk is not None
     w = Walked(name, size, 0, [], [], array("q"), array("q"), array("q"), 0, engine)
-    release = releaser(buf)
+    drop = releaser(buf) if release else None
     pos = 0
     while pos < size:
         first = not w.records
@@ -124,7 +127,7 @@ def walk_opcodes(buf: Any, size: int, name: str, *, engine: str = "auto") -> Wal
         key0 = len(w.defs)
         try:  # the walk makes no cycles; GC passes over its lists cost half its time
             with paused_gc():
-                root, nxt, first_id = _walk_with(walk, buf, pos + 2, size, w, release)
+                root, nxt, first_id = _walk_with(walk, buf, pos + 2, size, w, drop)
         except Refused as exc:
             raise NotSpanIndexableError(name, exc.reason, offset=exc.offset) from None
         except CorruptPickleError as exc:

@@ -40,8 +40,9 @@ The package, by concern: :mod:`~pickleshard.scan.model` (the result and its stor
 :mod:`~pickleshard.scan.dtypes` (the dtype codec), :mod:`~pickleshard.scan.layouts` (the layout
 table, and decoding an unpickled object by it), :mod:`~pickleshard.scan.matching` (the same
 decisions on the walker's nodes), :mod:`~pickleshard.scan.inspector` (evaluating spans without
-running code), :mod:`~pickleshard.scan.externals` (memo-reference tables) and
-:mod:`~pickleshard.scan.fastpath` (fields read without unpickling).
+running code), :mod:`~pickleshard.scan.externals` (memo-reference tables),
+:mod:`~pickleshard.scan.fastpath` (fields read without unpickling) and :mod:`~pickleshard.scan.rows`
+(the compiled row pass: a file that is one list of flat rows, walked without a node per value).
 """
 
 from __future__ import annotations
@@ -56,11 +57,12 @@ import numpy as np
 from ..errors import FieldLengthMismatchError, NotSpanIndexableError
 from ..io import ByteSource, open_source, storage_read_bytes
 from ..io.options import SourceOptions
+from ..picklekit.gcpause import paused_gc
 from ..picklekit.nodes import DICT, ITEMS, KIND, LIST, TUPLE, start_of
 from ..picklekit.walk import resolve_engine, walk_opcodes
 from ..picklekit.walker import Walked
 from ..safety.audit.named import named_globals
-from .access import fetched_since, scan_buffer
+from .access import fetched_since, scan_view
 from .ambiguity import Ambiguity, judge
 from .defaults import FieldFacts, appended_are_records, judge_one_sample, one_pickle_is_one_sample
 from .externals import assemble, element_table
@@ -74,6 +76,7 @@ from .layouts import (
     default_field_names,
 )
 from .matching import (
+    Candidate,
     Field,
     NotLayout,
     dict_rows,
@@ -85,6 +88,7 @@ from .matching import (
     structure,
 )
 from .model import ArrayItem, ArrayRow, IntItem, ScanResult
+from .rows import walk_rows
 
 __all__ = ["ENGINE", "ArrayItem", "ArrayRow", "IntItem", "ScanResult", "scan_bytes", "scan_file"]
 
@@ -119,14 +123,21 @@ def _facts(cols: list[Field]) -> list[FieldFacts]:
 
 
 def _scan_chunks(
-    buf: Any, w: Walked, stops: list[int], encoding: str, choice: LayoutChoice = "auto"
+    buf: Any,
+    w: Walked,
+    stops: list[int],
+    encoding: str,
+    choice: LayoutChoice = "auto",
+    cands: list[Candidate] | None = None,
+    release: bool = True,
 ) -> ScanResult:
-    cands = [structure(r, w.name, choice) for r in w.roots]
+    if cands is None:
+        cands = [structure(r, w.name, choice) for r in w.roots]
     table = element_table(w, [leaf for c in cands for leaf in leaves(c)])
-    insp = Inspector(buf, w, table, encoding)
+    insp = Inspector(buf, w, table, encoding, release)
     found = facts_of(cands[0], insp) if choice == "auto" and len(cands) == 1 else None
     if found is not None and one_pickle_is_one_sample(*found):
-        whole = _scan_samples(buf, w, stops, encoding, "")
+        whole = _scan_samples(buf, w, stops, encoding, "", release)
         return replace(whole, ambiguity=judge_one_sample(found[0]))
     meta: dict[str, Any] | None = {} if len(cands) == 1 else None
     parts = [fields_of(c, insp, w.name, meta) for c in cands]
@@ -143,7 +154,7 @@ def _scan_chunks(
                 offset=w.records[r][0],
             )
     if choice == "auto" and appended_are_records([_facts(cs) for _, cs in parts]):
-        return _scan_samples(buf, w, stops, encoding)
+        return _scan_samples(buf, w, stops, encoding, APPENDED, release)
     if len(parts) > 1:
         joined = [
             [
@@ -163,7 +174,12 @@ def _scan_chunks(
 
 
 def _scan_samples(
-    buf: Any, w: Walked, stops: list[int], encoding: str, prefix: str = APPENDED
+    buf: Any,
+    w: Walked,
+    stops: list[int],
+    encoding: str,
+    prefix: str = APPENDED,
+    release: bool = True,
 ) -> ScanResult:
     first = w.roots[0]
     kind = (
@@ -182,7 +198,7 @@ def _scan_samples(
     else:
         leaves = [(np.array([start_of(r) for r in w.roots], np.int64), np.array(stops, np.int64))]
     table = element_table(w, leaves)
-    insp = Inspector(buf, w, table, encoding)
+    insp = Inspector(buf, w, table, encoding, release)
     if kind == DICT:
         names, cols = dict_rows(w.roots, insp, w.name)
         return assemble(w, table, insp, prefix + DICT_SAMPLES.name, names, cols)
@@ -200,33 +216,55 @@ def _scan_samples(
 
 
 def _scan(
-    buf: Any, size: int, name: str, encoding: str, engine: str, layout: LayoutChoice = "auto"
+    buf: Any,
+    size: int,
+    name: str,
+    encoding: str,
+    engine: str,
+    layout: LayoutChoice = "auto",
+    release: bool = True,
 ) -> ScanResult:
-    w = walk_opcodes(buf, size, name, engine=engine)
-    result = _scan_walked(buf, w, name, encoding, layout)
+    # The walk's nodes (a few lists per row of a file of objects) live until the match is done:
+    # no collection may walk them in between (nothing here makes a cycle).
+    with paused_gc():
+        rows = walk_rows(buf, size, name, engine, layout, release)
+        if rows is not None:  # one list of flat rows: no nodes (see pickleshard.scan.rows)
+            w, cand = rows
+            result = _scan_walked(buf, w, name, encoding, layout, [cand], release)
+        else:
+            w = walk_opcodes(buf, size, name, engine=engine, release=release)
+            result = _scan_walked(buf, w, name, encoding, layout, None, release)
     # the audit's facts from this walk: no second walk of the file to list its globals
     return replace(result, named_globals=named_globals(buf, w) if w.global_ops else {})
 
 
-def _scan_walked(buf: Any, w: Walked, name: str, encoding: str, layout: LayoutChoice) -> ScanResult:
+def _scan_walked(
+    buf: Any,
+    w: Walked,
+    name: str,
+    encoding: str,
+    layout: LayoutChoice,
+    cands: list[Candidate] | None = None,
+    release: bool = True,
+) -> ScanResult:
+    """The result of walk ``w``: its roots matched, or ``cands`` (the row pass's) as they are."""
     stops = [end - 1 for _, end, _ in w.records]
-    one = len(w.roots) == 1
+    one = len(w.records) == 1
     if layout == "file" and not one:  # the whole-file load words the error
         raise NotSpanIndexableError(
             name, f"layout='file' but the file holds {len(w.roots)} pickles"
         )
-    root = w.roots[0]
-    if layout == "file" or (
-        layout == "records" and not (one and type(root) is list and root[KIND] == LIST)
-    ):
+    root = w.roots[0] if w.roots else None
+    is_list = cands is not None or (type(root) is list and root[KIND] == LIST)
+    if layout == "file" or (layout == "records" and not (one and is_list)):
         try:
-            return _scan_samples(buf, w, stops, encoding, "" if one else APPENDED)
+            return _scan_samples(buf, w, stops, encoding, "" if one else APPENDED, release)
         except NotLayout as exc:
             raise NotSpanIndexableError(
                 name, f"{exc}; not samples that can be read in place"
             ) from None
     try:
-        return _scan_chunks(buf, w, stops, encoding, layout)
+        return _scan_chunks(buf, w, stops, encoding, layout, cands, release)
     except (NotLayout, FieldLengthMismatchError) as exc:
         if one or layout != "auto":
             if isinstance(exc, FieldLengthMismatchError):
@@ -235,7 +273,7 @@ def _scan_walked(buf: Any, w: Walked, name: str, encoding: str, layout: LayoutCh
                 name, f"{exc}; not a layout that can be read in place"
             ) from None
     try:
-        return _scan_samples(buf, w, stops, encoding)
+        return _scan_samples(buf, w, stops, encoding, APPENDED, release)
     except NotLayout as exc:  # private: never past this module
         raise NotSpanIndexableError(name, f"{exc}; not samples that can be read in place") from None
 
@@ -265,7 +303,8 @@ def scan_file(
     source = path if isinstance(path, ByteSource) else open_source(path, options)
     before = storage_read_bytes()
     try:
-        result = _scan(scan_buffer(source), source.size, source.name, encoding, engine, layout)
+        buf, release = scan_view(source)
+        result = _scan(buf, source.size, source.name, encoding, engine, layout, release)
     finally:  # the source's map goes with it
         if source is not path:
             source.close()

@@ -72,25 +72,26 @@ def _template_mask(
     return mask, bounds
 
 
-def gathered(buf: Any, at: np.ndarray, rel: np.ndarray) -> np.ndarray:
+def gathered(buf: Any, at: np.ndarray, rel: np.ndarray, release: bool = True) -> np.ndarray:
     """``buf[at[k] + rel]`` for every ``k``, a ``(len(at), len(rel))`` uint8 array.
 
     An mmap is read 4 MiB of offsets at a time, each window's pages dropped from this process
     after it (as the opcode walk does, see :func:`pickleshard.picklekit.walk.releaser`): touching a
-    few bytes of every sample would otherwise map most of a file of big samples.
+    few bytes of every sample would otherwise map most of a file of big samples (not with
+    ``release=False``: see :func:`pickleshard.scan.access.scan_view`).
     """
     out = np.empty((len(at), len(rel)), np.uint8)
     if not len(at):
         return out
     order = np.argsort(at, kind="stable")
     cuts = np.flatnonzero(np.diff(at[order] >> RELEASE_SHIFT)) + 1
-    release = releaser(buf)  # None for bytes and for mappings small enough to keep
+    drop = releaser(buf) if release else None  # None for bytes and small mappings too
     u8 = np.frombuffer(buf, np.uint8)
     try:
         for part in np.split(order, cuts):  # in offset order, so releases only move forward
             out[part] = u8[at[part][:, None] + rel]
-            if release is not None:
-                release(int(at[part[-1]]) + int(rel.max()) + 1)
+            if drop is not None:
+                drop(int(at[part[-1]]) + int(rel.max()) + 1)
     finally:
         del u8
     return out

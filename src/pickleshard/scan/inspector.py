@@ -37,8 +37,11 @@ class Inspector:
     whose replay failed is not replayed again (its ids are unresolvable).
     """
 
-    def __init__(self, buf: Any, w: Walked, table: ElementTable, encoding: str) -> None:
+    def __init__(
+        self, buf: Any, w: Walked, table: ElementTable, encoding: str, release: bool = True
+    ) -> None:
         self.buf, self.w, self.table, self.encoding = buf, w, table, encoding
+        self.release = release  # drop the pages behind each gather (see scan.access.scan_view)
         self.shifts = MemoShifts.of_records(w.records)
         self.failed: set[int] = set()  # elements whose replay failed: not tried again
         self.externals = ExternalMemos(self._element_of, self._replay)
@@ -54,8 +57,9 @@ class Inspector:
         """:func:`~pickleshard.scan.fastpath.gathered` of this file, by the walk's engine."""
         if self.w.engine == "compiled":
             at, rel = at.astype(np.int64, copy=False), rel.astype(np.int64, copy=False)
-            return require().gather(self.buf, at, rel, releaser(self.buf))  # type: ignore[no-any-return]
-        return gathered(self.buf, at, rel)
+            drop = releaser(self.buf) if self.release else None
+            return require().gather(self.buf, at, rel, drop)  # type: ignore[no-any-return]
+        return gathered(self.buf, at, rel, self.release)
 
     def load(self, start: int, end: int, bytes_min: int = 0) -> tuple[Any, dict[int, Any]]:
         shift = self.shifts.at(start)

@@ -24,6 +24,7 @@ from .defaults import FieldFacts
 from .filemeta import field_name, is_metadata
 from .inspector import UNKNOWN, Inspector
 from .layouts import (
+    DICT_ROWS,
     Layout,
     LayoutChoice,
     NoLayout,
@@ -38,6 +39,7 @@ __all__ = [
     "Candidate",
     "Field",
     "NotLayout",
+    "RowSpans",
     "dict_rows",
     "facts_of",
     "fields_of",
@@ -108,15 +110,35 @@ def node_kind(v: Value) -> int:
     return v[KIND] if type(v) is list else 0  # type: ignore[no-any-return,unused-ignore]
 
 
+@dataclass(frozen=True)
+class RowSpans:
+    """The items of a list's rows, as :func:`spans` of the row nodes gives them (``starts`` and
+    ``ends``, one row after another) and each row's item count (``sizes``): what the compiled
+    row pass (:mod:`pickleshard.scan.rows`) reports instead of nodes."""
+
+    starts: np.ndarray
+    ends: np.ndarray
+    sizes: np.ndarray
+
+
 @dataclass
 class Candidate:
     """A top-level object that matches a layout structurally (opaque fields still unchecked)."""
 
     layout: Layout
-    values: list[Value]  # columns: the field values; rows: the row nodes
+    values: list[Value]  # columns: the field values; rows: the row nodes (none with ``rows``)
     ends: list[int]  # end offset of each value
     keys: list[tuple[int, int]]  # dict_columns: key spans
     top: str = ""  # the top-level container: "tuple", "list" or "dict"
+    rows: RowSpans | None = None  # rows from the row pass, in place of row nodes
+
+    def row_spans(self) -> RowSpans:
+        """The rows' item spans and sizes (rows layouts)."""
+        if self.rows is not None:
+            return self.rows
+        starts, ends = spans(self.values)
+        sizes = np.fromiter((len(v[ITEMS]) for v in self.values), np.int64, len(self.values))
+        return RowSpans(starts, ends, sizes)
 
 
 _KIND_NAMES = {LIST: "list", TUPLE: "tuple", DICT: "dict"}
@@ -179,7 +201,8 @@ def leaves(cand: Candidate) -> list[tuple[np.ndarray, np.ndarray]]:
     if cand.layout.sample == "item":
         return [_item_spans(cand)]
     if cand.layout.per_sample:
-        return [spans(cand.values)]
+        flat = cand.row_spans()
+        return [(flat.starts, flat.ends)]
     out = [spans([v]) for v in cand.values if type(v) is list]
     opaque = [
         (start_of(v), e) for v, e in zip(cand.values, cand.ends, strict=True) if type(v) is int
@@ -265,12 +288,12 @@ def fields_of(
     if cand.layout.sample == "item":
         return ("x",), [Field(*_item_spans(cand))]
     if cand.layout.sample == "tuple":
-        starts, ends = spans(cand.values)
-        n = len(cand.values[0][ITEMS])
-        starts, ends = starts.reshape(-1, n), ends.reshape(-1, n)
+        flat = cand.row_spans()
+        n = int(flat.sizes[0])
+        starts, ends = flat.starts.reshape(-1, n), flat.ends.reshape(-1, n)
         return default_field_names(n), [Field(starts[:, f], ends[:, f]) for f in range(n)]
     if cand.layout.sample == "dict":
-        return dict_rows(cand.values, insp, name)
+        return dict_rows(cand.row_spans(), insp, name)
     values, vends = cand.values, cand.ends
     if cand.layout.keyed:
         order = _dict_order([insp.key(s, e) for s, e in cand.keys], name)
@@ -334,24 +357,32 @@ def _same_keys_as(buf: Any, ks: np.ndarray, ke: np.ndarray, ref: int) -> np.ndar
     return same
 
 
-def dict_rows(rows: list[Node], insp: Inspector, name: str) -> tuple[tuple[str, ...], list[Field]]:
-    starts, ends = spans(rows)
-    sizes = np.fromiter((len(row[ITEMS]) for row in rows), np.int64, len(rows))
-    bases = np.zeros(len(rows), np.int64)
+def dict_rows(
+    rows: list[Node] | RowSpans, insp: Inspector, name: str
+) -> tuple[tuple[str, ...], list[Field]]:
+    """Field names and columns of dict rows (row nodes, or their spans from the row pass)."""
+    if not isinstance(rows, RowSpans):
+        rows = Candidate(DICT_ROWS, rows, [], []).row_spans()
+    starts, ends, sizes = rows.starts, rows.ends, rows.sizes
+    bases = np.zeros(len(sizes), np.int64)
     np.cumsum(sizes[:-1], out=bases[1:])
-    known = np.zeros(len(rows), bool)
-    picks = np.zeros((len(rows), 0), np.int64)
+    known = np.zeros(len(sizes), bool)
+    picks = np.zeros((len(sizes), 0), np.int64)
     keys0: list[Any] | None = None
-    for r, row in enumerate(rows):
-        if known[r]:
-            continue
-        base, n = int(bases[r]), len(row[ITEMS])
+    r = 0
+    while r < len(sizes):
+        if known[r]:  # the next row still unknown: rows alike were placed in one step below
+            left = np.flatnonzero(~known[r:])
+            if not len(left):
+                break
+            r += int(left[0])
+        base, n = int(bases[r]), int(sizes[r])
         order = _dict_order(
             [insp.key(int(starts[base + j]), int(ends[base + j])) for j in range(0, n, 2)], name
         )
         if keys0 is None:
             keys0 = list(order)
-            picks = np.zeros((len(rows), len(keys0)), np.int64)
+            picks = np.zeros((len(sizes), len(keys0)), np.int64)
         try:
             rel = np.array([2 * order[k] + 1 for k in keys0], np.int64)
         except KeyError as exc:
@@ -366,6 +397,7 @@ def dict_rows(rows: list[Node], insp: Inspector, name: str) -> tuple[tuple[str, 
             hit = alike[same]
             picks[hit] = bases[hit, None] + rel
             known[hit] = True
+        r += 1
     return field_names(keys0 or (), name), [
         Field(starts[picks[:, f]], ends[picks[:, f]]) for f in range(picks.shape[1])
     ]
