@@ -2507,6 +2507,7 @@ cdef class ObjectDecoder:
                     pos += ln
                     ident = <int64_t>u + shift
                     if ident < base:  # an external value: a leaf, or the reference reads it
+                        v = 0
                         o = externals.get(ident, externals)
                         if o is externals:
                             missing[0] = ident
