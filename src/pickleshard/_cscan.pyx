@@ -2332,19 +2332,48 @@ cdef class ObjectDecoder:
                 self.lobj[j] = NULL
 
     def decode(
-        self, ObjectSpans src, const int64_t[:] items, const int64_t[:] rows, list labels,
+        self, list srcs, const int64_t[:] cuts, const int64_t[:] items, const int64_t[:] rows,
+        object labels, Py_ssize_t first, int64_t[:] nbytes,
+    ):
+        """Decode, for each file ``g``, the field spans of ``srcs[g]`` (:class:`ObjectSpans`):
+        ``[starts[i], ends[i])`` (their first memo id ``bases[i]``; a GET's id plus ``shift``
+        is its memo key) of samples ``i = items[j]`` into rows ``rows[j]``, for ``j`` in
+        ``cuts[g]:cuts[g + 1]`` from ``first`` on, copied out of the file's mapping (guarded)
+        or read by ``pread`` with the GIL released; an external memo key's value is
+        ``externals[key]``; after each file's reads its identity is checked by its ``loader``
+        (None: not), the error naming ``labels[j]`` of its samples.
+        Returns ``(answer, j, key, g, largest)``: OD_OK (``j`` = ``len(items)``),
+        OD_EXTERNAL (``key`` is not in file ``g``'s ``externals``: resolve it, call again from
+        ``j``), OD_DECLINE (sample ``j`` of file ``g`` is outside the grammar or not of the
+        batch's shape) or OD_SHORT (its read came short); ``largest`` of the decoded rows'
+        sizes; ``nbytes[g]`` counts the bytes read from file ``g``."""
+        cdef Py_ssize_t g, a, b, ng = len(srcs)
+        cdef int64_t largest = 0
+        cdef tuple got
+        if (cuts.shape[0] != ng + 1 or nbytes.shape[0] != ng or rows.shape[0] != items.shape[0]
+                or len(labels) != items.shape[0]):
+            raise ValueError(f"{ng} files, {cuts.shape[0]} cuts, {items.shape[0]} items")
+        for g in range(ng):
+            a, b = cuts[g], cuts[g + 1]
+            if not 0 <= a <= b <= items.shape[0]:
+                raise IndexError(f"cut {a}:{b} of {items.shape[0]}")
+            if b <= first:
+                continue
+            got = self._one(
+                <ObjectSpans?>srcs[g], items[a:b], rows[a:b], labels[a:b], max(first - a, 0)
+            )
+            nbytes[g] += <int64_t>got[3]
+            if <int64_t>got[4] > largest:
+                largest = got[4]
+            if got[0] != OD_OK:
+                return (got[0], a + <Py_ssize_t>got[1], got[2], g, largest)
+        return (OD_OK, items.shape[0], 0, ng, largest)
+
+    cdef tuple _one(
+        self, ObjectSpans src, const int64_t[:] items, const int64_t[:] rows, object labels,
         Py_ssize_t first,
     ):
-        """Decode the field spans of ``src`` (:class:`ObjectSpans`): ``[starts[i], ends[i])``
-        (their first memo id ``bases[i]``, a GET's id plus ``shift`` is its memo key) of
-        samples ``i = items[j]`` into rows ``rows[j]``, for ``j`` from ``first``, read by
-        ``pread`` of ``fd`` with the GIL released; an external memo key's value is
-        ``externals[key]``; after the reads the file's identity is checked by ``loader``
-        (None: not), its error naming ``labels``.
-        Returns ``(answer, j, key, nbytes, largest)``: OD_OK (``j`` = ``len(items)``),
-        OD_EXTERNAL (``key`` is not in ``externals``: resolve it, call again from ``j``),
-        OD_DECLINE (sample ``j`` is outside the grammar or not of the batch's shape) or
-        OD_SHORT (its read came short); ``nbytes`` read, ``largest`` of the rows' sizes."""
+        """:meth:`decode` of one file: ``(answer, j, key, nbytes, largest)``."""
         cdef const int64_t[:] starts = src.starts, ends = src.ends, bases = src.bases
         cdef int fd = src.fd
         cdef SpanLoader loader = src.loader
@@ -2396,7 +2425,7 @@ cdef class ObjectDecoder:
             if j < m:
                 return (OD_SHORT, j, 0, at[j - first], 0)
             if loader is not None and loader.verify and loader._differs(fd):
-                raise loader.stale(None, -1, labels[first:])
+                raise loader.stale(None, -1, [int(v) for v in labels[first:]])
             for j in range(first, m):
                 i = items[j]
                 answer = self._sample(

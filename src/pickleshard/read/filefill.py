@@ -102,6 +102,7 @@ class FileFill:
         # the whole file's part of a batch in C (SpanLoader's reads, the ints, the identity)
         self.batch: Any = None
         # a file with object fields: decoded into the batch's columns where it can be
+        # (read.objectcolumns.decode_objects, for all such files of a batch at once)
         objects = ObjectFill(reader, here, plan) if not self.compiled else None
         self.objects = objects if objects is not None and objects.usable else None
         if self.compiled:
@@ -172,10 +173,7 @@ class FileFill:
         self, items: np.ndarray, labels: np.ndarray, rows: np.ndarray, columns: list[BatchColumn]
     ) -> None:
         """Put samples ``items`` (in range, in offset order; errors naming ``labels``) in rows
-        ``rows`` of ``columns`` by :meth:`SpanReader.many`, the reference (object fields decoded
-        into their columns first, where :class:`ObjectFill` can)."""
-        if self.objects is not None and self.objects.fill(items, labels, rows, columns):
-            return
+        ``rows`` of ``columns`` by :meth:`SpanReader.many`, the reference."""
         got = self.reader.many(items.tolist(), labels.tolist())
         for k, sample in zip(rows.tolist(), got, strict=True):
             for col, value in zip(columns, sample, strict=True):

@@ -45,7 +45,7 @@ from .objectdecoder import (
 from .plan import INT, SPAN, ReadPlan
 from .reader import Opened, SpanReader
 
-__all__ = ["NotCollatable", "ObjectColumn", "ObjectFill", "shape_tree"]
+__all__ = ["NotCollatable", "ObjectColumn", "ObjectFill", "decode_objects", "shape_tree"]
 
 
 # -- the shape as a tree, and what default_collate makes of it ---------------------------------
@@ -253,41 +253,6 @@ class ObjectFill:
             )
         self.bounds = reader.bounds
 
-    def fill(
-        self, items: np.ndarray, labels: np.ndarray, rows: np.ndarray, columns: list[Any]
-    ) -> bool:
-        """Decode samples ``items`` (offset order) into rows ``rows`` of ``columns``; False
-        (the caller reads them the present way) where any is outside the grammar or the
-        batch's shape, or passes the bounds."""
-        cols = [columns[f] for f in self.fields]
-        if not self.usable or not all(c.decodable for c in cols):
-            return False
-        labels_l = labels.tolist()
-        stats = self.reader.stats
-        largest, height = 8 * self.nfields + 8 * len(self.ints), 0
-        for col, src in zip(cols, self.spans, strict=True):
-            dec = col.decoding(_new_column).decoder
-            first = 0
-            while True:
-                answer, first, key, nbytes, big = dec.decode(src, items, rows, labels_l, first)
-                stats.bytes_read += nbytes
-                if answer != OD_EXTERNAL or not self._resolve(key):
-                    break
-            if answer != OD_OK or col.data.tree is None:
-                return False
-            largest += big
-            height = max(height, dec.height)
-        if self.bounds is not None:
-            max_bytes, max_depth = self.bounds
-            if (max_bytes is not None and largest > max_bytes) or (
-                max_depth is not None and height and height + 1 > max_depth
-            ):
-                return False  # the reference reads them and names the sample
-        for f, values in self.ints:
-            columns[f].put_rows(rows, values[items])
-        stats.fast_reads += len(items) * len(self.spans)
-        return True
-
     def close(self) -> None:
         """Let go of the file's mapping (its reader is closing the file); returns None."""
         self.spans = []
@@ -297,7 +262,7 @@ class ObjectFill:
                 self.mapped.close()
             self.mapped = None
 
-    def _resolve(self, key: int) -> bool:
+    def resolve(self, key: int) -> bool:
         """Put external memo ``key``'s value in :attr:`externals`; False: it cannot be read
         here (the reference reads the sample and names the error)."""
         spans = self.reader.spans
@@ -306,6 +271,81 @@ class ObjectFill:
         except (PickleshardError, UnresolvableMemoId, LookupError):
             return False
         return True
+
+
+Part = tuple[Any, int, int]  # a file's FileFill (its .objects: an ObjectFill) and its run a:b
+
+
+def decode_objects(
+    parts: list[Part],
+    items: np.ndarray,
+    labels: np.ndarray,
+    rows: np.ndarray,
+    columns: list[Any],
+) -> list[Part]:
+    """Decode the batch's samples of the files ``parts`` (each ``(fill, a, b)``: its samples
+    ``items[a:b]``, offset order, into rows ``rows[a:b]``; errors naming ``labels[a:b]``)
+    into ``columns``, every file by one compiled call per object field; the parts it leaves
+    (the caller reads them the present way): files with no :class:`ObjectFill`, and those
+    from the first sample outside the grammar or the batch's shape on (all of them where a
+    sample passes the bounds: the reference names it)."""
+    fills = [p for p in parts if p[0].objects is not None and p[0].objects.usable]
+    if not fills:
+        return parts
+    first: ObjectFill = fills[0][0].objects
+    fields, ints = first.fields, [f for f, _ in first.ints]
+    if any(
+        p[0].objects.fields != fields or [f for f, _ in p[0].objects.ints] != ints for p in fills
+    ):
+        return parts  # files that disagree on their fields: each read the present way
+    cols = [columns[f] for f in fields]
+    if not all(c.decodable for c in cols):
+        return parts
+    objs: list[ObjectFill] = [p[0].objects for p in fills]
+    if len(fills) == len(parts) and all(
+        p[1] == q[2] for p, q in zip(parts[1:], parts, strict=False)
+    ):
+        lo, hi = parts[0][1], parts[-1][2]
+        at: Any = slice(lo, hi)
+        cuts = np.asarray([p[1] - lo for p in fills] + [hi - lo], np.int64)
+    else:
+        at = np.concatenate([np.arange(a, b) for _, a, b in fills])
+        cuts = np.cumsum([0] + [b - a for _, a, b in fills]).astype(np.int64)
+    its, rws, lbs = items[at], rows[at], labels[at]
+    nbytes = np.zeros(len(fills), np.int64)
+    good = len(fills)  # the files decoded whole, in every field
+    largest, height = 8 * first.nfields + 8 * len(ints), 0
+    for k, col in enumerate(cols):
+        dec = col.decoding(_new_column).decoder
+        srcs = [o.spans[k] for o in objs]
+        j = 0
+        while True:
+            answer, j, key, g, big = dec.decode(srcs, cuts, its, rws, lbs, j, nbytes)
+            if answer != OD_EXTERNAL or not objs[g].resolve(key):
+                break
+        if col.data.tree is None:
+            good = 0  # a shape no value can be made of: every part the present way
+        elif answer != OD_OK:
+            good = min(good, g)
+        largest += big
+        height = max(height, dec.height)
+    for o, n in zip(objs, nbytes.tolist(), strict=True):
+        o.reader.stats.bytes_read += n
+    bounds = first.bounds
+    if bounds is not None and good:
+        max_bytes, max_depth = bounds
+        if (max_bytes is not None and largest > max_bytes) or (
+            max_depth is not None and height and height + 1 > max_depth
+        ):
+            good = 0  # the reference reads them and names the sample
+    for o, (_, a, b) in zip(objs[:good], fills[:good], strict=True):
+        for f, values in o.ints:
+            columns[f].put_rows(rows[a:b], values[items[a:b]])
+        o.reader.stats.fast_reads += (b - a) * len(fields)
+    if good == len(fills) == len(parts):
+        return []
+    done = {id(p) for p in fills[:good]}
+    return [p for p in parts if id(p) not in done]
 
 
 def _mapping(fd: int, size: int) -> Any:
