@@ -100,6 +100,9 @@ def _freeze(node: Any) -> Node | None:
     return (node[0], tuple(kids))
 
 
+_TREES_MAX = 64  # shapes kept per file
+
+
 class NotCollatable(Exception):
     """``default_collate`` raises for these values (a None): collate them, to raise it."""
 
@@ -107,10 +110,11 @@ class NotCollatable(Exception):
 class ObjectColumn:
     """A field of a batch held by a decoder's table (see the module)."""
 
-    __slots__ = ("_tree", "_values", "decoder")
+    __slots__ = ("_tree", "_trees", "_values", "decoder")
 
-    def __init__(self, decoder: Any) -> None:
+    def __init__(self, decoder: Any, trees: dict[Any, Node | None] | None = None) -> None:
         self.decoder = decoder
+        self._trees = trees  # shapes seen before (a file's: its batches mostly share one)
         self._tree: Node | bool | None = False  # False: not built yet
         self._values: list[Any] | None = None
 
@@ -118,8 +122,20 @@ class ObjectColumn:
     def tree(self) -> Node | None:
         """The batch's shape (None: not decoded, or not usable)."""
         if self._tree is False:
-            d = self.decoder
-            self._tree = None if d.schema is None else shape_tree(list(d.schema), list(d.keys))
+            d, trees = self.decoder, self._trees
+            if d.schema is None:
+                self._tree = None
+            elif trees is None:
+                self._tree = shape_tree(list(d.schema), list(d.keys))
+            else:
+                key = (tuple(d.schema), tuple(d.keys))
+                got = trees.get(key, False)
+                if got is False:
+                    got = shape_tree(list(d.schema), list(d.keys))
+                    if len(trees) >= _TREES_MAX:
+                        trees.clear()
+                    trees[key] = got
+                self._tree = got
         return self._tree  # type: ignore[return-value]
 
     def __len__(self) -> int:
@@ -240,6 +256,7 @@ class ObjectFill:
         self.usable = bool(usable) and shift is not None and not reader.spans.general
         self.shift = shift or 0
         self.externals: dict[int, Any] = {}  # external memo key -> value (this file's)
+        self.trees: dict[Any, Node | None] = {}  # the shapes of its batches (ObjectColumn.tree)
         # the file mapped whole: a span is a guarded copy out of it, not a system call
         self.mapped = _mapping(here.fd, reader.identity.size) if self.usable else None
         self.spans: list[Any] = []  # per span field, its compiled ObjectSpans
@@ -252,6 +269,10 @@ class ObjectFill:
                 )
             )
         self.bounds = reader.bounds
+
+    def new_column(self, size: int) -> ObjectColumn:
+        """A decoded column of ``size`` rows, its shapes cached with this file's."""
+        return ObjectColumn(require().ObjectDecoder(size), self.trees)
 
     def close(self) -> None:
         """Let go of the file's mapping (its reader is closing the file); returns None."""
@@ -316,7 +337,7 @@ def decode_objects(
     good = len(fills)  # the files decoded whole, in every field
     largest, height = 8 * first.nfields + 8 * len(ints), 0
     for k, col in enumerate(cols):
-        dec = col.decoding(_new_column).decoder
+        dec = col.decoding(first.new_column).decoder
         srcs = [o.spans[k] for o in objs]
         j = 0
         while True:
@@ -356,7 +377,3 @@ def _mapping(fd: int, size: int) -> Any:
         return mmap.mmap(fd, size, prot=mmap.PROT_READ)
     except (OSError, ValueError, OverflowError):
         return None  # read by pread
-
-
-def _new_column(size: int) -> ObjectColumn:
-    return ObjectColumn(require().ObjectDecoder(size))
