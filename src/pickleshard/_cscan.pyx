@@ -2350,6 +2350,7 @@ cdef class ObjectDecoder:
         cdef Py_ssize_t g, a, b, ng = len(srcs)
         cdef int64_t largest = 0
         cdef tuple got
+        cdef bint guarded = ps_guard_sigbus() == 0  # once per call: copies out of mappings
         if (cuts.shape[0] != ng + 1 or nbytes.shape[0] != ng or rows.shape[0] != items.shape[0]
                 or len(labels) != items.shape[0]):
             raise ValueError(f"{ng} files, {cuts.shape[0]} cuts, {items.shape[0]} items")
@@ -2360,7 +2361,8 @@ cdef class ObjectDecoder:
             if b <= first:
                 continue
             got = self._one(
-                <ObjectSpans?>srcs[g], items[a:b], rows[a:b], labels[a:b], max(first - a, 0)
+                <ObjectSpans?>srcs[g], items[a:b], rows[a:b], labels[a:b], max(first - a, 0),
+                guarded,
             )
             nbytes[g] += <int64_t>got[3]
             if <int64_t>got[4] > largest:
@@ -2371,7 +2373,7 @@ cdef class ObjectDecoder:
 
     cdef tuple _one(
         self, ObjectSpans src, const int64_t[:] items, const int64_t[:] rows, object labels,
-        Py_ssize_t first,
+        Py_ssize_t first, bint guarded,
     ):
         """:meth:`decode` of one file: ``(answer, j, key, nbytes, largest)``."""
         cdef const int64_t[:] starts = src.starts, ends = src.ends, bases = src.bases
@@ -2412,7 +2414,7 @@ cdef class ObjectDecoder:
                 i = items[j]
                 at[j - first + 1] = at[j - first] + ends[i] - starts[i]
             j = first
-            if src.mapped.shape[0] and self._copied(src, items, first, buf, at):
+            if guarded and src.mapped.shape[0] and self._copied(src, items, first, buf, at):
                 j = m
             with nogil:
                 while j < m:
@@ -2711,8 +2713,9 @@ cdef class ObjectDecoder:
         self, ObjectSpans src, const int64_t[:] items, Py_ssize_t first, unsigned char* buf,
         Py_ssize_t* at,
     ) except -1:
-        """Copy the spans out of ``src``'s mapping (guarded: a file cut short under it raises
-        no SIGBUS); False where it cannot (the caller reads them by ``pread``)."""
+        """Copy the spans out of ``src``'s mapping (the caller installed the SIGBUS guard: a
+        file cut short under it raises none); False where it cannot (the caller reads them by
+        ``pread``)."""
         cdef Py_ssize_t m = items.shape[0], j, i, k = 0
         cdef const unsigned char* base = &src.mapped[0]
         cdef Py_ssize_t size = src.mapped.shape[0]
@@ -2730,8 +2733,6 @@ cdef class ObjectDecoder:
                 dst[k], frm[k] = <char*>(buf + at[j - first]), <const char*>(base + src.starts[i])
                 n[k] = <size_t>(src.ends[i] - src.starts[i])
                 k += 1
-            if ps_guard_sigbus() != 0:
-                return False
             with nogil:
                 r = ps_copy_guarded(dst, frm, n, k)
             return r == 0
