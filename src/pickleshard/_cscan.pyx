@@ -2262,6 +2262,7 @@ cdef class ObjectDecoder:
     cdef public Py_ssize_t size, nleaves
     cdef public int64_t height
     cdef list _objs, _keys
+    cdef ObjectDecoder prior  # an earlier batch's decoder: its shape is reused when the same
     cdef int64_t[:, ::1] _vals
     cdef int64_t[::1] _sizes
     cdef unsigned char[::1] _filled
@@ -2277,9 +2278,10 @@ cdef class ObjectDecoder:
     cdef Py_ssize_t* marks
     cdef OMemo* memo
 
-    def __init__(self, Py_ssize_t size):
+    def __init__(self, Py_ssize_t size, ObjectDecoder prior=None):
         self.size, self.nleaves, self.height = size, 0, 0
         self.schema = self.kinds = self.vals = self.objs = self.keys = None
+        self.prior = prior if prior is not None and prior.schema is not None else None
         self.sizes = np.zeros(size, np.int64)
         self.filled = np.zeros(size, np.uint8)
         self._sizes, self._filled = self.sizes, self.filled
@@ -2764,11 +2766,20 @@ cdef class ObjectDecoder:
             raise MemoryError()
         memcpy(self._schema, self.toks, nt * sizeof(int64_t))
         self._nschema = nt
-        self.schema = [self.toks[j] for j in range(nt)]
-        self.kinds = [self.lkind[j] for j in range(nl)]
         self.nleaves = nl
         self.vals = np.zeros((nl, self.size), np.int64)
         self._vals = self.vals
+        self.height = self.stack[0].height if self.stack[0].leaf < 0 else 0
+        cdef ObjectDecoder p = self.prior
+        self.prior = None  # not kept: it holds an earlier batch's values
+        if p is not None and p._same_shape(self.toks, nt, self.lobj, nl):
+            self.schema, self.kinds, self._keys = p.schema, p.kinds, p._keys
+            self.keys = self._keys
+            self._objs = [None if c is None else [None] * self.size for c in p._objs]
+            self.objs = self._objs
+            return 0
+        self.schema = [self.toks[j] for j in range(nt)]
+        self.kinds = [self.lkind[j] for j in range(nl)]
         self._objs = [
             [None] * self.size if self.lkind[j] in (TK_STR, TK_BYTES, TK_NONE) else None
             for j in range(nl)
@@ -2778,8 +2789,20 @@ cdef class ObjectDecoder:
             <object>self.lobj[j] if self.lobj[j] != NULL else None for j in range(nl)
         ])
         self.keys = self._keys
-        self.height = self.stack[0].height if self.stack[0].leaf < 0 else 0
         return 0
+
+    cdef bint _same_shape(self, int64_t* toks, Py_ssize_t nt, PyObject** lobj, Py_ssize_t nl):
+        """Whether a sample of tokens ``toks`` and leaves ``lobj`` has this decoder's shape
+        and keys (then its schema, kinds and keys serve a later batch as they are)."""
+        cdef Py_ssize_t j
+        cdef object want
+        if nt != self._nschema or nl != self.nleaves or memcmp(toks, self._schema, nt * sizeof(int64_t)):
+            return False
+        for j in range(nl):
+            want = self._keys[j]
+            if want is not None and (lobj[j] == NULL or not (<PyObject*>want == lobj[j] or want == <object>lobj[j])):
+                return False
+        return True
 
     cdef int _put(self, Py_ssize_t row, Py_ssize_t nl, int64_t size) except -1:
         """The sample's leaves into row ``row`` (their objects handed to the slot lists)."""

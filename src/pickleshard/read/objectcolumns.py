@@ -257,6 +257,7 @@ class ObjectFill:
         self.shift = shift or 0
         self.externals: dict[int, Any] = {}  # external memo key -> value (this file's)
         self.trees: dict[Any, Node | None] = {}  # the shapes of its batches (ObjectColumn.tree)
+        self.last: Any = None  # the last decoder made (its shape: the next batch's likely one)
         # the file mapped whole: a span is a guarded copy out of it, not a system call
         self.mapped = _mapping(here.fd, reader.identity.size) if self.usable else None
         self.spans: list[Any] = []  # per span field, its compiled ObjectSpans
@@ -271,8 +272,11 @@ class ObjectFill:
         self.bounds = reader.bounds
 
     def new_column(self, size: int) -> ObjectColumn:
-        """A decoded column of ``size`` rows, its shapes cached with this file's."""
-        return ObjectColumn(require().ObjectDecoder(size), self.trees)
+        """A decoded column of ``size`` rows, its shapes cached with this file's (and the
+        last one's tokens and keys reused when its batch has the same)."""
+        col = ObjectColumn(require().ObjectDecoder(size, self.last), self.trees)
+        self.last = col.decoder
+        return col
 
     def close(self) -> None:
         """Let go of the file's mapping (its reader is closing the file); returns None."""
