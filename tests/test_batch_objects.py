@@ -329,3 +329,18 @@ def test_dataloader_workers_collate_equal_to_default_collate(tmp_path: Path) -> 
     theirs = DataLoader(ds, batch_size=8, num_workers=0)
     for got, want in zip(ours, theirs, strict=True):
         same(got, want)
+
+
+@needs_core
+def test_two_object_fields_each_decoded_batch_after_batch(tmp_path: Path) -> None:
+    folder = tmp_path / "d"
+    folder.mkdir()
+    xs = [{"a": k, "s": f"x{k}"} for k in range(12)]
+    zs = [[float(k), (k, "z")] for k in range(12)]
+    with open(folder / "part0.pkl", "wb") as fh:
+        pickle.dump((xs, zs, list(range(12))), fh, protocol=5)
+    oracle = list(zip(xs, zs, range(12), strict=True))
+    ds = PickleDataset(folder, jobs=1)
+    for indices in ([0, 5, 3], [7, 1, 11], [2, 2, 9]):  # later batches reuse the first's shapes
+        batch = check_batch(ds, indices, oracle)
+        assert [c.kind for c in batch.columns[:2]] == [DECODED, DECODED]

@@ -20,6 +20,7 @@ for them (:meth:`ObjectColumn.collated`); :class:`ObjectFill` is one file's part
 from __future__ import annotations
 
 import contextlib
+import functools
 import mmap
 from typing import Any
 
@@ -257,7 +258,7 @@ class ObjectFill:
         self.shift = shift or 0
         self.externals: dict[int, Any] = {}  # external memo key -> value (this file's)
         self.trees: dict[Any, Node | None] = {}  # the shapes of its batches (ObjectColumn.tree)
-        self.last: Any = None  # the last decoder made (its shape: the next batch's likely one)
+        self.last: dict[int, Any] = {}  # per span field, its last decoder (its shape: the next's)
         # the file mapped whole: a span is a guarded copy out of it, not a system call
         self.mapped = _mapping(here.fd, reader.identity.size) if self.usable else None
         self.spans: list[Any] = []  # per span field, its compiled ObjectSpans
@@ -271,16 +272,16 @@ class ObjectFill:
             )
         self.bounds = reader.bounds
 
-    def new_column(self, size: int) -> ObjectColumn:
-        """A decoded column of ``size`` rows, its shapes cached with this file's (and the
-        last one's tokens and keys reused when its batch has the same)."""
-        col = ObjectColumn(require().ObjectDecoder(size, self.last), self.trees)
-        self.last = col.decoder
+    def new_column(self, size: int, k: int) -> ObjectColumn:
+        """A decoded column of ``size`` rows for span field ``k``, its shapes cached with this
+        file's (and the field's last tokens and keys reused when its batch has the same)."""
+        col = ObjectColumn(require().ObjectDecoder(size, self.last.get(k)), self.trees)
+        self.last[k] = col.decoder
         return col
 
     def close(self) -> None:
         """Let go of the file's mapping (its reader is closing the file); returns None."""
-        self.spans = []
+        self.spans, self.last = [], {}
         self.usable = False
         if self.mapped is not None:
             with contextlib.suppress(BufferError):  # a decode elsewhere may still hold it
@@ -341,7 +342,7 @@ def decode_objects(
     good = len(fills)  # the files decoded whole, in every field
     largest, height = 8 * first.nfields + 8 * len(ints), 0
     for k, col in enumerate(cols):
-        dec = col.decoding(first.new_column).decoder
+        dec = col.decoding(functools.partial(first.new_column, k=k)).decoder
         srcs = [o.spans[k] for o in objs]
         j = 0
         while True:
