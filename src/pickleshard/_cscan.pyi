@@ -92,3 +92,43 @@ MEASURE_FALLBACK: object
 def measure_tree(sample: Any, limit: int, deepest: int, recursive: bool) -> Any: ...
 def leaf_total(sample: tuple[Any, ...]) -> Any: ...
 def check_tree(sample: Any, limit: int, deepest: int, recursive: bool) -> Any: ...
+
+# object fields decoded into a batch's columns (read.objectcolumns, read.objectdecoder)
+OBJECT_TOKENS: dict[str, int]
+
+class ObjectSpans:
+    externals: dict[int, Any]
+    def __init__(
+        self,
+        fd: int,
+        loader: SpanLoader | None,
+        starts: Any,
+        ends: Any,
+        bases: Any,
+        shift: int,
+        externals: dict[int, Any],
+        mapped: Any = None,
+    ) -> None: ...
+
+class ObjectDecoder:
+    schema: list[int] | None
+    kinds: list[int] | None
+    vals: Any
+    objs: list[list[Any] | None] | None
+    keys: list[Any] | None
+    sizes: Any
+    filled: Any
+    size: int
+    nleaves: int
+    height: int
+    def __init__(self, size: int, prior: ObjectDecoder | None = None) -> None: ...
+    def decode(
+        self,
+        srcs: list[ObjectSpans],
+        cuts: Any,
+        items: Any,
+        rows: Any,
+        labels: Any,
+        first: int,
+        nbytes: Any,
+    ) -> tuple[int, int, int, int, int]: ...

@@ -2442,3 +2442,689 @@ cdef object _check_tree(object sample, int64_t limit, int64_t deepest, bint recu
             return None
     got = measure_tree(sample, limit, deepest, recursive)
     return got if got is MEASURE_FALLBACK else None
+
+
+# == object fields decoded into a batch's columns: the compiled twin of read.objectcolumns ======
+#
+# A span of the common value grammar (ints within int64, bools, floats, str, bytes, None, and
+# lists, tuples and dicts of these, with their memo ops, protocols 2-5) is decoded without
+# building its value: a stack machine emits the value's shape as tokens (postfix: a leaf's kind;
+# a list or dict opened, then each APPENDS / SETITEMS with its count; a tuple with its count)
+# and writes its leaves, in stream order, into slot j of the batch's leaf table. The first sample
+# decoded sets the batch's shape; every later one must emit the same tokens and the same dict
+# keys, else the call declines (OD_DECLINE) and the caller reads that part its own way. The
+# reference, read.objectcolumns.ReferenceDecoder, gives the same tokens, leaves and answers.
+
+cdef extern from "Python.h":
+    object PyUnicode_DecodeUTF8(const char* s, Py_ssize_t size, const char* errors)
+
+cdef enum:  # tokens (read.objectcolumns.TOKENS)
+    TK_INT = 1
+    TK_FLOAT = 2
+    TK_BOOL = 3
+    TK_STR = 4
+    TK_BYTES = 5
+    TK_NONE = 6
+    TK_LIST = 7
+    TK_DICT = 8
+    TK_APPENDS = 9
+    TK_SETITEMS = 10
+    TK_TUPLE = 11
+    TK_SHIFT = 8  # a closing token is kind | count << TK_SHIFT
+
+cdef enum:  # answers of ObjectDecoder.decode (read.objectcolumns.OD_*)
+    OD_OK = 0
+    OD_EXTERNAL = 1
+    OD_DECLINE = 2
+    OD_SHORT = 3
+
+cdef enum:
+    OD_SPAN_MAX = 1 << 26  # a span decoded here is at most this long (else: the reference)
+    OD_MARK = -1  # a stack entry that is a MARK
+    OD_CONTAINER = -2  # a memo entry that is a container (a GET of it: the reference)
+    OD_UNSET = -3
+
+OBJECT_TOKENS = {
+    "INT": TK_INT, "FLOAT": TK_FLOAT, "BOOL": TK_BOOL, "STR": TK_STR, "BYTES": TK_BYTES,
+    "NONE": TK_NONE, "LIST": TK_LIST, "DICT": TK_DICT, "APPENDS": TK_APPENDS,
+    "SETITEMS": TK_SETITEMS, "TUPLE": TK_TUPLE, "SHIFT": TK_SHIFT,
+}
+
+cdef struct OEntry:  # a value on the decoder's stack, or a MARK
+    int kind  # TK_* of a leaf, TK_LIST / TK_DICT / TK_TUPLE, or OD_MARK
+    Py_ssize_t leaf  # a leaf: its index among the sample's leaves
+    int64_t height  # a container's height (bounds.measure's)
+
+cdef struct OMemo:
+    int kind  # as OEntry.kind, OD_CONTAINER, or OD_UNSET
+    Py_ssize_t leaf
+
+
+cdef class ObjectSpans:
+    """One field of one file as :meth:`ObjectDecoder.decode` reads it: the descriptor ``fd``
+    (and ``mapped``, the file mapped whole, or None),
+    the ``loader`` that checks its identity (None: not checked), the field's span columns
+    (``starts``, ``ends``, ``bases``: the scan's arrays, never copied), the memo ``shift`` and
+    the file's ``externals`` (memo key -> value, filled by the caller as asked)."""
+
+    cdef int fd
+    cdef SpanLoader loader
+    cdef const int64_t[:] starts, ends, bases
+    cdef int64_t shift
+    cdef public dict externals
+    cdef object mapping
+    cdef const unsigned char[:] mapped
+
+    def __init__(
+        self, int fd, SpanLoader loader, starts, ends, bases, int64_t shift, dict externals,
+        mapped=None,
+    ):
+        self.fd, self.loader, self.shift, self.externals = fd, loader, shift, externals
+        self.starts, self.ends, self.bases = starts, ends, bases
+        self.mapping = mapped  # the file mapped whole: spans copied out of it (guarded)
+        self.mapped = mapped if mapped is not None else b""
+        if self.ends.shape[0] != self.starts.shape[0] or self.bases.shape[0] != self.starts.shape[0]:
+            raise ValueError("an object field's span columns do not agree")
+
+
+cdef class ObjectDecoder:
+    """The object field of ``size`` batch rows decoded into columns (see above). After the
+    first sample: :attr:`schema` (its tokens), :attr:`kinds` (each leaf slot's token),
+    :attr:`vals` (int64 ``(slots, size)``: an int, a float's bits, a bool as 0/1),
+    :attr:`objs` (per slot, a list of ``size`` values for str, bytes and None slots, else None),
+    :attr:`keys` (per slot, the key a dict key slot holds, else None), :attr:`sizes` (each
+    row's decoded size as ``bounds.measure`` counts it), :attr:`height`, :attr:`filled` (rows
+    decoded)."""
+
+    cdef public object schema, kinds, vals, objs, keys, sizes, filled
+    cdef public Py_ssize_t size, nleaves
+    cdef public int64_t height
+    cdef list _objs, _keys
+    cdef ObjectDecoder prior  # an earlier batch's decoder: its shape is reused when the same
+    cdef int64_t[:, ::1] _vals
+    cdef int64_t[::1] _sizes
+    cdef unsigned char[::1] _filled
+    cdef int64_t* _schema
+    cdef Py_ssize_t _nschema
+    # one sample's work, sized to the longest span of a call
+    cdef Py_ssize_t cap
+    cdef int64_t* toks
+    cdef int64_t* bits
+    cdef int* lkind
+    cdef PyObject** lobj
+    cdef OEntry* stack
+    cdef Py_ssize_t* marks
+    cdef OMemo* memo
+
+    def __init__(self, Py_ssize_t size, ObjectDecoder prior=None):
+        self.size, self.nleaves, self.height = size, 0, 0
+        self.schema = self.kinds = self.vals = self.objs = self.keys = None
+        self.prior = prior if prior is not None and prior.schema is not None else None
+        self.sizes = np.zeros(size, np.int64)
+        self.filled = np.zeros(size, np.uint8)
+        self._sizes, self._filled = self.sizes, self.filled
+
+    def __dealloc__(self):
+        self._free()
+        free(self._schema)
+
+    cdef void _free(self) noexcept:
+        free(self.toks)
+        free(self.bits)
+        free(self.lkind)
+        free(self.lobj)
+        free(self.stack)
+        free(self.marks)
+        free(self.memo)
+        self.toks = self.bits = NULL
+        self.lkind = NULL
+        self.lobj = NULL
+        self.stack = NULL
+        self.marks = NULL
+        self.memo = NULL
+        self.cap = 0
+
+    cdef int _room(self, Py_ssize_t n) except -1:
+        if n + 2 <= self.cap:
+            return 0
+        self._free()
+        n = n + 2
+        self.toks = <int64_t*>malloc(n * sizeof(int64_t))
+        self.bits = <int64_t*>malloc(n * sizeof(int64_t))
+        self.lkind = <int*>malloc(n * sizeof(int))
+        self.lobj = <PyObject**>calloc(n, sizeof(PyObject*))
+        self.stack = <OEntry*>malloc(n * sizeof(OEntry))
+        self.marks = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t))
+        self.memo = <OMemo*>malloc(n * sizeof(OMemo))
+        if (self.toks == NULL or self.bits == NULL or self.lkind == NULL or self.lobj == NULL
+                or self.stack == NULL or self.marks == NULL or self.memo == NULL):
+            self._free()
+            raise MemoryError()
+        self.cap = n
+        return 0
+
+    cdef void _drop(self, Py_ssize_t nl) noexcept:
+        """Let go of the objects of the first ``nl`` leaves of the sample decoded last."""
+        cdef Py_ssize_t j
+        for j in range(nl):
+            if self.lobj[j] != NULL:
+                Py_DECREF_P(self.lobj[j])
+                self.lobj[j] = NULL
+
+    def decode(
+        self, list srcs, const int64_t[:] cuts, const int64_t[:] items, const int64_t[:] rows,
+        object labels, Py_ssize_t first, int64_t[:] nbytes,
+    ):
+        """Decode, for each file ``g``, the field spans of ``srcs[g]`` (:class:`ObjectSpans`):
+        ``[starts[i], ends[i])`` (their first memo id ``bases[i]``; a GET's id plus ``shift``
+        is its memo key) of samples ``i = items[j]`` into rows ``rows[j]``, for ``j`` in
+        ``cuts[g]:cuts[g + 1]`` from ``first`` on, copied out of the file's mapping (guarded)
+        or read by ``pread`` with the GIL released; an external memo key's value is
+        ``externals[key]``; after each file's reads its identity is checked by its ``loader``
+        (None: not), the error naming ``labels[j]`` of its samples.
+        Returns ``(answer, j, key, g, largest)``: OD_OK (``j`` = ``len(items)``),
+        OD_EXTERNAL (``key`` is not in file ``g``'s ``externals``: resolve it, call again from
+        ``j``), OD_DECLINE (sample ``j`` of file ``g`` is outside the grammar or not of the
+        batch's shape) or OD_SHORT (its read came short); ``largest`` of the decoded rows'
+        sizes; ``nbytes[g]`` counts the bytes read from file ``g``."""
+        cdef Py_ssize_t g, a, b, ng = len(srcs)
+        cdef int64_t largest = 0
+        cdef tuple got
+        cdef bint guarded = ps_guard_sigbus() == 0  # once per call: copies out of mappings
+        if (cuts.shape[0] != ng + 1 or nbytes.shape[0] != ng or rows.shape[0] != items.shape[0]
+                or len(labels) != items.shape[0]):
+            raise ValueError(f"{ng} files, {cuts.shape[0]} cuts, {items.shape[0]} items")
+        for g in range(ng):
+            a, b = cuts[g], cuts[g + 1]
+            if not 0 <= a <= b <= items.shape[0]:
+                raise IndexError(f"cut {a}:{b} of {items.shape[0]}")
+            if b <= first:
+                continue
+            got = self._one(
+                <ObjectSpans?>srcs[g], items[a:b], rows[a:b], labels[a:b], max(first - a, 0),
+                guarded,
+            )
+            nbytes[g] += <int64_t>got[3]
+            if <int64_t>got[4] > largest:
+                largest = got[4]
+            if got[0] != OD_OK:
+                return (got[0], a + <Py_ssize_t>got[1], got[2], g, largest)
+        return (OD_OK, items.shape[0], 0, ng, largest)
+
+    cdef tuple _one(
+        self, ObjectSpans src, const int64_t[:] items, const int64_t[:] rows, object labels,
+        Py_ssize_t first, bint guarded,
+    ):
+        """:meth:`decode` of one file: ``(answer, j, key, nbytes, largest)``."""
+        cdef const int64_t[:] starts = src.starts, ends = src.ends, bases = src.bases
+        cdef int fd = src.fd
+        cdef SpanLoader loader = src.loader
+        cdef Py_ssize_t m = items.shape[0], n = starts.shape[0], j, i, total = 0, longest = 0
+        cdef Py_ssize_t got, k
+        cdef int64_t largest = 0, key = 0
+        cdef int answer = OD_OK
+        cdef unsigned char* buf = NULL
+        cdef Py_ssize_t* at = NULL
+        if rows.shape[0] != m or ends.shape[0] != n or bases.shape[0] != n or not 0 <= first <= m:
+            raise ValueError(f"{m} items, {rows.shape[0]} rows, {n} starts, first {first}")
+        for j in range(first, m):  # everything checked before the first read
+            i = items[j]
+            if not 0 <= i < n:
+                raise IndexError(f"item {i} of {n}")
+            if not 0 <= rows[j] < self.size:
+                raise IndexError(f"row {rows[j]} of {self.size}")
+            k = ends[i] - starts[i]
+            if k <= 0 or k > OD_SPAN_MAX or starts[i] < 0:
+                return (OD_DECLINE, j, 0, 0, 0)
+            total += k
+            if k > longest:
+                longest = k
+        if first == m:
+            return (OD_OK, m, 0, 0, 0)
+        self._room(longest)
+        buf = <unsigned char*>malloc(total + 1)
+        at = <Py_ssize_t*>malloc((m - first + 1) * sizeof(Py_ssize_t))
+        if buf == NULL or at == NULL:
+            free(buf)
+            free(at)
+            raise MemoryError()
+        try:
+            at[0] = 0
+            for j in range(first, m):
+                i = items[j]
+                at[j - first + 1] = at[j - first] + ends[i] - starts[i]
+            j = first
+            if guarded and src.mapped.shape[0] and self._copied(src, items, first, buf, at):
+                j = m
+            with nogil:
+                while j < m:
+                    i = items[j]
+                    k = ends[i] - starts[i]
+                    got = pread(fd, buf + at[j - first], <size_t>k, starts[i])
+                    if got != k:
+                        break
+                    j += 1
+            if j < m:
+                return (OD_SHORT, j, 0, at[j - first], 0)
+            if loader is not None and loader.verify and loader._differs(fd):
+                raise loader.stale(None, -1, [int(v) for v in labels[first:]])
+            for j in range(first, m):
+                i = items[j]
+                answer = self._sample(
+                    buf + at[j - first], ends[i] - starts[i], bases[i], src.shift, src.externals,
+                    rows[j], &key,
+                )
+                if answer != OD_OK:
+                    return (answer, j, key, total, largest)
+                if self._sizes[rows[j]] > largest:
+                    largest = self._sizes[rows[j]]
+            return (OD_OK, m, 0, total, largest)
+        finally:
+            free(buf)
+            free(at)
+
+    cdef int _sample(
+        self, const unsigned char* p, Py_ssize_t n, int64_t base, int64_t shift,
+        dict externals, Py_ssize_t row, int64_t* missing,
+    ) except -1:
+        """One span decoded into row ``row`` (see :meth:`decode`); its answer."""
+        cdef Py_ssize_t pos = 0, sp = 0, nm = 0, nl = 0, nt = 0, nmemo = 0, j, c, a, ln
+        cdef int op, kind = 0, mode = 0  # mode: 1 MEMOIZE seen, 2 PUT seen
+        cdef int64_t v = 0, size = 0, h, ident
+        cdef uint64_t u
+        cdef bint learn = self.schema is None
+        cdef const int64_t* sch = self._schema
+        cdef Py_ssize_t nsch = self._nschema
+        cdef object o
+        cdef PyObject* po
+        cdef int answer = OD_DECLINE
+        for j in range(n):
+            self.memo[j].kind = OD_UNSET
+        try:
+            while pos < n:
+                op = p[pos]
+                pos += 1
+                kind = 0
+                if op == 0x4b or op == 0x4d or op == 0x4a or op == 0x8a:  # BININT1/2, BININT, LONG1
+                    if op == 0x4b:
+                        ln = 1
+                    elif op == 0x4d:
+                        ln = 2
+                    elif op == 0x4a:
+                        ln = 4
+                    else:
+                        if pos >= n:
+                            return OD_DECLINE
+                        ln = p[pos]
+                        pos += 1
+                        if ln > 8:
+                            return OD_DECLINE
+                    if pos + ln > n:
+                        return OD_DECLINE
+                    u = 0
+                    for c in range(ln):
+                        u |= (<uint64_t>p[pos + c]) << (8 * c)
+                    if (op == 0x4a or op == 0x8a) and 0 < ln < 8 and (p[pos + ln - 1] & 0x80):
+                        u |= ~((<uint64_t>1 << (8 * ln)) - 1)  # sign-extended
+                    v = <int64_t>u
+                    pos += ln
+                    kind = TK_INT
+                elif op == 0x47:  # BINFLOAT: big-endian, its bits as an int64
+                    if pos + 8 > n:
+                        return OD_DECLINE
+                    u = 0
+                    for c in range(8):
+                        u = (u << 8) | p[pos + c]
+                    v = <int64_t>u
+                    pos += 8
+                    kind = TK_FLOAT
+                elif op == 0x88 or op == 0x89:  # NEWTRUE, NEWFALSE
+                    v = op == 0x88
+                    kind = TK_BOOL
+                elif op == 0x4e:  # NONE
+                    v, kind = 0, TK_NONE
+                elif op == 0x8c or op == 0x58 or op == 0x8d or op == 0x43 or op == 0x42 or op == 0x8e:
+                    ln = 1 if op == 0x8c or op == 0x43 else (4 if op == 0x58 or op == 0x42 else 8)
+                    if pos + ln > n:
+                        return OD_DECLINE
+                    u = 0
+                    for c in range(ln):
+                        u |= (<uint64_t>p[pos + c]) << (8 * c)
+                    pos += ln
+                    if u > <uint64_t>(n - pos):
+                        return OD_DECLINE
+                    if op == 0x8c or op == 0x58 or op == 0x8d:
+                        try:
+                            o = PyUnicode_DecodeUTF8(<const char*>(p + pos), <Py_ssize_t>u, "surrogatepass")
+                        except UnicodeDecodeError:
+                            return OD_DECLINE
+                        kind = TK_STR
+                        size += PyUnicode_GET_LENGTH_P(<PyObject*>o)
+                    else:
+                        o = PyBytes_FromStringAndSize(<const char*>(p + pos), <Py_ssize_t>u)
+                        kind = TK_BYTES
+                        size += <int64_t>u
+                    pos += <Py_ssize_t>u
+                    Py_INCREF(o)
+                    self.lobj[nl] = <PyObject*>o
+                    v = 0
+                elif op == 0x68 or op == 0x6a:  # BINGET, LONG_BINGET
+                    ln = 1 if op == 0x68 else 4
+                    if pos + ln > n:
+                        return OD_DECLINE
+                    u = 0
+                    for c in range(ln):
+                        u |= (<uint64_t>p[pos + c]) << (8 * c)
+                    pos += ln
+                    ident = <int64_t>u + shift
+                    if ident < base:  # an external value: a leaf, or the reference reads it
+                        v = 0
+                        o = externals.get(ident, externals)
+                        if o is externals:
+                            missing[0] = ident
+                            return OD_EXTERNAL
+                        if type(o) is int:
+                            v = o  # raises past int64: declined below
+                            kind = TK_INT
+                        elif type(o) is float:
+                            kind = TK_FLOAT
+                            v = _float_bits(<double>o)
+                        elif type(o) is bool:
+                            v, kind = (1 if o else 0), TK_BOOL
+                        elif type(o) is str:
+                            kind = TK_STR
+                            size += PyUnicode_GET_LENGTH_P(<PyObject*>o)
+                        elif type(o) is bytes:
+                            kind = TK_BYTES
+                            size += PyBytes_GET_SIZE_P(<PyObject*>o)
+                        elif o is None:
+                            v, kind = 0, TK_NONE
+                        else:
+                            return OD_DECLINE
+                        if kind == TK_STR or kind == TK_BYTES or kind == TK_NONE:
+                            Py_INCREF(o)
+                            self.lobj[nl] = <PyObject*>o
+                    else:
+                        ident -= base
+                        if ident >= n or self.memo[ident].kind == OD_UNSET:
+                            return OD_DECLINE
+                        kind = self.memo[ident].kind
+                        if kind == OD_CONTAINER:
+                            return OD_DECLINE
+                        a = self.memo[ident].leaf
+                        v = self.bits[a]
+                        po = self.lobj[a]
+                        if po != NULL:
+                            Py_INCREF_P(po)
+                            self.lobj[nl] = po
+                            if kind == TK_STR:
+                                size += PyUnicode_GET_LENGTH_P(po)
+                            elif kind == TK_BYTES:
+                                size += PyBytes_GET_SIZE_P(po)
+                elif op == 0x94 or op == 0x71 or op == 0x72:  # MEMOIZE, BINPUT, LONG_BINPUT
+                    if sp == 0 or self.stack[sp - 1].kind == OD_MARK:
+                        return OD_DECLINE
+                    if op == 0x94:
+                        if mode == 2:
+                            return OD_DECLINE
+                        mode, ident = 1, nmemo
+                        nmemo += 1
+                    else:
+                        if mode == 1:
+                            return OD_DECLINE
+                        ln = 1 if op == 0x71 else 4
+                        if pos + ln > n:
+                            return OD_DECLINE
+                        u = 0
+                        for c in range(ln):
+                            u |= (<uint64_t>p[pos + c]) << (8 * c)
+                        pos += ln
+                        mode, ident = 2, <int64_t>u + shift - base
+                    if ident < 0 or ident >= n:
+                        return OD_DECLINE
+                    c = self.stack[sp - 1].kind
+                    self.memo[ident].kind = c if c <= TK_NONE else OD_CONTAINER
+                    self.memo[ident].leaf = self.stack[sp - 1].leaf
+                    continue
+                elif op == 0x95:  # FRAME: framing, not the value
+                    if pos + 8 > n:
+                        return OD_DECLINE
+                    pos += 8
+                    continue
+                elif op == 0x28:  # MARK
+                    self.marks[nm] = sp
+                    nm += 1
+                    self.stack[sp].kind = OD_MARK
+                    sp += 1
+                    continue
+                elif op == 0x5d or op == 0x7d or op == 0x29:  # EMPTY_LIST, EMPTY_DICT, EMPTY_TUPLE
+                    kind = TK_LIST if op == 0x5d else (TK_DICT if op == 0x7d else TK_TUPLE)
+                    self.stack[sp].kind, self.stack[sp].leaf, self.stack[sp].height = kind, -1, 1
+                    sp += 1
+                    if not self._tok(kind, learn, nt, sch, nsch):
+                        return OD_DECLINE
+                    nt += 1
+                    continue
+                elif op == 0x61 or op == 0x65 or op == 0x73 or op == 0x75 or op == 0x74 or op == 0x85 or op == 0x86 or op == 0x87:
+                    if op == 0x61:  # APPEND
+                        a, c = sp - 1, 1
+                    elif op == 0x73:  # SETITEM
+                        a, c = sp - 2, 2
+                    elif op == 0x85 or op == 0x86 or op == 0x87:  # TUPLE1-3
+                        c = op - 0x84
+                        a = sp - c
+                    else:  # APPENDS, SETITEMS, TUPLE: the items since the last MARK
+                        if nm == 0:
+                            return OD_DECLINE
+                        nm -= 1
+                        a = self.marks[nm] + 1
+                        c = sp - a
+                    if a < 0:
+                        return OD_DECLINE
+                    h = 0
+                    for j in range(a, sp):
+                        if self.stack[j].kind == OD_MARK:
+                            return OD_DECLINE
+                        if self.stack[j].leaf < 0 and self.stack[j].height > h:
+                            h = self.stack[j].height
+                    if op == 0x74 or op == 0x85 or op == 0x86 or op == 0x87:
+                        if op == 0x74:
+                            a -= 1  # the MARK goes too
+                        sp = a
+                        self.stack[sp].kind, self.stack[sp].leaf, self.stack[sp].height = TK_TUPLE, -1, h + 1
+                        sp += 1
+                        size += 8 * c
+                        if not self._tok(TK_TUPLE | (c << TK_SHIFT), learn, nt, sch, nsch):
+                            return OD_DECLINE
+                        nt += 1
+                        continue
+                    ln = a - 1 if (op == 0x61 or op == 0x73) else a - 2  # the container
+                    if ln < 0:
+                        return OD_DECLINE
+                    if op == 0x61 or op == 0x65:
+                        if self.stack[ln].kind != TK_LIST:
+                            return OD_DECLINE
+                        kind = TK_APPENDS | (c << TK_SHIFT)
+                        size += 8 * c
+                    else:
+                        if self.stack[ln].kind != TK_DICT or c % 2:
+                            return OD_DECLINE
+                        for j in range(a, sp, 2):  # keys: str leaves, the batch's
+                            if self.stack[j].kind != TK_STR:
+                                return OD_DECLINE
+                            if not learn and not self._same_key(self.stack[j].leaf):
+                                return OD_DECLINE
+                        c //= 2
+                        kind = TK_SETITEMS | (c << TK_SHIFT)
+                        size += 16 * c
+                    if h + 1 > self.stack[ln].height:
+                        self.stack[ln].height = h + 1
+                    sp = ln + 1
+                    if not self._tok(kind, learn, nt, sch, nsch):
+                        return OD_DECLINE
+                    nt += 1
+                    continue
+                else:
+                    return OD_DECLINE
+                # a leaf
+                if kind == TK_INT or kind == TK_FLOAT or kind == TK_BOOL or kind == TK_NONE:
+                    size += 8
+                self.bits[nl], self.lkind[nl] = v, kind
+                self.stack[sp].kind, self.stack[sp].leaf, self.stack[sp].height = kind, nl, 0
+                sp += 1
+                nl += 1
+                if not self._tok(kind, learn, nt, sch, nsch):
+                    return OD_DECLINE
+                nt += 1
+            if sp != 1 or nm != 0 or (not learn and nt != nsch):
+                return OD_DECLINE
+            if learn:
+                self._learn(nt, nl)
+            self._put(row, nl, size)
+            answer = OD_OK
+            return OD_OK
+        except OverflowError:  # an external int past int64
+            return OD_DECLINE
+        finally:
+            if answer != OD_OK:
+                self._drop(self.cap - 2)
+
+    cdef bint _copied(
+        self, ObjectSpans src, const int64_t[:] items, Py_ssize_t first, unsigned char* buf,
+        Py_ssize_t* at,
+    ) except -1:
+        """Copy the spans out of ``src``'s mapping (the caller installed the SIGBUS guard: a
+        file cut short under it raises none); False where it cannot (the caller reads them by
+        ``pread``)."""
+        cdef Py_ssize_t m = items.shape[0], j, i, k = 0
+        cdef const unsigned char* base = &src.mapped[0]
+        cdef Py_ssize_t size = src.mapped.shape[0]
+        cdef char** dst = <char**>malloc((m - first + 1) * sizeof(char*))
+        cdef const char** frm = <const char**>malloc((m - first + 1) * sizeof(char*))
+        cdef size_t* n = <size_t*>malloc((m - first + 1) * sizeof(size_t))
+        cdef int r = -1
+        try:
+            if dst == NULL or frm == NULL or n == NULL:
+                raise MemoryError()
+            for j in range(first, m):
+                i = items[j]
+                if src.ends[i] > size:
+                    return False  # grown since it was mapped: pread reads it all
+                dst[k], frm[k] = <char*>(buf + at[j - first]), <const char*>(base + src.starts[i])
+                n[k] = <size_t>(src.ends[i] - src.starts[i])
+                k += 1
+            with nogil:
+                r = ps_copy_guarded(dst, frm, n, k)
+            return r == 0
+        finally:
+            free(dst)
+            free(frm)
+            free(n)
+
+    cdef bint _tok(self, int64_t t, bint learn, Py_ssize_t nt, const int64_t* sch, Py_ssize_t nsch):
+        """Token ``t`` emitted at position ``nt``: kept (learning) or checked against the shape."""
+        if learn:
+            self.toks[nt] = t
+            return True
+        return nt < nsch and sch[nt] == t
+
+    cdef bint _same_key(self, Py_ssize_t leaf) except -1:
+        """Whether leaf ``leaf`` (a dict key) is the batch's key in its slot."""
+        cdef object want = self._keys[leaf]
+        cdef PyObject* got = self.lobj[leaf]
+        if want is None or got == NULL:
+            return False
+        return <PyObject*>want == got or bool(<object>got == want)
+
+    cdef int _learn(self, Py_ssize_t nt, Py_ssize_t nl) except -1:
+        """The first sample's shape becomes the batch's: its tokens, slots, keys."""
+        cdef Py_ssize_t j
+        self._schema = <int64_t*>malloc((nt + 1) * sizeof(int64_t))
+        if self._schema == NULL:
+            raise MemoryError()
+        memcpy(self._schema, self.toks, nt * sizeof(int64_t))
+        self._nschema = nt
+        self.nleaves = nl
+        self.vals = np.zeros((nl, self.size), np.int64)
+        self._vals = self.vals
+        self.height = self.stack[0].height if self.stack[0].leaf < 0 else 0
+        cdef ObjectDecoder p = self.prior
+        self.prior = None  # not kept: it holds an earlier batch's values
+        if p is not None and p._same_shape(self.toks, nt, self.lobj, nl):
+            self.schema, self.kinds, self._keys = p.schema, p.kinds, p._keys
+            self.keys = self._keys
+            self._objs = [None if c is None else [None] * self.size for c in p._objs]
+            self.objs = self._objs
+            return 0
+        self.schema = [self.toks[j] for j in range(nt)]
+        self.kinds = [self.lkind[j] for j in range(nl)]
+        self._objs = [
+            [None] * self.size if self.lkind[j] in (TK_STR, TK_BYTES, TK_NONE) else None
+            for j in range(nl)
+        ]
+        self.objs = self._objs
+        self._keys = _key_slots(self.schema, self.kinds, [
+            <object>self.lobj[j] if self.lobj[j] != NULL else None for j in range(nl)
+        ])
+        self.keys = self._keys
+        return 0
+
+    cdef bint _same_shape(self, int64_t* toks, Py_ssize_t nt, PyObject** lobj, Py_ssize_t nl):
+        """Whether a sample of tokens ``toks`` and leaves ``lobj`` has this decoder's shape
+        and keys (then its schema, kinds and keys serve a later batch as they are)."""
+        cdef Py_ssize_t j
+        cdef object want
+        if nt != self._nschema or nl != self.nleaves or memcmp(toks, self._schema, nt * sizeof(int64_t)):
+            return False
+        for j in range(nl):
+            want = self._keys[j]
+            if want is not None and (lobj[j] == NULL or not (<PyObject*>want == lobj[j] or want == <object>lobj[j])):
+                return False
+        return True
+
+    cdef int _put(self, Py_ssize_t row, Py_ssize_t nl, int64_t size) except -1:
+        """The sample's leaves into row ``row`` (their objects handed to the slot lists)."""
+        cdef Py_ssize_t j
+        cdef list col
+        for j in range(nl):
+            self._vals[j, row] = self.bits[j]
+            if self.lobj[j] != NULL:
+                col = <list?>self._objs[j]
+                col[row] = <object>self.lobj[j]
+                Py_DECREF_P(self.lobj[j])
+                self.lobj[j] = NULL
+        self._sizes[row] = size
+        self._filled[row] = 1
+        return 0
+
+
+cdef int64_t _float_bits(double d) noexcept:
+    cdef int64_t b
+    memcpy(&b, &d, 8)
+    return b
+
+
+cdef list _key_slots(list schema, list kinds, list objs):
+    """Per leaf slot, the key it holds when it is a dict's key (else None), from the first
+    sample's tokens: replays the stack of leaf slots (a container holds -1)."""
+    cdef list stack = [], keys = [None] * len(kinds)
+    cdef Py_ssize_t leaf = 0, c
+    cdef int64_t t
+    for t in schema:
+        kind, c = t & ((1 << TK_SHIFT) - 1), t >> TK_SHIFT
+        if kind <= TK_NONE:
+            stack.append(leaf)
+            leaf += 1
+        elif kind == TK_LIST or kind == TK_DICT:
+            stack.append(-1)
+        elif kind == TK_TUPLE:
+            if c:
+                del stack[len(stack) - c:]
+            stack.append(-1)
+        elif kind == TK_APPENDS:
+            del stack[len(stack) - c:]
+        else:  # SETITEMS
+            for k in stack[len(stack) - 2 * c::2]:
+                keys[k] = objs[k]
+            del stack[len(stack) - 2 * c:]
+    return keys

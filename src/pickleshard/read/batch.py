@@ -19,9 +19,11 @@ from typing import Any, overload
 
 import numpy as np
 
-__all__ = ["ARRAYS", "INTS", "OBJECTS", "Allocate", "BatchColumn", "SampleBatch"]
+__all__ = ["ARRAYS", "DECODED", "INTS", "OBJECTS", "Allocate", "BatchColumn", "SampleBatch"]
 
-ARRAYS, INTS, OBJECTS = range(3)  # what a column holds: rows of one array, int64 values, values
+# what a column holds: rows of one array, int64 values, values, or object values decoded into
+# a table of their leaves (a read.objectcolumns.ObjectColumn: .value(k), .values(), .collated)
+ARRAYS, INTS, OBJECTS, DECODED = range(4)
 
 # (shape, dtype) -> a C-contiguous, writeable array of them (np.empty, or a shared-memory or
 # pinned buffer that becomes the batch's tensor as it is)
@@ -34,15 +36,17 @@ def _numpy_empty(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
 
 class BatchColumn:
     """One field of a batch of ``size`` samples (see the module). ``data`` is the
-    ``(size, *shape)`` array (:data:`ARRAYS`), the int64 values (:data:`INTS`) or the list of
-    values (:data:`OBJECTS`); ``owner`` is what the allocator gave for an array column (a
-    tensor whose memory ``data`` is, or ``data`` itself)."""
+    ``(size, *shape)`` array (:data:`ARRAYS`), the int64 values (:data:`INTS`), the list of
+    values (:data:`OBJECTS`) or their decoded table (:data:`DECODED`); ``owner`` is what the
+    allocator gave for an array column (a tensor whose memory ``data`` is, or ``data``
+    itself); ``fresh``: a list no value was put in yet."""
 
-    __slots__ = ("data", "kind", "owner", "size")
+    __slots__ = ("data", "fresh", "kind", "owner", "size")
 
     def __init__(self, kind: int, data: Any, owner: Any = None) -> None:
         self.kind, self.data, self.size = kind, data, len(data)
         self.owner = data if owner is None else owner
+        self.fresh = kind == OBJECTS
 
     @classmethod
     def arrays(
@@ -73,12 +77,28 @@ class BatchColumn:
             return self.data[k, ...]
         if self.kind == INTS:
             return int(self.data[k])
+        if self.kind == DECODED:
+            return self.data.value(k)
         return self.data[k]
+
+    @property
+    def decodable(self) -> bool:
+        """Whether a decoder may fill this column (:meth:`decoding`)."""
+        return self.kind == DECODED or (self.kind == OBJECTS and self.fresh)
+
+    def decoding(self, make: Callable[[int], Any]) -> Any:
+        """The decoded table of this column, made by ``make(size)`` when it is a fresh list."""
+        if self.kind != DECODED:
+            assert self.fresh, "values were put in this column"
+            self.kind, self.data, self.owner = DECODED, make(self.size), None
+        return self.data
 
     def fits(self, value: Any) -> bool:
         """Whether ``value`` can be held by this column as it is planned."""
         if self.kind == OBJECTS:
             return True
+        if self.kind == DECODED:
+            return False
         if self.kind == INTS:
             return type(value) is int and -(1 << 63) <= value < 1 << 63
         data = self.data
@@ -95,10 +115,11 @@ class BatchColumn:
         if not self.fits(value):
             self.degrade()
         self.data[k] = value  # an array is copied into its row
+        self.fresh = False
 
     def put_rows(self, rows: np.ndarray, values: np.ndarray) -> None:
         """Set the values of samples ``rows`` from an array of them (ints: int64 values)."""
-        if self.kind == OBJECTS:
+        if self.kind in (OBJECTS, DECODED):
             for k, v in zip(rows.tolist(), values, strict=True):
                 self.put(k, v if values.dtype != np.int64 else int(v))
         else:
@@ -106,7 +127,10 @@ class BatchColumn:
 
     def degrade(self) -> None:
         """Hold the values in a list from now on (each array value a view of its row)."""
-        if self.kind != OBJECTS:
+        if self.kind == DECODED:
+            self.data = list(self.data.values())
+            self.kind, self.owner, self.fresh = OBJECTS, None, False
+        elif self.kind != OBJECTS:
             self.data = [self.value(k) for k in range(self.size)]
             self.kind, self.owner = OBJECTS, None
 
@@ -169,7 +193,7 @@ class SampleBatch(Sequence[Any]):
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        kinds = ", ".join(("arrays", "ints", "objects")[c.kind] for c in self.columns)
+        kinds = ", ".join(("arrays", "ints", "objects", "decoded")[c.kind] for c in self.columns)
         return f"SampleBatch(size={self.size}, columns=[{kinds}])"
 
 
@@ -228,7 +252,7 @@ class JoinedBatch(SampleBatch):
             if same and first.kind == ARRAYS:
                 shape, dtype = first.data.shape[1:], first.data.dtype
                 same = all(c.data.shape[1:] == shape and c.data.dtype == dtype for c in cols)
-            if same and first.kind != OBJECTS:
+            if same and first.kind in (ARRAYS, INTS):
                 col = (
                     BatchColumn.arrays(self.size, shape, dtype, self.allocate)
                     if first.kind == ARRAYS

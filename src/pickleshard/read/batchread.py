@@ -38,6 +38,7 @@ from ..scan.sampleform import SampleForm
 from .batch import ARRAYS, INTS, OBJECTS, Allocate, BatchColumn, SampleBatch
 from .filefill import FILL_GAP, FileFill, Plan
 from .files import SpanFiles
+from .objectcolumns import decode_objects
 
 __all__ = ["BatchReader", "plan_columns"]
 
@@ -163,9 +164,10 @@ class BatchReader:
         fast = [g for g in span if g[0].batch is not None and fitting[id(g[0].plans)]]
         if fast:
             self._fill_batch(fast, len(fast) == len(span), order, items_o, wanted_o, columns)
-        for fill, a, b in span if len(fast) < len(span) else ():
-            if fill.batch is None or not fitting[id(fill.plans)]:
-                fill.fill(items_o[a:b], wanted_o[a:b], order[a:b], columns)
+        slow = [g for g in span if g[0].batch is None or not fitting[id(g[0].plans)]]
+        # object fields decoded into their columns, all files at once; the rest by reference
+        for fill, a, b in decode_objects(slow, items_o, wanted_o, order, columns) if slow else ():
+            fill.fill(items_o[a:b], wanted_o[a:b], order[a:b], columns)
         for (pos, a, b), got in zip(wholes, decoded, strict=True):
             self._gather(pos, got, order[a:b], items_o[a:b], wanted_o[a:b], columns)
         return SampleBatch(columns, len(wanted), self._build, self.form.collated)

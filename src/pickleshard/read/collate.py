@@ -3,7 +3,9 @@
 ``DataLoader(ds, batch_size=64, collate_fn=pickleshard.collate)``: ``ds.__getitems__`` reads
 the batch into its columns (:class:`~pickleshard.read.batch.SampleBatch`), and :func:`collate`
 hands each column over as a tensor without touching a sample: an array column *is* the batch's
-``(B, *shape)`` tensor (``torch.from_numpy``, no copy), an int column its int64 tensor; a column
+``(B, *shape)`` tensor (``torch.from_numpy``, no copy), an int column its int64 tensor, a column
+of object values decoded into their leaves' columns (:mod:`pickleshard.read.objectcolumns`) the
+nested dicts and lists of tensors and strings ``default_collate`` would build; a column
 of other values is collated as ``default_collate`` does. Anything else (a list of samples, a
 batch that went through a ``transform``) goes to ``default_collate``. Either way the result
 equals ``default_collate([ds[i] for i in indices])``: types, dtypes, shapes and values (the
@@ -23,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import PickleshardError
-from .batch import ARRAYS, INTS, Allocate, BatchColumn, SampleBatch
+from .batch import ARRAYS, DECODED, INTS, Allocate, BatchColumn, SampleBatch
+from .objectcolumns import NotCollatable
 
 __all__ = ["batch_allocator", "collate"]
 
@@ -56,6 +59,11 @@ def _column(torch: Any, column: BatchColumn) -> Any:
         return owner if isinstance(owner, torch.Tensor) else torch.from_numpy(column.data)
     if column.kind == INTS:
         return torch.from_numpy(column.data)
+    if column.kind == DECODED:  # object values decoded into their leaves' columns
+        try:
+            return column.data.collated(torch)
+        except NotCollatable:  # default_collate raises for them: let it say why
+            return torch.utils.data.default_collate(tuple(column.data.values()))
     # a tuple, as default_collate's transpose of tuple samples gives it (strings come back so)
     return torch.utils.data.default_collate(tuple(column.data))
 

@@ -23,6 +23,7 @@ from ..safety.bounds import check_sample
 from .batch import BatchColumn
 from .ints import IntColumn
 from .items import ArrayItems, compiled_framing
+from .objectcolumns import ObjectFill
 from .plan import INT, ITEM, ReadPlan
 from .reader import Opened, SpanReader
 
@@ -100,6 +101,10 @@ class FileFill:
         self.swapped = [f for f, field, _ in self.arrays if field.spec.swap]
         # the whole file's part of a batch in C (SpanLoader's reads, the ints, the identity)
         self.batch: Any = None
+        # a file with object fields: decoded into the batch's columns where it can be
+        # (read.objectcolumns.decode_objects, for all such files of a batch at once)
+        objects = ObjectFill(reader, here, plan) if not self.compiled else None
+        self.objects = objects if objects is not None and objects.usable else None
         if self.compiled:
             arrays, ints = self.arrays, self.ints
             n = len(reader.scan.starts)
@@ -177,6 +182,8 @@ class FileFill:
     def close(self) -> None:
         """Let go of the file's mapping (its reader is closing the file); returns None."""
         self.batch = None  # the compiled record holds a view of the mapping
+        if self.objects is not None:
+            self.objects.close()
         if self.mapped is not None:
             # a batch read elsewhere may still hold a view: the mapping goes with it then
             with contextlib.suppress(BufferError):
