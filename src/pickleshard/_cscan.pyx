@@ -1776,6 +1776,7 @@ cdef class FileBatch:
     cdef const int64_t[:, :] starts, ends, ivalues
     cdef const unsigned char[:, :] direct
     cdef bint closed
+    cdef Py_ssize_t busy  # batch reads under way (another thread's): the mapping stays till they end
     cdef public int tag
     cdef public bint plain
     cdef public object stats
@@ -1790,6 +1791,7 @@ cdef class FileBatch:
         self.afield, self.starts, self.ends, self.direct = afield, starts, ends, direct
         self.ifield, self.ivalues = ifield, ivalues
         self.closed, self.tag, self.plain, self.stats, self.row_bytes = False, -1, False, None, 0
+        self.busy = 0
         if not (
             len(frames) == self.afield.shape[0]
             and self.starts.shape[0] == self.ends.shape[0]
@@ -1802,10 +1804,22 @@ cdef class FileBatch:
 
     def close(self):
         """Retire the record: :func:`fill_spans` refuses it from now on, and its view of the
-        mapping is let go (the mapping can close)."""
+        mapping is let go (the mapping can close) now, or when the reads under way end."""
         self.closed = True
+        if self.busy == 0:
+            self._let_go()
+
+    cdef void _let_go(self) noexcept:
         self.mapped = b""
         self.mapping = None
+
+    cdef void _hold(self) noexcept:
+        self.busy += 1
+
+    cdef void _done(self) noexcept:
+        self.busy -= 1
+        if self.closed and self.busy == 0:
+            self._let_go()
 
 
 cdef Py_ssize_t _fill_file(
@@ -1892,6 +1906,9 @@ def fill_batch(
     ws.stream = stream
     filled = np.zeros(ng, np.int64)
     cdef int64_t[:] counts = filled
+    held_files = [<FileBatch?>f for f in files]
+    for f in held_files:
+        (<FileBatch>f)._hold()
     try:
         if cuts.shape[0] != ng + 1 or items.shape[0] != rows.shape[0] or items.shape[0] != labels.shape[0] or slow.shape[0] != items.shape[0]:
             raise ValueError(f"{ng} files, {cuts.shape[0]} cuts, {items.shape[0]} items")
@@ -1905,6 +1922,8 @@ def fill_batch(
                 labels[a:b], slow[a:b], gap, &ws,
             )
     finally:
+        for f in held_files:
+            (<FileBatch>f)._done()
         _let_go(views, held, nf)
         _release(&ws)
     return filled
@@ -2003,6 +2022,8 @@ def fill_spans(
     cdef Workspace ws
     cdef int64_t t0, took, nbytes = 0
     cdef bint finishing = False
+    cdef Py_ssize_t nheld = 0
+    cdef list mine = []  # the batch's files' records, group by group
     cdef int64_t[:, ::1] work
     cdef unsigned char[::1] slow, finish
     cdef int64_t[::1] counts
@@ -2047,8 +2068,12 @@ def fill_spans(
                 if fb.closed or fb.tag != tag:
                     return False
                 fpos[ng], fcut[ng] = pos, j
+                mine.append(fb)  # held here: another thread may replace records[pos] meanwhile
                 ng += 1
         fcut[ng] = m
+        for g in range(ng):  # every file's mapping kept until its reads are done
+            (<FileBatch>mine[g])._hold()
+        nheld = ng
         work_arr = np.empty((3, m), np.int64)
         slow_arr = np.zeros(m, np.uint8)
         counts_arr = np.zeros(ng, np.int64)
@@ -2071,7 +2096,7 @@ def fill_spans(
         ws.stream = stream
         if state[0]:  # every span asked for at once: the device sees a queue
             for g in range(ng):
-                fb = <FileBatch><object>PyList_GET_ITEM(records, fpos[g])
+                fb = <FileBatch>mine[g]
                 with nogil:
                     for k in range(fb.afield.shape[0]):
                         c = fb.afield[k]
@@ -2083,7 +2108,7 @@ def fill_spans(
                             )
         t0 = _now_ns()
         for g in range(ng):
-            fb = <FileBatch><object>PyList_GET_ITEM(records, fpos[g])
+            fb = <FileBatch>mine[g]
             a, b = fcut[g], fcut[g + 1]
             counts[g] = _fill_file(
                 fb, views, held, nf, m, work[0, a:b], work[1, a:b], work[2, a:b], slow[a:b],
@@ -2096,7 +2121,7 @@ def fill_spans(
         finish_arr = np.zeros(ng, np.uint8)
         finish = finish_arr
         for g in range(ng):
-            fb = <FileBatch><object>PyList_GET_ITEM(records, fpos[g])
+            fb = <FileBatch>mine[g]
             if fb.plain and counts[g] == fcut[g + 1] - fcut[g]:  # the common case
                 stats = fb.stats
                 stats.array_items += counts[g] * fb.afield.shape[0]
@@ -2114,6 +2139,8 @@ def fill_spans(
         cuts_arr[ng] = m
         return files_arr, cuts_arr, work_arr, slow_arr, counts_arr, finish_arr
     finally:
+        for g in range(nheld):
+            (<FileBatch>mine[g])._done()
         free(picks)
         free(fpos)
         free(fcut)
