@@ -165,7 +165,8 @@ class BatchReader:
         assert self._tagged is not None
         self._process_fills()
         tag, plan = self._tagged
-        size = len(indices)
+        wanted = indices if type(indices) is list else np.asarray(indices, np.int64).reshape(-1)
+        size = len(wanted)
         columns = [
             BatchColumn.arrays(size, shape, dtype, allocate)
             if kind == ARRAYS
@@ -176,7 +177,7 @@ class BatchReader:
             self._records,
             self.firsts,
             self.total,
-            indices if type(indices) is list else np.asarray(indices, np.int64).reshape(-1),
+            wanted,
             [c.data for c in columns],
             FILL_GAP,
             tag,
