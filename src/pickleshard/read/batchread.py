@@ -17,8 +17,15 @@ otherwise); then the files fill their rows:
   puts them in their rows;
 - a file read whole is gathered from its decoded columns.
 
+The common case, a batch whose every file is such a span-read file with the fields of the
+first one read (one column plan, *tagged*), is planned in the compiled call too
+(``_cscan.fill_spans``: the sort, the files' parts, the rows, the counts), so a batch costs one
+Python call and its columns' allocation; the first batches, and any batch it refuses (a file not
+opened yet or closed since, another plan, an index out of range), are planned here.
+
 A batch that took far longer than a page-cache copy came from the device: the next one first
 asks the kernel for all its spans (``POSIX_FADV_WILLNEED``), so a cold disk sees a queue.
+A batch's array columns larger than :data:`STREAM_BYTES` are written by non-temporal stores.
 Whole files are visited in order of first appearance (the order
 :class:`~pickleshard.BlockShuffleSampler` plans loads for), after the span-read ones.
 """
@@ -47,6 +54,10 @@ __all__ = ["BatchReader", "plan_columns"]
 # disk sees a queue of reads rather than one page fault at a time
 COLD_SECONDS = 2e-6
 COLD_BYTES_PER_SECOND = 1.5e9
+
+# a batch's array bytes past this are copied by non-temporal stores (see _cscan.ps_stream):
+# far more than a core's cache holds, so a cached copy would only read each line before writing it
+STREAM_BYTES = 4 << 20
 
 
 def _value_plan(value: Any) -> Plan:
@@ -115,14 +126,79 @@ class BatchReader:
         self._build: Callable[[tuple[Any, ...]], Any] = (
             tuple if form.kind == "tuple" else form.build
         )
-        self._compiled_fill: Any = require().fill_batch if CORE is not None else None
+        core = require() if CORE is not None else None
+        self._compiled_fill: Any = core.fill_batch if core is not None else None
+        self._compiled_read: Any = core.fill_spans if core is not None else None
         self._fills: list[FileFill | None] = []
+        self._records: list[Any] = []  # each file's compiled record (FileFill.batch), or None
         self._pid = -1
         self._interned: dict[tuple[Plan, ...], list[Plan]] = {}  # files' plans, shared
-        self.cold = False  # the last batch's bytes came from the device, not the page cache
+        self._tags: dict[int, int] = {}  # id of an interned plan -> its tag
+        # the column plan the compiled call reads batches into: (tag, [(kind, shape, dtype)])
+        self._tagged: tuple[int, list[tuple[int, tuple[int, ...], np.dtype[Any]]]] | None = None
+        self._row_bytes = 0  # a sample's bytes in the tagged plan's array columns
+        # [advise, took_ns, nbytes, ns per sample, bytes per us]: see _cscan.fill_spans
+        self._state = np.array(
+            [0, 0, 0, round(COLD_SECONDS * 1e9), round(COLD_BYTES_PER_SECOND / 1e6)], np.int64
+        )
+
+    @property
+    def cold(self) -> bool:
+        """Whether the last batch's bytes came from the device, not the page cache (the next
+        batch asks the kernel for its spans first)."""
+        return bool(self._state[0])
+
+    @cold.setter
+    def cold(self, value: bool) -> None:
+        self._state[0] = bool(value)
 
     def read(self, indices: Sequence[int], allocate: Allocate | None = None) -> SampleBatch:
         """Samples ``indices`` (negative ones count from the end), in request order."""
+        if self._tagged is not None and self._compiled_read is not None:
+            got = self._read_tagged(indices, allocate)
+            if got is not None:
+                return got
+        return self._read_planned(indices, allocate)
+
+    def _read_tagged(self, indices: Sequence[int], allocate: Allocate | None) -> SampleBatch | None:
+        """The batch planned and read by one compiled call (see the module), or None where
+        that call refuses it (nothing read)."""
+        assert self._tagged is not None
+        self._process_fills()
+        tag, plan = self._tagged
+        wanted = indices if type(indices) is list else np.asarray(indices, np.int64).reshape(-1)
+        size = len(wanted)
+        columns = [
+            BatchColumn.arrays(size, shape, dtype, allocate)
+            if kind == ARRAYS
+            else BatchColumn.ints(size)
+            for kind, shape, dtype in plan
+        ]
+        got = self._compiled_read(
+            self._records,
+            self.firsts,
+            self.total,
+            wanted,
+            [c.data for c in columns],
+            FILL_GAP,
+            tag,
+            self._row_bytes * size > STREAM_BYTES,
+            self._state,
+        )
+        if got is False:
+            return None
+        if got is not None:  # some files' samples to finish (and count) here
+            files, cuts, (items, rows, labels), slow, counts, finish = got
+            bounds = cuts.tolist()
+            for g in np.flatnonzero(finish).tolist():
+                fill = self._fills[int(files[g])]
+                assert fill is not None
+                a, b = bounds[g], bounds[g + 1]
+                fill.filled(int(counts[g]), slow[a:b], items[a:b], labels[a:b], rows[a:b], columns)
+        return SampleBatch(columns, size, self._build, self.form.collated)
+
+    def _read_planned(self, indices: Sequence[int], allocate: Allocate | None) -> SampleBatch:
+        """The batch planned here, file by file (see the module)."""
         wanted = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = self.total
         # samples are numbered file after file, in offset order within a file: sorting the
@@ -164,6 +240,8 @@ class BatchReader:
         fast = [g for g in span if g[0].batch is not None and fitting[id(g[0].plans)]]
         if fast:
             self._fill_batch(fast, len(fast) == len(span), order, items_o, wanted_o, columns)
+            if self._tagged is None and len(plans) == 1 and len(fast) == len(span):
+                self._tag(fast[0][0].plans)
         slow = [g for g in span if g[0].batch is None or not fitting[id(g[0].plans)]]
         # object fields decoded into their columns, all files at once; the rest by reference
         for fill, a, b in decode_objects(slow, items_o, wanted_o, order, columns) if slow else ():
@@ -178,7 +256,18 @@ class BatchReader:
         pid = os.getpid()
         if self._pid != pid:
             self._fills, self._pid = [None] * len(self.is_span), pid
+            self._records = [None] * len(self.is_span)
         return self._fills
+
+    def _tag(self, plans: list[Plan]) -> None:
+        """Read the batches of files holding ``plans`` by the compiled call from now on, into
+        the columns planned for them."""
+        columns = plan_columns([plans], self.nfields, 1, None)
+        if any(c.kind == OBJECTS for c in columns):
+            return
+        tag = self._tags.setdefault(id(plans), len(self._tags))
+        self._tagged = (tag, [(c.kind, c.data.shape[1:], c.data.dtype) for c in columns])
+        self._row_bytes = sum(c.data.nbytes for c in columns if c.kind == ARRAYS)
 
     def _fill_batch(
         self,
@@ -204,13 +293,21 @@ class BatchReader:
         if self.cold:  # every span of the batch asked for at once: the device sees a queue
             for k, (fill, _, _) in enumerate(fast):
                 fill.advise(items[bounds[k] : bounds[k + 1]])
+        nbytes = sum((b - a) * f.row_bytes for f, a, b in fast)
         start = time.perf_counter()
         counts = self._compiled_fill(
-            [f.batch for f, _, _ in fast], cuts, items, rows, labels, data, slow, FILL_GAP
+            [f.batch for f, _, _ in fast],
+            cuts,
+            items,
+            rows,
+            labels,
+            data,
+            slow,
+            FILL_GAP,
+            nbytes > STREAM_BYTES,
         ).tolist()
         # a page-cache copy runs at memory speed; far slower, the bytes came from the device
         took = time.perf_counter() - start
-        nbytes = sum((b - a) * f.row_bytes for f, a, b in fast)
         self.cold = took > COLD_SECONDS * len(items) + nbytes / COLD_BYTES_PER_SECOND
         for k, (fill, _, _) in enumerate(fast):
             a, b, done = bounds[k], bounds[k + 1], counts[k]
@@ -228,7 +325,10 @@ class BatchReader:
         fill = here.batch
         if fill is None:
             fill = here.batch = FileFill(reader, here, plan)
-            fill.plans = self._interned.setdefault(tuple(fill.plans), fill.plans)
+        fill.plans = self._interned.setdefault(tuple(fill.plans), fill.plans)
+        if fill.batch is not None:  # read by the compiled call when its plan is the tagged one
+            fill.batch.tag = self._tags.setdefault(id(fill.plans), len(self._tags))
+        self._records[pos] = fill.batch
         return fill  # type: ignore[no-any-return]
 
     def _gather(

@@ -127,6 +127,9 @@ class FileFill:
                 np.asarray([f for f, _ in ints], np.int64),
                 _columns([v for _, v in ints], n),
             )
+            # what fill_spans needs to count a file's samples and to know it is done with them
+            self.batch.stats, self.batch.row_bytes = self.stats, self.row_bytes
+            self.batch.plain = self.bounded and not self.swapped
 
     def filled(
         self,
@@ -162,6 +165,8 @@ class FileFill:
         assert bounds is not None
         check_sample(sample, self.reader.path, int(labels[j]), *bounds)
         self.bounded = True
+        if self.batch is not None:
+            self.batch.plain = not self.swapped
 
     def _reference(self, item: int, label: int, row: int, columns: list[BatchColumn]) -> None:
         """Sample ``item`` read, checked and its errors named by the reference path."""
@@ -181,7 +186,9 @@ class FileFill:
 
     def close(self) -> None:
         """Let go of the file's mapping (its reader is closing the file); returns None."""
-        self.batch = None  # the compiled record holds a view of the mapping
+        if self.batch is not None:
+            self.batch.close()  # no batch reads it again, and its view of the mapping goes
+        self.batch = None
         if self.objects is not None:
             self.objects.close()
         if self.mapped is not None:
