@@ -3343,7 +3343,7 @@ cdef class ObjectDecoder:
                 n[k] = <size_t>(src.ends[i] - src.starts[i])
                 k += 1
             with nogil:
-                r = ps_copy_guarded(dst, frm, n, k)
+                r = ps_copy_guarded(dst, frm, n, k, 0)
             return r == 0
         finally:
             free(dst)
