@@ -69,6 +69,20 @@ def test_zero_sample_columns_are_a_valid_file() -> None:
     assert (decoded.layout, decoded.num_samples) == ("columns", 0)
 
 
+@pytest.mark.parametrize("protocol", [2, 5])
+def test_a_list_of_empty_dicts_is_refused_or_read_as_records(protocol: int) -> None:
+    """Rows with no fields were read as zero samples (whole-file) after the scanner crashed:
+    refused by name with the fix, and ``layout='records'`` reads each dict as one sample."""
+    data = pickle.dumps([{}, {}, {}], protocol=protocol)
+    with pytest.raises(NotSpanIndexableError, match="an empty dict: a row with no fields"):
+        scan_bytes(data, "f.pkl")  # the whole-file load then refuses it, as below
+    with pytest.raises(UnsupportedLayoutError, match="a row with no fields"):
+        decode_layout(pickle.loads(data), "f.pkl")
+    decoded = decode_layout(pickle.loads(data), "f.pkl", "records")
+    assert decoded.num_samples == 3
+    assert [c for col in decoded.columns for c in col] == [{}, {}, {}]
+
+
 def test_a_long_list_of_lists_is_not_read_as_columns() -> None:
     rows = [[i, i + 1] for i in range(MAX_LIST_FIELDS + 1)]
     with pytest.raises(UnsupportedLayoutError, match=r"list of length 65"):
@@ -90,6 +104,8 @@ def test_a_long_list_of_lists_is_not_read_as_columns() -> None:
         np.zeros((3, 2)),
         [(1, 2)] * (MAX_LIST_FIELDS + 1) + [(3,)],
         [{"x": 1, "y": 2}, {"x": 3, "z": 4}],
+        [{}],
+        [{}, {}, {}],
     ],
     ids=repr,
 )

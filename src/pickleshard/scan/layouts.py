@@ -236,6 +236,8 @@ def match_layout(
         if any(kind(r) == "unknown" for r in items):
             raise UnknownRows("a list of tuples with some rows of unknown type")
     if first == "dict":
+        if not size(items[0]):  # as an empty tuple, an empty dict is no row of fields
+            raise NoLayout("a list whose first item is an empty dict: a row with no fields")
         if all(kind(r) == "dict" for r in items):
             return DICT_ROWS
         raise NoLayout("a list of dicts with some rows of other types")
@@ -255,7 +257,7 @@ def _records_of(
     if first == "tuple" and size(items[0]):
         if all(kind(r) == "tuple" and size(r) == size(items[0]) for r in items):
             return ROWS
-    elif first == "dict" and all(kind(r) == "dict" for r in items):
+    elif first == "dict" and size(items[0]) and all(kind(r) == "dict" for r in items):
         return DICT_ROWS
     if any(kind(r) == "unknown" for r in items) and first in ("tuple", "dict"):
         raise UnknownRows("a list of per-sample containers with some items of unknown type")

@@ -52,8 +52,8 @@ def walk_rows(
     if got is None:
         return None
     kind, row_ends, sizes, starts, ends, nxt, first_id = got
-    if nxt != size:  # appended pickles: the general walk reads them all
-        return None
+    if nxt != size or not len(starts):  # appended pickles, or rows with no fields (empty dicts):
+        return None  # the general walk reads them all, and says what is wrong
     w.records.append((0, nxt, -first_id))
 
     def i64(a: array[int]) -> np.ndarray:
