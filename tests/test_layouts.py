@@ -78,7 +78,7 @@ def test_a_list_of_empty_dicts_is_refused_or_read_as_records(protocol: int) -> N
         scan_bytes(data, "f.pkl")  # the whole-file load then refuses it, as below
     with pytest.raises(UnsupportedLayoutError, match="a row with no fields"):
         decode_layout(pickle.loads(data), "f.pkl")
-    decoded = decode_layout(pickle.loads(data), "f.pkl", "records")
+    decoded = decode_layout(pickle.loads(data), "f.pkl", choice="records")
     assert decoded.num_samples == 3
     assert [c for col in decoded.columns for c in col] == [{}, {}, {}]
 
