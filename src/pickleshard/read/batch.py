@@ -125,6 +125,24 @@ class BatchColumn:
         else:
             self.data[rows] = values
 
+    def __getstate__(self) -> dict[str, Any]:
+        # a decoded table lives in a compiled decoder: a batch pickled to another process (a
+        # DataLoader worker's, returned uncollated) carries the values themselves
+        if self.kind == DECODED:
+            values = list(self.data.values())
+            return {
+                "data": values,
+                "fresh": False,
+                "kind": OBJECTS,
+                "owner": None,
+                "size": self.size,
+            }
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+
     def degrade(self) -> None:
         """Hold the values in a list from now on (each array value a view of its row)."""
         if self.kind == DECODED:

@@ -102,6 +102,9 @@ def _freeze(node: Any) -> Node | None:
 
 
 _TREES_MAX = 64  # shapes kept per file
+# a shape deeper than this has no tree (built, read and collated by recursion): the present
+# path reads such samples, and names one deeper than the reader's max_depth
+_TREE_DEPTH_MAX = 64
 
 
 class NotCollatable(Exception):
@@ -124,7 +127,7 @@ class ObjectColumn:
         """The batch's shape (None: not decoded, or not usable)."""
         if self._tree is False:
             d, trees = self.decoder, self._trees
-            if d.schema is None:
+            if d.schema is None or d.height >= _TREE_DEPTH_MAX:
                 self._tree = None
             elif trees is None:
                 self._tree = shape_tree(list(d.schema), list(d.keys))
