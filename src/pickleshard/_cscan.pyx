@@ -1923,7 +1923,11 @@ cdef class SpanLoader:
         ``mapped``, the file mapped whole (``mmap``), is read by ``memcpy`` instead of
         ``preadv`` (a page-cache copy without a system call per sample, as a memmap's fancy
         index is): guarded, so a file cut short under the mapping marks the items ``slow``
-        instead of raising SIGBUS.
+        instead of raising SIGBUS. There each framing is compared in place (``ps_copy_rows``:
+        no copy of it, its lines prefetched with the payload's), and copied to scratch for
+        :meth:`Framing.matches` only where that compare cannot decide (masked ranges, a FRAME
+        header in the tail) or fails (the full check names the sample). With the checks off
+        the framing is not read at all (the cost benchmark's baseline).
 
         The caller gives a workspace for at least ``len(items)`` items and ``gap``, and has
         guarded SIGBUS (``ps_guard_sigbus``) when ``mapped``."""
