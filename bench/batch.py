@@ -12,7 +12,8 @@ best of ``--rounds`` (3), rounds interleaved so that the machine's other load fa
 - **PickleDataset ds[i] + default_collate**;
 - **PickleDataset.__getitems__ + default_collate** (what ``DataLoader`` does by default);
 - **PickleDataset.__getitems__ + pickleshard.collate** (the batch read);
-- the same with the span checks off (framing, identity: the checks' cost);
+- the same with the span checks off (framing, identity), and ``ds[i]`` likewise: the checks'
+  cost, per batch and per sample, stated under each table (by CPU time: the steadier);
 - ``DataLoader(batch_size=64, num_workers=W, persistent_workers=True)`` with
   ``pickleshard.collate`` against the naive list, for ``--workers`` (0, 2), after an untimed
   warm-up epoch (workers started: their start-up is in neither row).
@@ -149,6 +150,7 @@ def _rows(
         )
     rows["naive list + default_collate"] = lambda b: default_collate([naive[i] for i in b])
     rows["ds[i] + default_collate"] = lambda b: default_collate([ds[i] for i in b])
+    rows["ds[i], checks off"] = lambda b: default_collate([unchecked[i] for i in b])
     rows["__getitems__ + default_collate"] = lambda b: default_collate(list(ds.__getitems__(b)))
     # looked up once, as DataLoader(collate_fn=pickleshard.collate) does: pickleshard's lazy
     # top-level names are imported on each attribute access
@@ -256,6 +258,26 @@ def _cold(folder: Path, batches_max: int) -> dict[str, Any]:
 
 # -- report -------------------------------------------------------------------------------------
 
+# each checked row and its twin with the checks off
+CHECKED = {
+    "per batch": ("__getitems__ + pickleshard.collate", "same, checks off"),
+    "per sample": ("ds[i] + default_collate", "ds[i], checks off"),
+}
+
+
+def _checks_cost(best: dict[str, float], cpu: dict[str, float]) -> list[str]:
+    """The checks' cost (framing, identity): the time a row takes with them over the time
+    without, less one, by CPU time and by wall-clock time."""
+    out = []
+    for what, (on, off) in CHECKED.items():
+        by_cpu = cpu[off] / cpu[on] - 1
+        by_wall = best[off] / best[on] - 1
+        out.append(
+            f"- the checks' cost {what}: {by_cpu:+.1%} of the time by CPU time, "
+            f"{by_wall:+.1%} by wall-clock time"
+        )
+    return out
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
@@ -306,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
                 vs_cc = f"{c / ceiling_cpu:.2f}x" if ceiling_cpu else "-"
                 by_cpu = f"| {c:,.0f} | {vs_cc} | {c / naive_cpu:.2f}x"
             lines.append(f"| {name} | {rate:,.0f} | {vs_c} | {rate / naive:.2f}x {by_cpu} |")
+        lines += ["", *_checks_cost(best, cpu)]
     if args.cold:
         folder = args.data / f"12KB-{sizes['12KB'][0]}x{sizes['12KB'][1]}"
         cold = _cold(folder, 10_000)

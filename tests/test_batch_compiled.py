@@ -150,6 +150,70 @@ def test_a_changed_framing_byte_is_found_in_a_compiled_batch(tmp_path: Path) -> 
     assert info.value.sample == 6
 
 
+def _flip(path: Path, at: int) -> None:
+    """Byte ``at`` of ``path`` inverted, its size and times kept (only the framing check sees it)."""
+    st_ = os.stat(path)
+    with open(path, "r+b") as fh:
+        fh.seek(at)
+        byte = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(path, ns=(st_.st_atime_ns, st_.st_mtime_ns))
+
+
+@pytest.mark.parametrize("protocol", [3, 4, 5])
+def test_every_framing_byte_before_and_after_a_payload_is_checked(
+    tmp_path: Path, protocol: int
+) -> None:
+    """Read out of the file's mapping, a sample's framing is compared in place (protocols 4 and
+    5: no masked ranges) or copied for the full check (protocol 3: memo indices masked): a
+    change of any byte of it outside the masked ranges, before its payload or after, fails the
+    batch naming the sample."""
+    _files(tmp_path / "d", "<f4", (3, 4), [10], protocol)
+    ds = PickleDataset(tmp_path / "d")
+    check_batch(ds, list(range(10)))
+    assert ds._batches._fills[0].mapped is not None  # the mapped path
+    path = tmp_path / "d" / "part0.pkl"
+    reader = ds.span_files.reader(0)
+    spec = reader.plan.readers[0].spec
+    start, end = int(reader.scan.starts[6, 0]), int(reader.scan.ends[6, 0])
+    payload = len(spec.head), end - start - len(spec.tail)
+    masked = {start + p for lo, hi in spec.head_masked for p in range(lo, hi)}
+    masked |= {start + payload[1] + p for lo, hi in spec.tail_masked for p in range(lo, hi)}
+    framing = [p for p in range(start, end) if not payload[0] <= p - start < payload[1]]
+    checked = [p for p in framing if p not in masked]
+    assert len(checked) >= len(framing) // 2
+    for at in checked:
+        _flip(path, at)
+        with pytest.raises(errors.FileChangedError, match="bytes around its array") as info:
+            ds.__getitems__([2, 6, 9])
+        assert info.value.sample == 6
+        _flip(path, at)  # back as it was: its framing passes, its new ctime does not
+        with pytest.raises(errors.FileChangedError, match="its ctime"):
+            ds.__getitems__([2, 6, 9])
+
+
+def test_framing_with_frame_headers_between_samples_reads_as_pickle_load(
+    tmp_path: Path,
+) -> None:
+    """12 KB arrays at protocol 4: a FRAME header lands after some samples' payloads (9 bytes
+    more than the template's tail), which the in-place compare leaves to the full check."""
+    _files(tmp_path / "d", "<f4", (3, 32, 32), [60], 4)
+    ds = PickleDataset(tmp_path / "d")
+    want = _loaded(tmp_path / "d" / "part0.pkl", "columns")
+    check_batch(ds, list(range(60)))
+    reader = ds.span_files.reader(0)
+    spec = reader.plan.readers[0].spec
+    tails = reader.scan.ends[:, 0] - reader.scan.starts[:, 0] - len(spec.head) - 12288
+    assert (tails == len(spec.tail) + 9).any()  # some samples' tails hold a FRAME header
+    order = np.random.default_rng(0).permutation(60).tolist()
+    for k in range(0, 60, 20):
+        for got, w in zip(
+            ds.__getitems__(order[k : k + 20]), [want[i] for i in order[k : k + 20]], strict=True
+        ):
+            assert_same_sample(got, w)
+
+
 def test_a_file_replaced_under_a_compiled_batch_is_an_error(tmp_path: Path) -> None:
     _files(tmp_path / "d", "<f4", (64, 64), [100], 4)
     ds = PickleDataset(tmp_path / "d")

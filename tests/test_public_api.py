@@ -46,3 +46,13 @@ def test_importing_the_package_does_not_import_the_synthetic_writer() -> None:
     code = "import sys, pickleshard; print('pickleshard.pipelines.synth' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_lazy_name_is_looked_up_once_then_kept_on_the_module() -> None:
+    from pickleshard.read.collate import collate
+
+    first = pickleshard.collate
+    assert first is collate
+    # kept as a module attribute: the next access does not go through __getattr__ again
+    assert vars(pickleshard)["collate"] is collate
+    assert pickleshard.collate is first

@@ -50,7 +50,10 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        # kept as a module attribute: later lookups find it without calling here again
+        globals()[name] = value
+        return value
     if name in _MOVED:
         import importlib
         import warnings
