@@ -10,6 +10,7 @@ import pickle
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -190,6 +191,42 @@ def test_an_open_takes_the_identity_its_lookup_just_found(
     http.traffic.reset()
     assert remote.FsspecSource(urls[0]).size == src.size
     assert http.traffic.requests == 1  # an answer serves one open: the next one asks
+    http.traffic.reset()
+    expecting = remote.FsspecSource(urls[0], identity_ttl=0.3)
+    expecting.expect(src.identity())  # what a reader does: the index's record of the object
+    assert expecting.size == src.size
+    assert http.traffic.requests == 0  # an open expecting what one just asked: no request
+    time.sleep(0.35)  # its identity counts from when it was asked, not from this open
+    assert expecting.identity() == src.identity()
+    assert http.traffic.requests == 1
+    wrong = remote.FsspecSource(urls[0])
+    wrong.expect(identity_from_info(fs.info(remote.filesystem(urls[1])[1])))  # another version
+    http.traffic.reset()
+    assert wrong.size == src.size
+    assert http.traffic.requests == 1  # not what was asked of that object: it asks
+
+
+def test_a_reader_opened_after_the_check_asks_no_metadata(
+    http: RangeHTTPServer, dense: list[Path], tmp_path: Path
+) -> None:
+    """The dataset's check against its index just asked for each object's identity: its
+    readers' opens take it, and the first batch's fetch carries what settling the plan reads
+    (the labels' region), so an open is its head's request, then the batch's."""
+    urls = _serve(http, dense, "reuse")
+    build_index(urls, index=tmp_path / "index", jobs=1)
+    ds = PickleDataset(urls, index=tmp_path / "index")
+    http.traffic.reset()
+    ds.prefetch(list(range(8)))  # opens the first file's reader, fetches 8 samples and its ints
+    assert http.traffic.requests == http.traffic.gets  # no metadata request
+    assert http.traffic.gets <= 3  # the head; the samples and the labels' region, at once
+    sent = http.traffic.requests
+    with open(dense[0], "rb") as fh:
+        xs, ys = pickle.load(fh)
+    got = ds.__getitems__(list(range(8)))
+    assert http.traffic.requests == sent  # the plan settled, the batch read: from that fetch
+    for k, (x, y) in enumerate(got):
+        assert np.array_equal(x, xs[k])
+        assert y == ys[k]
 
 
 def test_an_objects_head_is_one_request_for_the_reads_inside_it(http: RangeHTTPServer) -> None:

@@ -124,6 +124,11 @@ class ByteSource(ABC):
     def advise(self, pattern: AccessPattern) -> None:  # noqa: B027 - a hint: no-op by default
         """Tell the storage how the next reads go; the default ignores the hint."""
 
+    def expect(self, identity: FileIdentity) -> None:  # noqa: B027 - a hint: no-op by default
+        """Hint, before the first read: the source should be ``identity`` (an index's record of
+        it; checked as ever); a remote source may then skip asking for what an open of that
+        very version just asked. The default ignores the hint."""
+
     def fileno(self) -> int | None:
         """A descriptor the compiled core may ``pread`` directly, or None."""
         return None

@@ -12,21 +12,31 @@ import os
 from . import local as _local  # noqa: F401  (registers "file")
 from .base import ByteSource, registered_sources, source_opener
 from .compressed.source import decompressing
+from .identity import FileIdentity
 from .options import SourceOptions
 from .remote import source as _remote  # noqa: F401  (registers s3://, gs://, http(s)://...)
 
 __all__ = ["open_source"]
 
 
-def open_source(where: str | os.PathLike[str], options: SourceOptions | None = None) -> ByteSource:
+def open_source(
+    where: str | os.PathLike[str],
+    options: SourceOptions | None = None,
+    expected: FileIdentity | None = None,
+) -> ByteSource:
     """The byte source for ``where``: a local path, or a URL whose scheme a source registered,
     opened with ``options`` (its storage options and block cache; None: fsspec's own
     configuration and no cache; a local path ignores them); a compressed file (by its magic
-    bytes) comes decompressed (:mod:`pickleshard.io.compressed.source`)."""
+    bytes) comes decompressed (:mod:`pickleshard.io.compressed.source`). ``expected``: what
+    the source should be (an index's record), told to it before its first read
+    (:meth:`ByteSource.expect`)."""
     text = os.fspath(where)
     scheme, sep, _ = text.partition("://")
     opener = source_opener(scheme if sep else "file")
     if opener is None:
         known = ", ".join(f"{p}://" for p in registered_sources())
         raise ValueError(f"{text}: no byte source for {scheme}:// (known: {known})")
-    return decompressing(opener(text) if options is None or not sep else opener(text, options))
+    source = opener(text) if options is None or not sep else opener(text, options)
+    if expected is not None:
+        source.expect(expected)
+    return decompressing(source)

@@ -120,7 +120,8 @@ class SpanFiles:
         path = self.paths[pos]
         entry = self.index.files[pos]
         # a local file (decompressed if compressed) or a URL's object
-        source = open_source(path, self.options)
+        # expecting the index's identity: an open right after the dataset's check reuses it
+        source = open_source(path, self.options, entry.identity)
         source.advise("random")
         try:
             _check_size(source, entry.size)

@@ -19,9 +19,21 @@ from ..picklekit import opcodes as oc
 from .failures import changed
 from .plan import ReaderStats
 
-__all__ = ["INT_REGION", "IntColumn"]
+__all__ = ["INT_REGION", "IntColumn", "decode_region"]
 
 INT_REGION = 1 << 20  # an int field's values are decoded at once from at most this many bytes
+
+
+def decode_region(starts: np.ndarray, ends: np.ndarray) -> tuple[int, int] | None:
+    """The ``[lo, hi)`` an int field's values are decoded from at once (the one read that
+    builds an :class:`IntColumn`: a remote reader fetches it with its first batches), or None
+    when they are spread over too much of the file (then read one by one)."""
+    if not len(starts):
+        return None
+    lo, hi = int(starts.min()), int(ends.max())
+    if hi - lo > min(INT_REGION, 16 * int((ends - starts).sum())):
+        return None
+    return lo, hi
 
 
 class IntColumn:
@@ -75,11 +87,10 @@ class IntColumn:
         """Every value, decoded from one read of the bytes that hold them; None when those
         bytes are spread over too much of the file (then read one by one)."""
         st, en = self.starts, self.ends
-        if not len(st):
+        where = decode_region(st, en)
+        if where is None:
             return None
-        lo, hi = int(st.min()), int(en.max())
-        if hi - lo > min(INT_REGION, 16 * int((en - st).sum())):
-            return None
+        lo, hi = where
         region = self.source.read_at(lo, hi - lo)
         self.stats.bytes_read += len(region)
         if len(region) != hi - lo:

@@ -18,12 +18,12 @@ from ..picklekit.compiled import require
 from ..safety.bounds import _NO_BOUND as NO_BOUND
 from ..safety.bounds import _RECURSE_MAX as RECURSE_MAX
 from ..scan import ArrayItem, IntItem, ScanResult
-from .ints import IntColumn
+from .ints import IntColumn, decode_region
 from .items import ArrayItems, ArrayRows, flat, same_array
 from .plan import INT, ITEM, ROW, SPAN, FieldReader, ReaderStats, ReadPlan
 from .spans import SpanFields
 
-__all__ = ["compile_plan", "make_loader", "settle_plan"]
+__all__ = ["compile_plan", "fetch_ranges", "make_loader", "settle_plan"]
 
 
 def settle_plan(
@@ -61,6 +61,29 @@ def settle_plan(
         hows.append(how)
         readers.append(reader)
     return ReadPlan(tuple(hows), tuple(readers))
+
+
+def fetch_ranges(
+    scan: ScanResult, plan: ReadPlan | None, general: bool, items: list[int]
+) -> list[tuple[int, int]]:
+    """The ``(offset, n)`` a remote reader fetches ahead for samples ``items``: their bytes in
+    every field not read from its int column; before the plan is settled (None), also what
+    settling it reads, each int column's region, so that the first batch and the file's
+    opening are one round trip, not two in a row. Which fields are ints is known before the
+    plan is: :func:`settle_plan` reads every :class:`IntItem` field from its column."""
+    if plan is not None:
+        ints = [f for f, how in enumerate(plan.hows) if how == INT]
+    else:
+        ints = [] if general else [f for f, it in enumerate(scan.items) if isinstance(it, IntItem)]
+    fields = [f for f in range(len(scan.kinds)) if f not in ints]
+    starts, ends = scan.starts[items][:, fields], scan.ends[items][:, fields]
+    out = list(zip(starts.ravel().tolist(), (ends - starts).ravel().tolist(), strict=True))
+    if plan is None:
+        for f in ints:
+            where = decode_region(scan.starts[:, f], scan.ends[:, f])
+            if where is not None:
+                out.append((where[0], where[1] - where[0]))
+    return out
 
 
 def checked_items(reader: ArrayItems, spans: SpanFields, scan: ScanResult) -> bool:

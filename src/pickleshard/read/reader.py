@@ -46,8 +46,8 @@ from ..safety.policy import AllowlistFindClass
 from ..scan import ScanResult
 from .failures import changed, damaged, named, past_span
 from .items import ArrayItems
-from .plan import INT, ITEM, ReaderStats, ReadPlan
-from .planner import compile_plan, make_loader, settle_plan
+from .plan import ITEM, ReaderStats, ReadPlan
+from .planner import compile_plan, fetch_ranges, make_loader, settle_plan
 from .spans import SLOW, SpanFields
 
 __all__ = ["BATCH_READ_MIN", "Opened", "SpanReader"]
@@ -335,8 +335,8 @@ class SpanReader:
         compiled call); else by field (arrays in one ``(n, ...)`` block, ints from a column)."""
         if not items:
             return []
-        here, plan = self.opened()
         self.prefetch(items, labels)  # no descriptor (remote): the ranges go out together
+        here, plan = self.opened()  # (settled after: its reads come from the prefetch's)
         if len(items) < BATCH_READ_MIN or not plan.by_field:
             return self._each(here.loader, plan, items, labels)
         out = self._by_field(here.loader, plan, items, labels)
@@ -345,20 +345,17 @@ class SpanReader:
         return self._bounded(out, labels)
 
     def prefetch(self, items: list[int], labels: list[int]) -> None:
-        """Hint: ``items`` are read soon; a remote file fetches their ranges together now."""
-        here, plan = self.opened()
+        """Hint: ``items`` are read soon; a remote file fetches their ranges together now
+        (before the file's plan is settled, the bytes settling it reads go with them: one
+        round trip, not two in a row)."""
+        here = self._here.get()
         if here.fd < 0 and items:
+            ranges = fetch_ranges(self.scan, self._plan, self.general, items)
             try:
-                self.source.prefetch(self._ranges(plan, items))
+                self.source.prefetch(ranges)
             except PickleshardError as exc:  # named by the sample whose bytes it was reading
                 at = getattr(exc, "offset", None)
                 raise self._named(exc, self._label_at(at, items, labels)) from None
-
-    def _ranges(self, plan: ReadPlan, items: list[int]) -> list[tuple[int, int]]:
-        """The ``(offset, n)`` of ``items`` in every field not read from its int column."""
-        fields = [f for f, how in enumerate(plan.hows) if how != INT]
-        starts, ends = self.scan.starts[items][:, fields], self.scan.ends[items][:, fields]
-        return list(zip(starts.ravel().tolist(), (ends - starts).ravel().tolist(), strict=True))
 
     def _label_at(self, offset: int | None, items: list[int], labels: list[int]) -> int | None:
         """The label of the sample of ``items`` whose bytes hold ``offset`` (None: none does)."""

@@ -35,11 +35,13 @@ pool's 256). Every fetch is timed into the store's
 :attr:`FsspecSource.counters` counts this process's requests, bytes and seconds waiting for
 them.
 
-``identity()`` is the object's size, ETag and last-modified time (fsspec's ``info``, refreshed
-at most every ``identity_ttl`` seconds: a read path checks identity after every batch, and one
+``identity()`` is the object's size, ETag and last-modified time (fsspec's ``info``, asked again
+once the one seen is ``identity_ttl`` seconds old, and ahead of that in the background
+(:mod:`~pickleshard.io.remote.seen`): a read path checks identity after every batch, and one
 metadata request per batch would double the round trips). An open takes the identity that
-resolving the URL has just looked up, where there is one (:mod:`~pickleshard.io.remote.known`),
-instead of asking again.
+resolving the URL has just looked up, or, told what to expect (:meth:`FsspecSource.expect`: a
+reader, the index's record), the one an open of that version just asked for
+(:mod:`~pickleshard.io.remote.known`), counted from when it was asked, instead of asking again.
 """
 
 from __future__ import annotations
@@ -57,8 +59,14 @@ from ..options import SourceOptions
 from .counting import RemoteCounters
 from .filesystems import filesystem, filesystem_key, is_url
 from .inflight import in_flight_bytes
-from .known import identity_from_info, take_identity
+from .known import (
+    asked_identity,
+    identity_from_info,
+    remember_asked,
+    take_identity,
+)
 from .link import LinkEstimate, link_for
+from .seen import SeenIdentity
 from .staging import staged_ranges
 
 __all__ = [
@@ -94,16 +102,16 @@ def _refused(exc: BaseException) -> bool:
 
 class _Connection:
     """A remote object as one process sees it: its filesystem and path there, its identity
-    when opened, the identity last seen (and when), the key of its staged ranges and its
-    head (:func:`head_bytes`) once a read fetched it."""
+    when opened, the identity last seen (:class:`~pickleshard.io.remote.seen.SeenIdentity`),
+    the key of its staged ranges and its head (:func:`head_bytes`) once a read fetched it."""
 
-    __slots__ = ("fs", "head", "key", "opened", "path", "seen")
+    __slots__ = ("fs", "fs_key", "head", "key", "opened", "path", "seen")
 
-    def __init__(self, fs: Any, path: str, url: str, opened: FileIdentity) -> None:
-        self.fs, self.path, self.opened = fs, path, opened
+    def __init__(self, fs: Any, fs_key: Any, path: str, url: str, seen: SeenIdentity) -> None:
+        self.fs, self.fs_key, self.path, self.opened = fs, fs_key, path, seen.seen[1]
+        self.seen = seen
         self.head: bytes | None = None
-        self.seen = (time.monotonic(), opened)
-        self.key = f"{url}#{opened.etag}#{opened.size}"  # one version of the object
+        self.key = f"{url}#{self.opened.etag}#{self.opened.size}"  # one version of the object
 
 
 class FsspecSource(ByteSource):
@@ -134,15 +142,36 @@ class FsspecSource(ByteSource):
         self.retries, self.backoff, self.identity_ttl = retries, backoff, identity_ttl
         self.counters = RemoteCounters()  # this process's requests, since it connected
         self._hold_whole = False  # hold_whole(): not carried by pickling
+        self._expected: FileIdentity | None = None  # expect(): nor this
         self._connection = ProcessLocal(self._connect)
 
     # -- the filesystem and the object's metadata --------------------------------------------
     def _connect(self) -> _Connection:
         fs, path = filesystem(self.url, self.options.storage_options)
+        fs_key = filesystem_key(self.url, self.options.storage_options)
         self.counters = RemoteCounters()
-        # the identity resolving the URL just looked up, else one metadata request
-        known = take_identity(filesystem_key(self.url, self.options.storage_options), path)
-        return _Connection(fs, path, self.url, known or self._stat(fs, path))
+        # the identity another open just asked for, if expected; else the one resolving the
+        # URL just looked up; else one request. It counts as seen when it was asked for:
+        # identity() asks again once that is too old
+        expected = self._expected
+        seen = None if expected is None else asked_identity(fs_key, path, expected)
+        seen = seen or take_identity(fs_key, path)
+        if seen is None:
+            asked = time.monotonic()
+            seen = (asked, self._stat(fs, path))
+        remember_asked(fs_key, path, *seen)
+
+        def answered(when: float, identity: FileIdentity) -> None:
+            remember_asked(fs_key, path, when, identity)
+
+        ask = SeenIdentity(seen, lambda: self._stat(fs, path), answered)
+        return _Connection(fs, fs_key, path, self.url, ask)
+
+    def expect(self, identity: FileIdentity) -> None:
+        """Hint, before the first read: the object should be ``identity`` (the index's record
+        of it); the open may then take what an open of that version just asked for
+        (:mod:`~pickleshard.io.remote.known`) instead of asking again."""
+        self._expected = identity
 
     def _stat(self, fs: Any, path: str) -> FileIdentity:
         def info() -> dict[str, Any]:
@@ -160,13 +189,7 @@ class FsspecSource(ByteSource):
         return self._connection.get().opened.size
 
     def identity(self) -> FileIdentity:
-        here = self._connection.get()
-        seen = here.seen
-        if time.monotonic() - seen[0] <= self.identity_ttl:
-            return seen[1]
-        identity = self._stat(here.fs, here.path)
-        here.seen = (time.monotonic(), identity)
-        return identity
+        return self._connection.get().seen.current(self.identity_ttl)
 
     def close(self) -> None:
         self._connection.close()
