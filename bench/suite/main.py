@@ -54,6 +54,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kinds", type=lambda t: _names(KINDS, t), default=None)
     p.add_argument("--loaders", type=lambda t: _names(LOADERS, t), default=tuple(LOADERS))
     p.add_argument("--workers", type=lambda t: tuple(int(w) for w in t.split(",")), default=None)
+    p.add_argument(
+        "--sizes",
+        type=lambda t: tuple(t.split(",")),
+        default=None,
+        help="of each kind's datasets only these sizes (cached, cold), e.g. --sizes cached",
+    )
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--peer-python", type=Path, default=None, help="interpreter for peer rows")
     p.add_argument("--data", type=Path, default=HERE / "data" / "suite")
@@ -124,6 +130,8 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
     command = shlex.join(["python", "-m", "bench", *sys.argv[1:]])
     machine = describe_machine(command)
     datasets = datasets_for(args.suite, args.data, args.kinds)
+    if args.sizes is not None:
+        datasets = [d for d in datasets if d.size in args.sizes]
     preps: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
     t_start = time.perf_counter()
