@@ -181,11 +181,13 @@ def _pickleshard(spec: RowSpec) -> Loader:
             if not stack:
                 raise Unavailable("object samples are kept as lists by every row: no collate")
             return Loader(ds, sampler, len(ds), collate=collate)
+        # the Loader's parallelism is threads (its reads release the GIL): the row's W worker
+        # processes are W reading threads here, the comparison the issue asks for
         batches = PickleshardLoader(
             ds,
             spec.batch_size,
             sampler=sampler,
-            workers=spec.workers,
+            threads=spec.workers,
             collate_fn=None if stack else list,
         )
         return Loader(ds, sampler, len(ds), batches=batches)

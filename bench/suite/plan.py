@@ -37,7 +37,7 @@ LOADERS: dict[str, str] = {
     "whole": "PickleDataset whole-file + BlockShuffleSampler",
     "span": "PickleDataset span reads + ShuffleSampler",
     "span-collate": "PickleDataset span reads + ShuffleSampler + collate_fn=pickleshard.collate",
-    "loader": "pickleshard.Loader (batch reads ahead in the sampler's order, threads)",
+    "loader": "pickleshard.Loader (reads ahead in the sampler's order; W reading threads, no processes)",
     "memmap": "pickleshard memmap via open_dataset",
     "memmap-plain": "memmap read with plain numpy (np.load mmap_mode='r')",
     "lmdb": "pickleshard LMDB via open_dataset",
