@@ -50,7 +50,9 @@ def keep_list(batch: list[Any]) -> list[Any]:
 
 def _consume(batch: Any) -> int:
     if batch and isinstance(batch[0], tuple):
-        return len(batch)  # kept as a list (or a SampleBatch) of (x, y)
+        # kept as a list (or a SampleBatch) of (x, y): every sample built, as a peer's list
+        # holds them (a SampleBatch builds its samples only when they are asked for)
+        return sum(1 for _ in batch)
     xb = batch[0]
     float(xb.float().sum())  # the same trivial touch of every element for every row
     return int(xb.shape[0])
