@@ -18,11 +18,14 @@ storage round trip each: the device's random-read rate bounds it, not the bytes.
 from __future__ import annotations
 
 import mmap
+import os
 from typing import Any
 
 from ..io import AccessPattern, ByteSource, storage_read_bytes
 from ..picklekit import opcodes as oc
+from ..picklekit.compiled import CORE
 from ..picklekit.extent import extent
+from .scratch import current_scratch
 from .sparse import sparse_buffer
 
 __all__ = [
@@ -105,9 +108,19 @@ def scan_view(source: ByteSource) -> tuple[Any, bool]:
     fast-path checks (:func:`~pickleshard.scan.fastpath.array_item`, which read every sample's
     head again) fault each page in a second time (150 KB arrays: 2,000 faults a file, not 1,000;
     the scan 25% slower)."""
-    if source.fileno() is None and source.map() is None:
+    fd = source.fileno()
+    if fd is None and source.map() is None:
         return sparse_buffer(source), True
     pattern = choose_pattern(source)
+    scratch = current_scratch()
+    examined = source.size // SPARSE_PAGES if pattern == "random" else source.size
+    if fd is not None and scratch is not None and CORE is not None and scratch.fits(examined):
+        # read, not mapped (pickleshard.scan.scratch): the file's pages are never mapped here
+        source.advise(pattern)
+        if pattern == "sequential" and hasattr(os, "posix_fadvise"):
+            # as scan_buffer: storage streams a dense file while the reads run behind
+            os.posix_fadvise(fd, 0, min(source.size, WILLNEED_BYTES), os.POSIX_FADV_WILLNEED)
+        return scratch.read(fd, source.size), False
     return scan_buffer(source, pattern), pattern != "random"
 
 
