@@ -28,6 +28,7 @@ from pickleshard.picklekit.extent import extent
 from pickleshard.picklekit.opcodes import F_LEN1, F_LEN8U, FORM, HEAD
 from pickleshard.read import SpanReader
 from pickleshard.scan import ScanResult, access, scan_file
+from pickleshard.scan import scratch as scratch_module
 from pickleshard.scan.scratch import (
     MOST,
     WINDOW,
@@ -195,3 +196,19 @@ def test_an_index_built_through_the_scratch_is_the_mapped_one(
     monkeypatch.setattr(access, "current_scratch", lambda: None)  # every file mapped
     build_index(data, index=tmp_path / "mapped")
     assert contents(tmp_path / "read") == contents(tmp_path / "mapped")
+
+
+def test_a_dense_file_storage_must_deliver_is_read_whole_and_scans_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "dense.pkl"
+    rows = [(np.full((3, 8, 8), i, np.float32), i) for i in range(300)]
+    path.write_bytes(pickle.dumps(rows, protocol=5))
+    mapped = _outcome(path, scratch=False)
+    monkeypatch.setattr(scratch_module, "_cached", lambda fd, size: False)
+    with scratch_scope() as held:
+        assert _facts(scan_file(path)) == mapped
+        assert held.bytes_read == path.stat().st_size  # read whole
+    with scratch_scope() as held, SpanReader(scan_file(path)) as reader:
+        for i in range(len(rows)):
+            assert_same(reader.read_sample(i), rows[i], _path=f"sample {i}")

@@ -18,7 +18,6 @@ storage round trip each: the device's random-read rate bounds it, not the bytes.
 from __future__ import annotations
 
 import mmap
-import os
 from typing import Any
 
 from ..io import AccessPattern, ByteSource, storage_read_bytes
@@ -116,11 +115,11 @@ def scan_view(source: ByteSource) -> tuple[Any, bool]:
     examined = source.size // SPARSE_PAGES if pattern == "random" else source.size
     if fd is not None and scratch is not None and CORE is not None and scratch.fits(examined):
         # read, not mapped (pickleshard.scan.scratch): the file's pages are never mapped here
+        # no WILLNEED here: a dense file storage must deliver is read whole, in large reads
+        # that readahead follows (asking for it all first measured slower, 0.29 s against
+        # 0.20 s for 8 files of 30 MB)
         source.advise(pattern)
-        if pattern == "sequential" and hasattr(os, "posix_fadvise"):
-            # as scan_buffer: storage streams a dense file while the reads run behind
-            os.posix_fadvise(fd, 0, min(source.size, WILLNEED_BYTES), os.POSIX_FADV_WILLNEED)
-        return scratch.read(fd, source.size), False
+        return scratch.read(fd, source.size, dense=pattern == "sequential"), False
     return scan_buffer(source, pattern), pattern != "random"
 
 

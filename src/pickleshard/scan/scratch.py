@@ -97,6 +97,44 @@ def fill_examined(fd: int, out: Any, size: int) -> int:
     return fill_examined_py(fd, out, size, WINDOW, MOST, SKIP)
 
 
+COLD_READ = 1 << 20  # bytes a read of a file storage must deliver asks for at once (1 MiB
+# reads measured 0.14-0.19 s for 8 files of 30 MB, 8 MiB reads 0.20-0.23 s, pickle.load 0.19-0.28)
+
+
+def _cached(fd: int, size: int) -> bool:
+    """Whether the page cache holds the middle and the last page of the file (a read that
+    would wait on storage fails at once with ``RWF_NOWAIT``); True where that cannot be asked."""
+    flag = getattr(os, "RWF_NOWAIT", None)
+    if flag is None or size == 0:
+        return True
+    probe = bytearray(1)
+    try:
+        for at in (size // 2, size - 1):
+            os.preadv(fd, [probe], at, flag)
+    except BlockingIOError:
+        return False
+    except OSError:  # a file system without RWF_NOWAIT: read as if cached
+        return True
+    return True
+
+
+def _read_whole(fd: int, out: Any, size: int) -> int:
+    """Read the first ``size`` bytes of ``fd`` into ``out`` in :data:`COLD_READ` pieces."""
+    view = memoryview(out)
+    try:
+        pos = 0
+        while pos < size:
+            got = os.preadv(fd, [view[pos : min(size, pos + COLD_READ)]], pos)
+            if got == 0:
+                raise OSError(
+                    f"the file ended before byte {size} while it was scanned (it changed)"
+                )
+            pos += got
+    finally:
+        view.release()
+    return size
+
+
 class ScanScratch:
     """The reused buffer of :mod:`pickleshard.scan.scratch`: an anonymous mapping resized to each
     file (same-sized files reuse its pages), holding at most ``budget`` bytes examined.
@@ -112,13 +150,18 @@ class ScanScratch:
         """Whether a scan that examines at most ``examined`` bytes may read into it."""
         return 0 < examined <= self.budget
 
-    def read(self, fd: int, size: int) -> mmap.mmap:
+    def read(self, fd: int, size: int, dense: bool = False) -> mmap.mmap:
         """The scratch holding every byte a scan of ``fd``'s first ``size`` bytes examines,
-        exactly ``size`` bytes long (the walkers take its length for the file's)."""
+        exactly ``size`` bytes long (the walkers take its length for the file's). A ``dense``
+        file (every page examined) that storage must deliver is read whole, in large reads, as
+        ``pickle.load`` reads it: a read per sample would wait on storage once per window."""
         if self._map is None or len(self._map) != size:
             self._resize(size)
         assert self._map is not None
-        self.bytes_read += fill_examined(fd, self._map, size)
+        if dense and not _cached(fd, size):
+            self.bytes_read += _read_whole(fd, self._map, size)
+        else:
+            self.bytes_read += fill_examined(fd, self._map, size)
         self.files += 1
         return self._map
 
