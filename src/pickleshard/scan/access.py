@@ -106,7 +106,9 @@ def scan_view(source: ByteSource) -> tuple[Any, bool]:
     page per sample at most, unmapped with the file at the scan's end; dropping them made the
     fast-path checks (:func:`~pickleshard.scan.fastpath.array_item`, which read every sample's
     head again) fault each page in a second time (150 KB arrays: 2,000 faults a file, not 1,000;
-    the scan 25% slower)."""
+    the scan 25% slower). Inside a :func:`~pickleshard.scan.scratch.scratch_scope`, a local
+    file that fits its budget is not mapped: the bytes the scan examines are read into the
+    scope's reused buffer (:mod:`pickleshard.scan.scratch`)."""
     fd = source.fileno()
     if fd is None and source.map() is None:
         return sparse_buffer(source), True
