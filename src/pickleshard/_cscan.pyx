@@ -39,6 +39,7 @@ __all__ = [
     "gather",
     "check_tree",
     "extent",
+    "fill_examined",
     "leaf_total",
     "measure_tree",
     "node_spans",
@@ -190,6 +191,91 @@ def extent(object buf, Py_ssize_t pos, Py_ssize_t end):
     if not 0 <= pos < b.shape[0] or pos >= end:
         raise ValueError(f"extent at {pos} of a {b.shape[0]}-byte buffer ending at {end}")
     return _extent(&b[0], b.shape[0], pos, end)
+
+
+# -- the bytes a scan examines, read with pread: a local file's scan without mapping it ----------
+
+from libc.errno cimport EINTR, errno
+from posix.unistd cimport pread as _pread
+
+from os import strerror
+
+
+cdef int _fill(
+    int fd, unsigned char* out, Py_ssize_t lo, Py_ssize_t n, Py_ssize_t size, int64_t* got
+) noexcept nogil:
+    """Read ``[lo, min(lo + n, size))`` of ``fd`` into ``out + lo``: 0, an errno, or -1 when
+    the file ends first (it shrank under the scan)."""
+    cdef Py_ssize_t hi = lo + n if n < size - lo else size
+    cdef ssize_t r
+    while lo < hi:
+        r = _pread(fd, out + lo, <size_t>(hi - lo), lo)
+        if r < 0:
+            if errno == EINTR:
+                continue
+            return errno
+        if r == 0:
+            return -1
+        lo += r
+        got[0] += r
+    return 0
+
+
+def fill_examined(
+    int fd, object out, Py_ssize_t size, Py_ssize_t window, Py_ssize_t most, Py_ssize_t skip
+):
+    """Read into ``out[:size]`` every byte a scan of the first ``size`` bytes of ``fd``
+    examines (see :mod:`pickleshard.scan.sparse`): each opcode the chain of :func:`_extent`
+    steps on from offset 0, its argument, and its payload when shorter than ``skip`` (a longer
+    one is stepped over, unread). Reads are windows of ``window`` bytes at each place the chain
+    lands, doubled up to ``most`` while the chain walks off their ends (small opcodes only),
+    back to ``window`` after a skip. Stops at bytes :func:`_extent` refuses: they are in
+    ``out``, and the walk reports them. Other bytes of ``out`` are left as they were. Returns
+    the bytes read; raises ``OSError`` when a read fails."""
+    cdef unsigned char[::1] o = out
+    if size < 0 or o.shape[0] < size or window < 16 or most < window:
+        raise ValueError(f"fill of {size} bytes into a {o.shape[0]}-byte buffer")
+    if size == 0:
+        return 0
+    cdef unsigned char* b = &o[0]
+    cdef Py_ssize_t pos = 0, lo = 0, have = 0, nxt, w = window, payload
+    cdef int64_t got = 0
+    cdef int err = 0, op
+    with nogil:
+        while pos < size:
+            if pos < lo or pos >= have:  # landed outside the window held: read one here
+                if pos == have and pos:  # walked off its end: the next one larger
+                    w = w * 2 if w * 2 <= most else most
+                err = _fill(fd, b, pos, w, size, &got)
+                if err:
+                    break
+                lo, have = pos, (pos + w if w < size - pos else size)
+            nxt = _extent(b, have, pos, size)
+            if nxt == X_SHORT:  # a text line or argument past the window: read on
+                w = w * 2 if w * 2 <= most else most
+                err = _fill(fd, b, have, w, size, &got)
+                if err:
+                    break
+                have = have + w if w < size - have else size
+                continue
+            if nxt < 0:
+                break
+            op = b[pos]
+            if F_LEN1 <= FORM_[op] <= F_LEN8U:
+                payload = nxt - pos - 1 - ARGLEN_[op]
+                if payload >= skip:
+                    w = window
+                elif nxt > have:  # a short payload past the window: the scan reads it
+                    err = _fill(fd, b, have, nxt - have, size, &got)
+                    if err:
+                        break
+                    have = nxt
+            pos = nxt
+    if err > 0:
+        raise OSError(err, strerror(err))
+    if err < 0:
+        raise OSError(f"the file ended before byte {size} while it was scanned (it changed)")
+    return got
 
 
 cdef inline uint64_t _le(const unsigned char[:] b, Py_ssize_t p, int n):

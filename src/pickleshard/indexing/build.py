@@ -38,6 +38,7 @@ from ..io.options import SourceOptions, source_options
 from ..io.remote.source import is_url
 from ..safety.policy import DEFAULT_POLICY, UnpicklePolicy
 from ..scan.layouts import LayoutChoice, check_layout_choice
+from ..scan.scratch import scratch_scope
 from .describe import Described, describe_file
 from .openaudit import remember_globals
 from .write import write_index
@@ -219,12 +220,14 @@ def build_index(
         described: dict[int, Described] = {}
         skipped: list[SkippedFile] = []
         described_all = _describe_all(resolved, staging, runner, progress, policy, skip_bad, layout)
-        for pos, got in described_all:
-            if isinstance(got, Described):
-                described[pos] = got
-            else:
-                rel = resolved.files[pos]
-                skipped.append(skip_record(resolved.absolute(rel), rel, got))
+        # files scanned in this thread read into one reused buffer (pickleshard.scan.scratch)
+        with scratch_scope():
+            for pos, got in described_all:
+                if isinstance(got, Described):
+                    described[pos] = got
+                else:
+                    rel = resolved.files[pos]
+                    skipped.append(skip_record(resolved.absolute(rel), rel, got))
         kept, mismatched = _check_fields(described, resolved, skip_bad)
         index_dir.mkdir(parents=True, exist_ok=True)
         # before the header: the index.json replace is the build's last step

@@ -41,8 +41,10 @@ The package, by concern: :mod:`~pickleshard.scan.model` (the result and its stor
 table, and decoding an unpickled object by it), :mod:`~pickleshard.scan.matching` (the same
 decisions on the walker's nodes), :mod:`~pickleshard.scan.inspector` (evaluating spans without
 running code), :mod:`~pickleshard.scan.externals` (memo-reference tables),
-:mod:`~pickleshard.scan.fastpath` (fields read without unpickling) and :mod:`~pickleshard.scan.rows`
-(the compiled row pass: a file that is one list of flat rows, walked without a node per value).
+:mod:`~pickleshard.scan.fastpath` (fields read without unpickling), :mod:`~pickleshard.scan.rows`
+(the compiled row pass: a file that is one list of flat rows, walked without a node per value)
+and :mod:`~pickleshard.scan.scratch` (an index build's local files read with ``pread`` into one
+reused buffer, not mapped).
 """
 
 from __future__ import annotations
