@@ -52,8 +52,10 @@ def walk_rows(
     if got is None:
         return None
     kind, row_ends, sizes, starts, ends, nxt, first_id = got
-    if nxt != size or not len(starts):  # appended pickles, or rows with no fields (empty dicts):
-        return None  # the general walk reads them all, and says what is wrong
+    if nxt != size or not len(starts) or min(sizes) != max(sizes):
+        # appended pickles, rows with no fields (empty dicts) or of different sizes: the
+        # general walk reads them all, and says what is wrong
+        return None
     w.records.append((0, nxt, -first_id))
 
     def i64(a: array[int]) -> np.ndarray:
