@@ -83,17 +83,6 @@ def test_a_list_of_empty_dicts_is_refused_or_read_as_records(protocol: int) -> N
     assert [c for col in decoded.columns for c in col] == [{}, {}, {}]
 
 
-@pytest.mark.parametrize("engine", ["python", "compiled"])
-def test_a_dict_row_with_a_key_the_first_lacks_is_refused_not_dropped(engine: str) -> None:
-    """``[{"a": 1}, {"a": 2, "b": 3}]`` read ``{"a": 2}`` for the second sample (its ``b``
-    dropped, in place and whole): both now refuse it, naming the extra key."""
-    rows = [{"a": 1}, {"b": 2, "a": 3}, {"a": 4}]
-    with pytest.raises(NotSpanIndexableError, match="different keys \\(extra 'b'\\)"):
-        scan_bytes(pickle.dumps(rows, protocol=4), "f.pkl", engine=engine)
-    with pytest.raises(UnsupportedLayoutError, match="different keys \\(extra 'b'\\)"):
-        decode_layout(rows, "f.pkl")
-
-
 def test_a_long_list_of_lists_is_not_read_as_columns() -> None:
     rows = [[i, i + 1] for i in range(MAX_LIST_FIELDS + 1)]
     with pytest.raises(UnsupportedLayoutError, match=r"list of length 65"):
@@ -117,7 +106,6 @@ def test_a_long_list_of_lists_is_not_read_as_columns() -> None:
         [{"x": 1, "y": 2}, {"x": 3, "z": 4}],
         [{}],
         [{}, {}, {}],
-        [{"x": 1}, {"x": 2, "z": 3}],
     ],
     ids=repr,
 )

@@ -411,10 +411,4 @@ def decode_layout(
         raise UnsupportedLayoutError(
             where, f"per-sample dicts with different keys (missing {exc}); {EXPECTED_LAYOUTS}"
         ) from None
-    extra = next((r for r in items if len(r) != len(keys)), None)  # a key the first lacks
-    if extra is not None:
-        name = next(k for k in extra if k not in items[0])
-        raise UnsupportedLayoutError(
-            where, f"per-sample dicts with different keys (extra {name!r}); {EXPECTED_LAYOUTS}"
-        )
     return DecodedLayout(layout.name, field_names(keys, where), columns)
