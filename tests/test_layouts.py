@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 from typing import Any, get_args
 
 import numpy as np
 import pytest
 
 from conftest import assert_deep_equal
+from pickleshard import PickleDataset
 from pickleshard.errors import (
     FieldLengthMismatchError,
     NotSpanIndexableError,
@@ -83,6 +85,27 @@ def test_a_list_of_empty_dicts_is_refused_or_read_as_records(protocol: int) -> N
     assert [c for col in decoded.columns for c in col] == [{}, {}, {}]
 
 
+@pytest.mark.parametrize("engine", ["python", "compiled"])
+def test_dict_rows_with_a_key_the_first_lacks_are_refused_or_read_as_records(
+    tmp_path: Path, engine: str
+) -> None:
+    """``[{"a": 1}, {"a": 2, "b": 3}]`` read ``{"a": 2}`` for the second sample (its ``b``
+    dropped, in place and whole): ``auto`` refuses it naming the key, ``layout='records'``
+    reads each dict whole, as ``pickle.load`` gives it."""
+    rows = [{"a": 1}, {"b": 2, "a": 3}, {"a": 4}]
+    with pytest.raises(NotSpanIndexableError, match="different keys \\(extra 'b'\\)"):
+        scan_bytes(pickle.dumps(rows, protocol=4), "f.pkl", engine=engine)
+    with pytest.raises(UnsupportedLayoutError, match="different keys \\(extra 'b'\\)"):
+        decode_layout(rows, "f.pkl")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f.pkl").write_bytes(pickle.dumps(rows, protocol=4))
+    with pytest.raises(UnsupportedLayoutError, match="layout='records' reads them"):
+        PickleDataset(tmp_path / "d")
+    ds = PickleDataset(tmp_path / "d", layout="records", rebuild="auto")
+    assert [ds[i][0] for i in range(len(ds))] == rows
+    assert [type(ds[i][0]) for i in range(len(ds))] == [dict] * 3
+
+
 def test_a_long_list_of_lists_is_not_read_as_columns() -> None:
     rows = [[i, i + 1] for i in range(MAX_LIST_FIELDS + 1)]
     with pytest.raises(UnsupportedLayoutError, match=r"list of length 65"):
@@ -106,6 +129,7 @@ def test_a_long_list_of_lists_is_not_read_as_columns() -> None:
         [{"x": 1, "y": 2}, {"x": 3, "z": 4}],
         [{}],
         [{}, {}, {}],
+        [{"x": 1}, {"x": 2, "z": 3}],
     ],
     ids=repr,
 )

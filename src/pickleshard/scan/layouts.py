@@ -405,10 +405,27 @@ def decode_layout(
         fields = default_field_names(len(items[0]))
         return DecodedLayout(layout.name, fields, tuple(zip(*items, strict=True)))
     keys = tuple(items[0])
-    try:
-        columns = tuple([r[k] for r in items] for k in keys)
-    except KeyError as exc:
+    differ = _differing_key(keys, items)
+    if differ is not None:
+        if choice == "records":  # each dict one sample, as it is: no key dropped or missed
+            return DecodedLayout(ITEMS.name, ("x",), (list(items),))
         raise UnsupportedLayoutError(
-            where, f"per-sample dicts with different keys (missing {exc}); {EXPECTED_LAYOUTS}"
-        ) from None
+            where, f"per-sample dicts with different keys ({differ}); {EXPECTED_LAYOUTS}"
+        )
+    columns = tuple([r[k] for r in items] for k in keys)
     return DecodedLayout(layout.name, field_names(keys, where), columns)
+
+
+def _differing_key(keys: tuple[Any, ...], rows: Sequence[Any]) -> str | None:
+    """How the first of ``rows`` whose keys are not ``keys`` differs (``missing 'k'`` /
+    ``extra 'k'``), or None when every row has exactly those keys."""
+    for r in rows:
+        missing = next((k for k in keys if k not in r), _NONE)
+        if missing is not _NONE:
+            return f"missing {missing!r}"
+        if len(r) != len(keys):
+            return f"extra {next(k for k in r if k not in keys)!r}"
+    return None
+
+
+_NONE = object()

@@ -387,6 +387,9 @@ def dict_rows(
             rel = np.array([2 * order[k] + 1 for k in keys0], np.int64)
         except KeyError as exc:
             raise NotLayout(f"per-sample dicts with different keys (missing {exc})") from None
+        if len(order) != len(keys0):  # every key of the first, and more: none is dropped
+            extra = next(k for k in order if k not in keys0)
+            raise NotLayout(f"per-sample dicts with different keys (extra {extra!r})")
         picks[r] = base + rel
         known[r] = True
         # rows of as many items whose keys are the same bytes take the same places at once
