@@ -3272,9 +3272,7 @@ cdef class ObjectDecoder:
                             return OD_DECLINE
                     if pos + ln > n:
                         return OD_DECLINE
-                    u = 0
-                    for c in range(ln):
-                        u |= (<uint64_t>p[pos + c]) << (8 * c)
+                    u = _le_at(p + pos, <int>ln)
                     if (op == 0x4a or op == 0x8a) and 0 < ln < 8 and (p[pos + ln - 1] & 0x80):
                         u |= ~((<uint64_t>1 << (8 * ln)) - 1)  # sign-extended
                     v = <int64_t>u
@@ -3298,9 +3296,7 @@ cdef class ObjectDecoder:
                     ln = 1 if op == 0x8c or op == 0x43 else (4 if op == 0x58 or op == 0x42 else 8)
                     if pos + ln > n:
                         return OD_DECLINE
-                    u = 0
-                    for c in range(ln):
-                        u |= (<uint64_t>p[pos + c]) << (8 * c)
+                    u = _le_at(p + pos, <int>ln)
                     pos += ln
                     if u > <uint64_t>(n - pos):
                         return OD_DECLINE
@@ -3323,9 +3319,7 @@ cdef class ObjectDecoder:
                     ln = 1 if op == 0x68 else 4
                     if pos + ln > n:
                         return OD_DECLINE
-                    u = 0
-                    for c in range(ln):
-                        u |= (<uint64_t>p[pos + c]) << (8 * c)
+                    u = _le_at(p + pos, <int>ln)
                     pos += ln
                     ident = <int64_t>u + shift
                     if ident < base:  # an external value: a leaf, or the reference reads it
@@ -3386,9 +3380,7 @@ cdef class ObjectDecoder:
                         ln = 1 if op == 0x71 else 4
                         if pos + ln > n:
                             return OD_DECLINE
-                        u = 0
-                        for c in range(ln):
-                            u |= (<uint64_t>p[pos + c]) << (8 * c)
+                        u = _le_at(p + pos, <int>ln)
                         pos += ln
                         mode, ident = 2, <int64_t>u + shift - base
                     if ident < 0 or ident >= n:
