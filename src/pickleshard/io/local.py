@@ -18,7 +18,7 @@ from .base import AccessPattern, ByteSource, _check_range, register_source
 from .handles import ProcessLocal
 from .identity import FileIdentity
 
-__all__ = ["LocalFile"]
+__all__ = ["LocalFile", "map_readonly"]
 
 _FADVICE = {
     "normal": getattr(os, "POSIX_FADV_NORMAL", None),
@@ -186,3 +186,14 @@ def _madvise(opened: _OpenFile, pattern: AccessPattern) -> None:
 
 
 register_source("file", LocalFile)
+
+
+def map_readonly(fd: int, size: int) -> Any:
+    """File ``fd`` mapped read-only (its first ``size`` bytes), or None where it cannot be
+    (an empty file, a pipe, a descriptor mmap refuses): the caller reads it by pread then."""
+    if size <= 0:
+        return None
+    try:
+        return mmap.mmap(fd, size, prot=mmap.PROT_READ)
+    except (OSError, ValueError, OverflowError):
+        return None

@@ -11,13 +11,13 @@ batch and calls it.
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
 from math import prod
 from typing import Any
 
 import numpy as np
 
+from ..io.local import map_readonly
 from ..picklekit.compiled import require
 from ..safety.bounds import check_sample
 from .batch import BatchColumn
@@ -56,16 +56,6 @@ def _columns(columns: list[np.ndarray], n: int) -> np.ndarray:
     return np.ascontiguousarray(np.stack(columns, 1), np.int64)
 
 
-def _mapping(fd: int, size: int) -> Any:
-    """File ``fd`` mapped read-only (its first ``size`` bytes), or None where it cannot be."""
-    if size <= 0:
-        return None
-    try:
-        return mmap.mmap(fd, size, prot=mmap.PROT_READ)
-    except (OSError, ValueError, OverflowError):
-        return None  # a file that cannot be mapped is read by preadv
-
-
 class FileFill:
     """How one span-read file's samples are put in a batch's rows, decided once per reader and
     process from its settled plan: a file whose fields are all arrays read from their payloads
@@ -90,7 +80,7 @@ class FileFill:
         self.compiled = len(self.arrays) + len(self.ints) == len(plan.hows)
         self.row_bytes = sum(f.spec.dtype.itemsize * prod(f.spec.shape) for _, f, _ in self.arrays)
         # the file mapped whole, read by memcpy (see _cscan.fill_batch); None: by preadv
-        self.mapped = _mapping(fd, reader.identity.size) if self.arrays else None
+        self.mapped = map_readonly(fd, reader.identity.size) if self.arrays else None
         # per array field, which samples are read from their payloads (not an exception, no
         # span defining a shared value) as uint8 flags; empty where all are
         self.direct = [self._direct(field) for _, field, _ in self.arrays]

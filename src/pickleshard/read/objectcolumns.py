@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import mmap
 from typing import Any
 
 import numpy as np
 
 from ..errors import PickleshardError
+from ..io.local import map_readonly
 from ..picklekit.compiled import CORE, require
 from ..picklekit.externals import UnresolvableMemoId
 from .ints import IntColumn
@@ -263,7 +263,7 @@ class ObjectFill:
         self.trees: dict[Any, Node | None] = {}  # the shapes of its batches (ObjectColumn.tree)
         self.last: dict[int, Any] = {}  # per span field, its last decoder (its shape: the next's)
         # the file mapped whole: a span is a guarded copy out of it, not a system call
-        self.mapped = _mapping(here.fd, reader.identity.size) if self.usable else None
+        self.mapped = map_readonly(here.fd, reader.identity.size) if self.usable else None
         self.spans: list[Any] = []  # per span field, its compiled ObjectSpans
         loader = here.loader if reader.verify else None
         for f in self.fields if self.usable else ():
@@ -375,13 +375,3 @@ def decode_objects(
         return []
     done = {id(p) for p in fills[:good]}
     return [p for p in parts if id(p) not in done]
-
-
-def _mapping(fd: int, size: int) -> Any:
-    """File ``fd`` mapped read-only (its first ``size`` bytes), or None where it cannot be."""
-    if size <= 0:
-        return None
-    try:
-        return mmap.mmap(fd, size, prot=mmap.PROT_READ)
-    except (OSError, ValueError, OverflowError):
-        return None  # read by pread
