@@ -255,16 +255,22 @@ def test_a_changed_framing_byte_is_a_file_changed_error(tmp_path: Path) -> None:
     check_batch(ds, [0, 1])
     path = tmp_path / "d" / "part0.pkl"
     start = int(ds.span_files.reader(0).scan.starts[4, 0])
-    st_ = os.stat(path)
-    with open(path, "r+b") as fh:  # the framing byte of sample 4, file size and times kept
-        fh.seek(start)
-        byte = fh.read(1)
-        fh.seek(start)
-        fh.write(bytes([byte[0] ^ 0xFF]))
-    os.utime(path, ns=(st_.st_atime_ns, st_.st_mtime_ns))
+    flip_byte_in_place(path, start)  # the framing byte of sample 4
     with pytest.raises(errors.FileChangedError) as info:
         ds.__getitems__([2, 4, 6])
     assert info.value.sample == 4
+
+
+def flip_byte_in_place(path: Path, offset: int) -> None:
+    """Invert the byte at ``offset`` of ``path``, its size and times kept: a change only the
+    content checks can see."""
+    st_ = os.stat(path)
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        byte = fh.read(1)
+        fh.seek(offset)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(path, ns=(st_.st_atime_ns, st_.st_mtime_ns))
 
 
 def test_a_file_cut_short_under_its_mapping_is_an_error_not_a_crash(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from pickleshard import PickleDataset, errors
 from pickleshard.picklekit.compiled import CORE
 from pickleshard.read import batchread
-from test_batch import _loaded, assert_same_sample, check_batch
+from test_batch import _loaded, assert_same_sample, check_batch, flip_byte_in_place
 
 pytestmark = pytest.mark.skipif(CORE is None, reason="the compiled core is not built")
 
@@ -138,27 +138,10 @@ def test_a_changed_framing_byte_is_found_in_a_compiled_batch(tmp_path: Path) -> 
     check_batch(ds, list(range(10)))
     path = tmp_path / "d" / "part0.pkl"
     start = int(ds.span_files.reader(0).scan.starts[6, 0])
-    st_ = os.stat(path)
-    with open(path, "r+b") as fh:  # the framing byte of sample 6, size and times kept
-        fh.seek(start)
-        byte = fh.read(1)
-        fh.seek(start)
-        fh.write(bytes([byte[0] ^ 0xFF]))
-    os.utime(path, ns=(st_.st_atime_ns, st_.st_mtime_ns))
+    flip_byte_in_place(path, start)  # the framing byte of sample 6
     with pytest.raises(errors.FileChangedError) as info:
         ds.__getitems__([2, 6, 9])
     assert info.value.sample == 6
-
-
-def _flip(path: Path, at: int) -> None:
-    """Byte ``at`` of ``path`` inverted, its size and times kept (only the framing check sees it)."""
-    st_ = os.stat(path)
-    with open(path, "r+b") as fh:
-        fh.seek(at)
-        byte = fh.read(1)
-        fh.seek(at)
-        fh.write(bytes([byte[0] ^ 0xFF]))
-    os.utime(path, ns=(st_.st_atime_ns, st_.st_mtime_ns))
 
 
 @pytest.mark.parametrize("protocol", [3, 4, 5])
@@ -184,11 +167,11 @@ def test_every_framing_byte_before_and_after_a_payload_is_checked(
     checked = [p for p in framing if p not in masked]
     assert len(checked) >= len(framing) // 2
     for at in checked:
-        _flip(path, at)
+        flip_byte_in_place(path, at)
         with pytest.raises(errors.FileChangedError, match="bytes around its array") as info:
             ds.__getitems__([2, 6, 9])
         assert info.value.sample == 6
-        _flip(path, at)  # back as it was: its framing passes, its new ctime does not
+        flip_byte_in_place(path, at)  # back as it was: its framing passes, its new ctime does not
         with pytest.raises(errors.FileChangedError, match="its ctime"):
             ds.__getitems__([2, 6, 9])
 
