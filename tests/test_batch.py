@@ -4,6 +4,7 @@ hands them over as tensors. Oracles: ``pickle.load`` for the samples, and
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 from pathlib import Path
@@ -24,12 +25,17 @@ DTYPES = ["<f4", "<f8", "<i8", "<i4", "|u1", "|b1", "<f2", "<c8", "<u2", ">f4", 
 
 
 def assert_collated(got: Any, want: Any, where: str = "batch") -> None:
-    """``got`` is ``want``: the same containers, tensors of the same dtype, shape and values."""
+    """``got`` is ``want``: the same containers, tensors of the same dtype, shape and values
+    (a NaN equal to a NaN in the same place)."""
     assert type(got) is type(want), f"{where}: {type(got)} != {type(want)}"
     if isinstance(want, torch.Tensor):
         assert got.dtype == want.dtype, where
         assert got.shape == want.shape, where
-        assert torch.equal(got, want), where
+        assert torch.equal(got, want) or (
+            got.is_floating_point()
+            and torch.equal(got.isnan(), want.isnan())
+            and torch.equal(got.nan_to_num(0.0), want.nan_to_num(0.0))
+        ), where
     elif isinstance(want, dict):
         assert list(got) == list(want), where
         for k in want:
@@ -38,6 +44,8 @@ def assert_collated(got: Any, want: Any, where: str = "batch") -> None:
         assert len(got) == len(want), where
         for k, (g, w) in enumerate(zip(got, want, strict=True)):
             assert_collated(g, w, f"{where}[{k}]")
+    elif isinstance(want, float) and math.isnan(want):
+        assert math.isnan(got), where
     else:
         assert_same_sample(got, want)
 

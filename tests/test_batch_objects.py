@@ -6,7 +6,6 @@ and to ``bounds.measure`` for the sizes they count."""
 
 from __future__ import annotations
 
-import math
 import os
 import pickle
 from pathlib import Path
@@ -27,44 +26,24 @@ from pickleshard.read.batch import DECODED, OBJECTS
 from pickleshard.read.objectcolumns import ObjectColumn
 from pickleshard.read.objectdecoder import OD_EXTERNAL, OD_OK, TOKENS, ReferenceDecoder
 from pickleshard.safety.bounds import measure
+from test_batch import assert_collated
 
 needs_core = pytest.mark.skipif(CORE is None, reason="the compiled core is not built")
-
-
-def same(got: Any, want: Any, where: str = "") -> None:
-    """``got`` is ``want``: the same types all the way down, tensors of one dtype and shape,
-    equal values (a NaN equal to a NaN)."""
-    assert type(got) is type(want), f"{where}: {type(got)} != {type(want)}"
-    if isinstance(want, torch.Tensor):
-        assert (got.dtype, got.shape) == (want.dtype, want.shape), where
-        assert torch.equal(got, want) or bool(torch.equal(got.isnan(), want.isnan())), where
-    elif isinstance(want, dict):
-        assert list(got) == list(want), where
-        for k in want:
-            same(got[k], want[k], f"{where}[{k!r}]")
-    elif isinstance(want, list | tuple):
-        assert len(got) == len(want), where
-        for k, (g, w) in enumerate(zip(got, want, strict=True)):
-            same(g, w, f"{where}[{k}]")
-    elif isinstance(want, float) and math.isnan(want):
-        assert math.isnan(got), where
-    else:
-        assert got == want, where
 
 
 def check_batch(ds: PickleDataset, indices: list[int], oracle: list[Any]) -> Any:
     """The batch of ``indices`` against ``pickle.load`` (``oracle``) and ``default_collate``."""
     batch = ds.__getitems__(indices)
     for got, i in zip(list(batch), indices, strict=True):
-        same(got, oracle[i])
+        assert_collated(got, oracle[i])
     try:
         want = default_collate([ds[i] for i in indices])
     except (RuntimeError, TypeError, ValueError, OverflowError, KeyError) as exc:
         with pytest.raises(type(exc)):
             pickleshard.collate(ds.__getitems__(indices))
         return batch
-    same(pickleshard.collate(ds.__getitems__(indices)), want)
-    same(default_collate(list(ds.__getitems__(indices))), want)
+    assert_collated(pickleshard.collate(ds.__getitems__(indices)), want)
+    assert_collated(default_collate(list(ds.__getitems__(indices))), want)
     return batch
 
 
@@ -225,7 +204,7 @@ def _twins(reader: Any, want: list[Any]) -> None:
     for dec in (compiled, reference):
         values = ObjectColumn(dec).values()
         for k in range(n):
-            same(values[rows[k]], want[k])
+            assert_collated(values[rows[k]], want[k])
             assert dec.sizes[rows[k]] == measure(want[k], None, None)[0]
 
 
@@ -331,7 +310,7 @@ def test_dataloader_workers_collate_equal_to_default_collate(tmp_path: Path) -> 
     ours = DataLoader(ds, batch_size=8, collate_fn=pickleshard.collate, num_workers=2)
     theirs = DataLoader(ds, batch_size=8, num_workers=0)
     for got, want in zip(ours, theirs, strict=True):
-        same(got, want)
+        assert_collated(got, want)
 
 
 @needs_core
