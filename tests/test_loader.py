@@ -3,6 +3,7 @@ sampler's order, over every dataset the package opens; resume is exact-once; the
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -299,3 +300,23 @@ def test_profile_command_prints_the_table_and_advice(
     text = capsys.readouterr().out
     assert "waiting for a batch" in text
     assert "most likely to help:" in text
+
+
+@pytest.mark.parametrize(("threads", "workers"), [(0, 0), (2, 0), (0, 1)])
+def test_pass_clock_counts_the_loop_and_the_pass(
+    ds: PickleDataset, threads: int, workers: int
+) -> None:
+    """Each pass counts the time between batches as the loop's, the whole pass as its wall time,
+    and this process's CPU time only where it reads (threads), not with worker processes."""
+    loader = Loader(ds, 10, threads=threads, workers=workers)
+    t0 = time.perf_counter()
+    batches = 0
+    for _ in loader:
+        batches += 1
+        time.sleep(0.02)  # the training loop's step
+    wall = time.perf_counter() - t0
+    stats = loader.stats
+    assert stats.batches == batches == len(loader)
+    assert stats.loop_s >= 0.02 * (batches - 1), stats  # the last step is after the last batch
+    assert stats.loop_s + stats.wait_s <= stats.seconds <= wall, stats
+    assert (stats.cpu_s > 0) is (workers == 0), stats

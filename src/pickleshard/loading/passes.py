@@ -25,11 +25,49 @@ __all__ = ["Drawn", "InlinePass", "ThreadPass", "WorkerPass"]
 Drawn = tuple[list[int], Any]  # a batch's indices, and the sampler's state once they are drawn
 
 
-class ThreadPass(Iterator[Any]):
+class _TimedPass(Iterator[Any]):
+    """What every pass counts the same way: the loop's time between batches, the pass's wall time
+    (and this process's CPU time where the reading happens in it), and each batch handed out."""
+
+    counts_cpu = True  # False where worker processes read: this process's CPU time says nothing
+
+    def __init__(self, loader: Any, stats: EpochStats) -> None:
+        self.loader, self.stats = loader, stats
+        loader.stats = stats
+        self.started, self.cpu = time.perf_counter(), time.process_time()
+        self.returned: float | None = None  # when the last batch was handed out
+
+    def _asked(self) -> float:
+        """The loop asks for a batch: the time since the last one was the loop's."""
+        now = time.perf_counter()
+        if self.returned is not None:
+            self.stats.loop_s += now - self.returned
+        return now
+
+    def _clock(self, now: float) -> None:
+        self.stats.seconds = now - self.started
+        if self.counts_cpu:
+            self.stats.cpu_s = time.process_time() - self.cpu
+
+    def _finish(self, now: float) -> None:
+        """The pass ran out of batches."""
+        self._clock(now)
+        self.loader._finished = True
+
+    def _hand(self, state: Any) -> None:
+        """A batch goes out: the loader records its state (resume), the clock stops here."""
+        self.loader._hand(state)
+        self.returned = time.perf_counter()
+        self._clock(self.returned)
+
+
+class ThreadPass(_TimedPass):
     """One pass of a :class:`~pickleshard.loading.Loader` read by its threads (see the module for the bounds)."""
 
     def __init__(self, loader: Any) -> None:
-        self.loader = loader
+        super().__init__(
+            loader, EpochStats(depth=loader.prefetch, threads=loader.threads, workers=0)
+        )
         drawn, _ = loader._draw()
         prefetch = getattr(loader.dataset, "prefetch", None) if loader.read_ahead else None
         window_bytes = loader.max_bytes_in_flight // 2 if callable(prefetch) else 0
@@ -38,11 +76,6 @@ class ThreadPass(Iterator[Any]):
         self.batch_bytes = 0  # the largest batch seen: what a batch in flight is counted at
         self.exhausted = False
         self.limited = False
-        self.stats = loader.stats = EpochStats(
-            depth=loader.prefetch, threads=loader.threads, workers=0
-        )
-        self.started, self.cpu = time.perf_counter(), time.process_time()
-        self.returned: float | None = None  # when the last batch was handed out
 
     def _fill(self) -> None:
         """Submit batches while depth and the byte budget allow."""
@@ -64,14 +97,10 @@ class ThreadPass(Iterator[Any]):
             pending.append((future, len(indices), state))
 
     def __next__(self) -> Any:
-        now = time.perf_counter()
-        stats = self.stats
-        if self.returned is not None:
-            stats.loop_s += now - self.returned
+        now, stats = self._asked(), self.stats
         self._fill()
         if not self.pending:
-            stats.seconds, stats.cpu_s = now - self.started, time.process_time() - self.cpu
-            self.loader._finished = True
+            self._finish(now)
             raise StopIteration
         future, n, state = self.pending.popleft()
         try:
@@ -86,9 +115,7 @@ class ThreadPass(Iterator[Any]):
         self._fill()
         in_flight = len(self.pending)
         stats.sample_flight(in_flight, in_flight * self.batch_bytes, self.limited)
-        self.loader._hand(state)
-        self.returned = time.perf_counter()
-        stats.seconds, stats.cpu_s = self.returned - self.started, time.process_time() - self.cpu
+        self._hand(state)
         return batch
 
     def close(self) -> None:
@@ -102,35 +129,26 @@ class ThreadPass(Iterator[Any]):
         self.close()
 
 
-class InlinePass(Iterator[Any]):
+class InlinePass(_TimedPass):
     """One pass of a :class:`~pickleshard.loading.Loader` with ``threads=0``: each batch read when it is asked for,
     in the caller's thread (nothing in flight; ``wait_s`` is the time reading)."""
 
     def __init__(self, loader: Any) -> None:
-        self.loader = loader
+        super().__init__(loader, EpochStats(depth=0, threads=0, workers=0))
         self.drawn, _ = loader._draw()
-        self.stats = loader.stats = EpochStats(depth=0, threads=0, workers=0)
-        self.started, self.cpu = time.perf_counter(), time.process_time()
-        self.returned: float | None = None
 
     def __next__(self) -> Any:
-        now = time.perf_counter()
-        stats = self.stats
-        if self.returned is not None:
-            stats.loop_s += now - self.returned
+        now, stats = self._asked(), self.stats
         got = next(self.drawn, None)
         if got is None:
-            stats.seconds, stats.cpu_s = now - self.started, time.process_time() - self.cpu
-            self.loader._finished = True
+            self._finish(now)
             raise StopIteration
         indices, state = got
         batch, times = self.loader.maker(indices)
         stats.wait_s += time.perf_counter() - now
         stats.add(times, len(indices))
         stats.sample_flight(0, 0, False)
-        self.loader._hand(state)
-        self.returned = time.perf_counter()
-        stats.seconds, stats.cpu_s = self.returned - self.started, time.process_time() - self.cpu
+        self._hand(state)
         return batch
 
 
@@ -152,20 +170,23 @@ class _DrawnBatches:
             yield indices
 
 
-class WorkerPass(Iterator[Any]):
+class WorkerPass(_TimedPass):
     """One pass of a :class:`~pickleshard.loading.Loader` read by worker processes (a torch
     ``DataLoader`` fed the pass's batches: reads, ``transform`` and collate there; pinning in
     its pin thread)."""
 
+    counts_cpu = False
+
     def __init__(self, loader: Any) -> None:
         from torch.utils.data import DataLoader
 
-        self.loader = loader
+        per_worker = max(1, math.ceil(loader.prefetch / loader.workers))
+        stats = EpochStats(depth=per_worker * loader.workers, threads=0, workers=loader.workers)
+        super().__init__(loader, stats)
         drawn, _ = loader._draw()
         maker = loader.maker
         here = BatchMaker(maker.dataset, maker.transform, maker.collate_fn, pin_memory=False)
         self.batches = _DrawnBatches(drawn, len(loader))
-        per_worker = max(1, math.ceil(loader.prefetch / loader.workers))
         samples: Any = TimedSamples(here, len(loader.dataset))  # a map-style dataset
         timed: Any = here.collate_timed  # what TimedSamples.__getitems__ returns, collated
         self.inner = iter(
@@ -178,22 +199,13 @@ class WorkerPass(Iterator[Any]):
                 prefetch_factor=per_worker,
             )
         )
-        self.stats = loader.stats = EpochStats(
-            depth=per_worker * loader.workers, threads=0, workers=loader.workers
-        )
-        self.started = time.perf_counter()
-        self.returned: float | None = None
 
     def __next__(self) -> Any:
-        now = time.perf_counter()
-        stats = self.stats
-        if self.returned is not None:
-            stats.loop_s += now - self.returned
+        now, stats = self._asked(), self.stats
         try:
             batch, times = next(self.inner)
         except StopIteration:
-            stats.seconds = time.perf_counter() - self.started
-            self.loader._finished = True
+            self._finish(time.perf_counter())
             raise
         got = time.perf_counter()
         stats.wait_s += got - now
@@ -201,7 +213,5 @@ class WorkerPass(Iterator[Any]):
         stats.add(times, n)
         in_flight = len(self.batches.states)
         stats.sample_flight(in_flight, 0, False)
-        self.loader._hand(state)
-        self.returned = time.perf_counter()
-        stats.seconds = self.returned - self.started
+        self._hand(state)
         return batch
