@@ -17,11 +17,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from conftest import BAD_FILES, LAYOUT_CASES, WritePickle, assert_deep_equal, oracle_samples
+from conftest import BAD_FILES, LAYOUT_CASES, WritePickle, oracle_samples
 from pickleshard import errors
 from pickleshard.dataset import PickleDataset
 from pickleshard.pipelines.synth import write_synthetic
 from pickleshard.samplers import BlockShuffleSampler
+from pickleshard.testing import assert_same
 
 FILES, PER_FILE = 5, 6
 
@@ -53,7 +54,7 @@ def test_len_fields_and_items(data_dir: Path, expected: list[tuple[Any, ...]]) -
     assert len(ds) == FILES * PER_FILE == len(expected)
     assert ds.fields == ("x", "y")
     for i in (0, 5, 6, len(ds) - 1):
-        assert_deep_equal(ds[i], expected[i])
+        assert_same(ds[i], expected[i])
     assert "samples=30" in repr(ds)
 
 
@@ -61,9 +62,9 @@ def test_negative_indices_count_from_the_end(
     data_dir: Path, expected: list[tuple[Any, ...]]
 ) -> None:
     ds = PickleDataset(data_dir)
-    assert_deep_equal(ds[-1], expected[-1])
-    assert_deep_equal(ds[-len(ds)], expected[0])
-    assert_deep_equal(ds[np.int64(-7)], expected[-7])
+    assert_same(ds[-1], expected[-1])
+    assert_same(ds[-len(ds)], expected[0])
+    assert_same(ds[np.int64(-7)], expected[-7])
 
 
 @pytest.mark.parametrize("bad", [30, 31, -31, 10**9])
@@ -83,8 +84,8 @@ def test_getitems_equals_getitem_in_request_order(
     batch = ds.__getitems__(indices)
     assert len(batch) == len(indices)
     for got, i in zip(batch, indices, strict=True):
-        assert_deep_equal(got, ds[i])
-        assert_deep_equal(got, expected[i])
+        assert_same(got, ds[i])
+        assert_same(got, expected[i])
     assert ds.__getitems__([]) == []
 
 
@@ -187,7 +188,7 @@ def test_pickling_leaves_the_cache_behind_and_reopens_the_index(data_dir: Path) 
     assert (back.cache_stats.loads, len(back.cache)) == (0, 0)
     assert ds.cache_stats.loads == FILES  # pickling did not disturb the original
     for i in (0, 17, -1):
-        assert_deep_equal(back[i], ds[i])
+        assert_same(back[i], ds[i])
     shutil.rmtree(data_dir / ".pickleshard")
     with pytest.raises(errors.IndexFormatError):  # unpickling reads the index from disk
         pickle.loads(data)
@@ -253,7 +254,7 @@ def test_file_damaged_after_opening_fails_on_read_naming_it(data_dir: Path, mode
     victim = data_dir / "part-00001.pkl"
     data = victim.read_bytes()
     victim.write_bytes(data[: len(data) // 2])
-    assert_deep_equal(ds[0], oracle_samples(data_dir / "part-00000.pkl")[0])
+    assert_same(ds[0], oracle_samples(data_dir / "part-00000.pkl")[0])
     # both modes compare the file with its index row: cut short since, it is a changed file
     # (auto: this dataset's files are span-indexed)
     with pytest.raises(errors.FileChangedError, match=r"it is \d+ bytes, \d+ when indexed") as info:

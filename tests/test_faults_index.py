@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import assert_deep_equal, oracle_samples
+from conftest import oracle_samples
 from pickleshard import errors
 from pickleshard.cli import main
 from pickleshard.dataset import PickleDataset
@@ -33,6 +33,7 @@ from pickleshard.index import FORMAT_VERSION, DatasetIndex, contents
 from pickleshard.indexing.build import build_index
 from pickleshard.indexing.opening import open_index
 from pickleshard.pipelines.synth import write_synthetic
+from pickleshard.testing import assert_same
 
 Edit = Callable[[Path], Any]
 MODES = ("auto", "span", "whole")
@@ -173,8 +174,8 @@ def _assert_reads_like_pickle(ds: PickleDataset, folder: Path) -> None:
     want = _expected(folder)
     assert len(ds) == len(want)
     for i, sample in enumerate(want):
-        assert_deep_equal(ds[i], sample)
-    assert_deep_equal(list(ds.__getitems__(list(range(len(want)))[::-1])), want[::-1])
+        assert_same(ds[i], sample)
+    assert_same(list(ds.__getitems__(list(range(len(want)))[::-1])), want[::-1])
 
 
 # -- the corpus: (dataset, edit, what the message says) --------------------------------------
@@ -675,7 +676,7 @@ def test_edits_that_pass_the_checks_give_an_error_or_the_right_samples(
         except errors.PickleshardError as exc:
             message = str(exc)
         else:
-            assert_deep_equal(got, sample)
+            assert_same(got, sample)
             continue
         assert str(folder) in message
 

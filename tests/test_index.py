@@ -21,7 +21,6 @@ from conftest import (
     BAD_FILES,
     LAYOUT_CASES,
     WritePickle,
-    assert_deep_equal,
     oracle_samples,
     outcome_without_privileges,
 )
@@ -33,6 +32,7 @@ from pickleshard.indexing.opening import open_index
 from pickleshard.io import ByteSource, LocalFile
 from pickleshard.io.identity import FileIdentity
 from pickleshard.pipelines.synth import write_synthetic
+from pickleshard.testing import assert_same
 from rewrites import rewrite_keeping_size_and_mtime
 
 
@@ -490,10 +490,10 @@ def _assert_dataset_matches_oracle(ds: PickleDataset, files: list[Path]) -> None
     expected = [s for path in files for s in oracle_samples(path)]
     assert len(ds) == len(expected)
     for i, want in enumerate(expected):
-        assert_deep_equal(ds[i], want)
+        assert_same(ds[i], want)
     batch = ds.__getitems__(list(range(len(ds)))[::-1])
     for got, want in zip(batch, expected[::-1], strict=True):
-        assert_deep_equal(got, want)
+        assert_same(got, want)
 
 
 @pytest.mark.parametrize("protocol", [2, 3, 4, 5])

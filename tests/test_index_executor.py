@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
-from conftest import assert_deep_equal, oracle_samples
+from conftest import oracle_samples
 from pickleshard import errors
 from pickleshard.dataset import PickleDataset
 from pickleshard.executors import InlineExecutor, ProcessPoolIndexExecutor, local_executor
@@ -24,6 +24,7 @@ from pickleshard.index import DatasetIndex
 from pickleshard.indexing.build import build_index
 from pickleshard.indexing.opening import open_index
 from pickleshard.pipelines.synth import write_synthetic
+from pickleshard.testing import assert_same
 
 R = TypeVar("R")
 
@@ -79,7 +80,7 @@ def test_an_index_built_through_any_executor_equals_the_default(
     ds = PickleDataset(tmp_path / "data", index=tmp_path / "custom")
     expected = [s for p in paths for s in oracle_samples(p)]
     for i, sample in enumerate(expected):
-        assert_deep_equal(ds[i], sample)
+        assert_same(ds[i], sample)
 
 
 def test_every_file_is_handed_to_the_executor_once(tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ from typing import Any, get_args
 import numpy as np
 import pytest
 
-from conftest import assert_deep_equal
 from pickleshard import PickleDataset
 from pickleshard.errors import (
     FieldLengthMismatchError,
@@ -31,6 +30,7 @@ from pickleshard.scan.layouts import (
     layout_named,
 )
 from pickleshard.scan.records import decode_records
+from pickleshard.testing import assert_same
 
 XS = [np.full((2, 2), i, dtype=np.float32) for i in range(4)]
 YS = [3, 1, 4, 1]
@@ -63,7 +63,7 @@ def test_more_than_two_fields_are_named_after_x_and_y() -> None:
     assert default_field_names(4) == ("x", "y", "f2", "f3")
     decoded = decode_layout(([1, 2], ["a", "b"], [0.5, 0.25], [None, None]), "f.pkl")
     assert decoded.fields == ("x", "y", "f2", "f3")
-    assert_deep_equal(tuple(c[1] for c in decoded.columns), (2, "b", 0.25, None))
+    assert_same(tuple(c[1] for c in decoded.columns), (2, "b", 0.25, None))
 
 
 def test_zero_sample_columns_are_a_valid_file() -> None:

@@ -16,11 +16,11 @@ from conftest import (
     BAD_FILES,
     LAYOUT_CASES,
     WritePickle,
-    assert_deep_equal,
     outcome_without_privileges,
 )
 from pickleshard import errors
 from pickleshard.read.whole.load import load_file, load_layout
+from pickleshard.testing import assert_same
 
 
 @pytest.mark.parametrize(
@@ -40,7 +40,7 @@ def test_load_layout_rejects_unsupported_top_level(
     write_pickle: WritePickle, obj: object, expected: str
 ) -> None:
     path = write_pickle("odd.pkl", obj)
-    assert_deep_equal(load_file(path), obj)  # it is a fine pickle ...
+    assert_same(load_file(path), obj)  # it is a fine pickle ...
     with pytest.raises(getattr(errors, expected)) as info:
         load_layout(path)  # ... of no layout we can index
     assert str(path) in str(info.value)
@@ -88,7 +88,7 @@ def test_load_file_equals_pickle_load(write_pickle: WritePickle, protocol: int) 
     obj = ([np.arange(4, dtype=np.int16) * i for i in range(5)], ["a", "b", "c", "d", "e"])
     path = write_pickle(f"p{protocol}.pkl", obj, protocol=protocol)
     with open(path, "rb") as fh:
-        assert_deep_equal(load_file(path), pickle.load(fh))
+        assert_same(load_file(path), pickle.load(fh))
     decoded = load_layout(path)
     assert (decoded.layout, decoded.fields, decoded.num_samples) == ("columns", ("x", "y"), 5)
 
@@ -121,8 +121,8 @@ def test_load_layout_reads_every_appended_pickle(
     assert decoded.layout.startswith("appended_")
     assert decoded.num_samples == len(want)
     for i, sample in enumerate(want):
-        assert_deep_equal(tuple(col[i] for col in decoded.columns), sample)
-    assert_deep_equal(load_file(path), objs[0])  # load_file: the first pickle only
+        assert_same(tuple(col[i] for col in decoded.columns), sample)
+    assert_same(load_file(path), objs[0])  # load_file: the first pickle only
 
 
 def test_appended_samples_of_different_shapes_are_refused(tmp_path: Path) -> None:
@@ -173,7 +173,7 @@ def test_loads_run_without_the_cyclic_collector(
 ) -> None:
     path = write_pickle("arrays.pkl", ([np.zeros(3), np.ones(3)], [0, 1]))
     assert gc.isenabled()
-    assert_deep_equal(load_layout(path).columns[1], [0, 1])
+    assert_same(load_layout(path).columns[1], [0, 1])
     assert gc_seen_in_find_class
     assert not any(gc_seen_in_find_class)
     assert gc.isenabled()
