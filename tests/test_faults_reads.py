@@ -27,6 +27,7 @@ from pickleshard.errors import (
 from pickleshard.io.identity import FileIdentity
 from pickleshard.read import SpanReader
 from pickleshard.scan import ArrayItem, scan_file
+from pickleshard.testing import same
 from rewrites import write_keeping_times
 
 SHAPE = (3, 32, 32)  # float32: 12 KB samples, as in the issue
@@ -56,18 +57,6 @@ def _dataset_file(tmp_path: Path, protocol: int = 5) -> tuple[Path, bytes, bytes
     return path, old, new
 
 
-def _same(got: tuple[Any, ...], want: tuple[Any, ...]) -> bool:
-    return len(got) == len(want) and all(
-        type(g) is type(w)
-        and (
-            g.dtype == w.dtype and g.shape == w.shape and np.array_equal(g, w)
-            if isinstance(w, np.ndarray)
-            else g == w
-        )
-        for g, w in zip(got, want, strict=True)
-    )
-
-
 class Tally:
     """Samples returned old, new or torn (neither), and errors, by the file they name."""
 
@@ -80,7 +69,7 @@ class Tally:
         self.counts = {"old": 0, "new": 0, "torn": 0, "errors": 0}
 
     def sample(self, i: int, got: tuple[Any, ...]) -> None:
-        kind = "old" if _same(got, self.old[i]) else "new" if _same(got, self.new[i]) else "torn"
+        kind = "old" if same(got, self.old[i]) else "new" if same(got, self.new[i]) else "torn"
         self.counts[kind] += 1
 
     def error(self, exc: BaseException) -> None:
@@ -273,13 +262,13 @@ def test_shape_bytes_edited_with_size_and_times_kept_raise_not_reshape(
     with pytest.raises(FileChangedError, match=rf"\(sample {k}\)"):
         reader.read_samples(direct[-20:])
     xs, ys = pickle.loads(old)
-    assert _same(reader.read_sample(direct[-2]), (xs[direct[-2]], ys[direct[-2]]))
+    assert same(reader.read_sample(direct[-2]), (xs[direct[-2]], ys[direct[-2]]))
 
 
 def test_shape_bytes_edited_under_a_dataset_raise_stale(tmp_path: Path) -> None:
     path, old, _ = _dataset_file(tmp_path)
     ds = PickleDataset(tmp_path / "data", mode="span")
-    assert _same(ds[3], tuple(v[3] for v in pickle.loads(old)))
+    assert same(ds[3], tuple(v[3] for v in pickle.loads(old)))
     _edit_shape(path, 9)
     for read in (lambda: ds[9], lambda: ds[10], lambda: ds.__getitems__(list(range(20)))):
         with pytest.raises(StaleIndexError, match=r"arrays\.pkl"):
@@ -362,17 +351,14 @@ def test_checked_reads_equal_pickle_load_on_every_path(tmp_path: Path, protocol:
         reader = SpanReader(scan, engine=engine)
         for _ in range(2):  # the second time through the compiled plan, if any
             for i in order:
-                assert _same(reader.read_sample(i), want[i])
+                assert same(reader.read_sample(i), want[i])
+        assert all(same(g, want[i]) for i, g in zip(order, reader.read_samples(order), strict=True))
         assert all(
-            _same(g, want[i]) for i, g in zip(order, reader.read_samples(order), strict=True)
-        )
-        assert all(
-            _same(g, want[i])
-            for i, g in zip(order[:9], reader.read_samples(order[:9]), strict=True)
+            same(g, want[i]) for i, g in zip(order[:9], reader.read_samples(order[:9]), strict=True)
         )
     ds = PickleDataset(tmp_path / "data", mode="span")
-    assert all(_same(ds[i], want[i]) for i in order)
-    assert all(_same(g, want[i]) for i, g in zip(order, ds.__getitems__(order), strict=True))
+    assert all(same(ds[i], want[i]) for i in order)
+    assert all(same(g, want[i]) for i, g in zip(order, ds.__getitems__(order), strict=True))
 
 
 def test_the_framing_template_survives_the_index(tmp_path: Path) -> None:

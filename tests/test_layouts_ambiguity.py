@@ -21,6 +21,7 @@ from pickleshard.errors import IndexFormatError, UnsupportedLayoutError
 from pickleshard.inspect.file import inspect_file
 from pickleshard.scan import scan_bytes
 from pickleshard.scan.records import decode_records
+from pickleshard.testing import same
 
 
 def _records(path: Path) -> list[Any]:
@@ -30,19 +31,6 @@ def _records(path: Path) -> list[Any]:
         while f.peek(1):
             out.append(pickle.load(f))
     return out
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return (
-            isinstance(a, np.ndarray)
-            and isinstance(b, np.ndarray)
-            and a.dtype == b.dtype
-            and np.array_equal(a, b)
-        )
-    if isinstance(a, (tuple, list)):
-        return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
-    return type(a) is type(b) and a == b
 
 
 def _image_mask(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -109,17 +97,17 @@ def test_appended_records_read_as_records_without_a_warning(appended: Path) -> N
     assert not seen
     assert len(ds) == 12
     assert ds.file_modes == ("span",)
-    assert all(_same(ds[i], want[i]) for i in range(12))
+    assert all(same(ds[i], want[i]) for i in range(12))
     assert all(
-        _same(s, w)
+        same(s, w)
         for s, w in zip(ds.__getitems__([11, 0, 5]), [want[11], want[0], want[5]], strict=True)
     )
     whole = PickleDataset(appended, jobs=1, mode="whole")
-    assert all(_same(whole[i], want[i]) for i in range(12))
+    assert all(same(whole[i], want[i]) for i in range(12))
     ds, seen = _open(appended, layout="columns", rebuild="auto")
     assert not seen
     assert len(ds) == 12 * 16
-    assert _same(ds[17], (want[1][0][1], want[1][1][1]))
+    assert same(ds[17], (want[1][0][1], want[1][1][1]))
 
 
 def test_appended_chunks_with_a_label_column_warn_and_read_as_records_when_asked(
@@ -139,7 +127,7 @@ def test_appended_chunks_with_a_label_column_warn_and_read_as_records_when_asked
     ds, seen = _open(chunks, layout="records", rebuild="auto")
     assert not seen
     assert len(ds) == 12
-    assert all(_same(ds[i], want[i]) for i in range(12))
+    assert all(same(ds[i], want[i]) for i in range(12))
 
 
 def test_one_sample_per_file_reads_whole_objects_and_warns(per_file: Path) -> None:
@@ -147,7 +135,7 @@ def test_one_sample_per_file_reads_whole_objects_and_warns(per_file: Path) -> No
     assert len(ds) == 4
     assert ds.file_modes == ("span",) * 4
     for i in range(4):
-        assert _same(ds[i], pickle.loads((per_file / f"{i}.pkl").read_bytes()))
+        assert same(ds[i], pickle.loads((per_file / f"{i}.pkl").read_bytes()))
     assert len(seen) == 1  # once per dataset, however many files
     text = str(seen[0].message)
     assert "one sample per file" in text
@@ -158,7 +146,7 @@ def test_one_sample_per_file_reads_whole_objects_and_warns(per_file: Path) -> No
     assert len(ds) == 4
     records, seen = _open(per_file, layout="records", rebuild="auto")  # one pickle: one record
     assert not seen
-    assert [_same(records[i], ds[i]) for i in range(4)] == [True] * 4
+    assert [same(records[i], ds[i]) for i in range(4)] == [True] * 4
     columns, seen = _open(per_file, layout="columns", rebuild="auto")
     assert not seen
     assert len(columns) == 4 * 16
@@ -174,7 +162,7 @@ def test_appended_dicts_read_one_sample_per_dict(transitions: Path) -> None:
         for i in range(10):
             assert type(ds[i]) is dict
             assert list(ds[i]) == ["obs", "next_obs"]
-            assert all(_same(ds[i][k], want[i][k]) for k in want[i])
+            assert all(same(ds[i][k], want[i][k]) for k in want[i])
     ds, seen = _open(transitions, layout="columns", rebuild="auto")
     assert len(ds) == 80
 
@@ -251,9 +239,9 @@ def test_records_reads_the_items_of_a_top_level_list(tmp_path: Path) -> None:
     assert ds.fields == ("x",)
     assert len(ds) == 70
     assert ds.file_modes == ("span",)
-    assert all(_same(ds[i], (images[i],)) for i in (0, 33, 69))
+    assert all(same(ds[i], (images[i],)) for i in (0, 33, 69))
     whole = PickleDataset(tmp_path, jobs=1, layout="records", mode="whole")
-    assert _same(whole[33], (images[33],))
+    assert same(whole[33], (images[33],))
 
 
 def test_file_layout_refuses_a_file_of_several_pickles(appended: Path) -> None:
@@ -321,12 +309,12 @@ def test_inspect_of_a_file_read_whole_shows_the_alternative(tmp_path: Path) -> N
     assert len(seen) == 1
     assert ds.file_modes == ("whole",)
     assert len(ds) == 1
-    assert _same(ds[0], pickle.loads(path.read_bytes()))
+    assert same(ds[0], pickle.loads(path.read_bytes()))
     ds, seen = _open(tmp_path, layout="columns", rebuild="auto")
     want = pickle.loads(path.read_bytes())
     assert not seen
     assert len(ds) == 16
-    assert _same(ds[3], (want[0][3], want[1][3]))
+    assert same(ds[3], (want[0][3], want[1][3]))
 
 
 def test_cli_index_and_convert_take_the_layout(appended: Path, tmp_path: Path) -> None:
@@ -339,4 +327,4 @@ def test_cli_index_and_convert_take_the_layout(appended: Path, tmp_path: Path) -
     conv = open_dataset(out)
     want = _records(appended / "a.pkl")
     assert len(conv) == 12
-    assert all(_same(tuple(conv[i]), want[i]) for i in range(12))
+    assert all(same(tuple(conv[i]), want[i]) for i in range(12))

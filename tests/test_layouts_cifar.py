@@ -21,6 +21,7 @@ from pickleshard.errors import UnsupportedLayoutError
 from pickleshard.inspect.file import inspect_file
 from pickleshard.scan import scan_bytes
 from pickleshard.scan.records import decode_records
+from pickleshard.testing import same
 
 N = 40
 
@@ -54,14 +55,6 @@ def _oracle(paths: list[Path], encoding: str) -> list[dict[str, Any]]:
     return out
 
 
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(b, dict):
-        return type(a) is dict and list(a) == list(b) and all(_same(a[k], b[k]) for k in b)
-    if isinstance(a, np.ndarray):
-        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
-    return type(a) is type(b) and a == b
-
-
 @pytest.mark.parametrize("encoding", ["bytes", "latin1"])
 @pytest.mark.parametrize("hundred", [False, True])
 def test_python2_batches_open_as_published(tmp_path: Path, encoding: str, hundred: bool) -> None:
@@ -78,10 +71,10 @@ def test_python2_batches_open_as_published(tmp_path: Path, encoding: str, hundre
     want = _oracle(paths, encoding)
     assert len(ds) == len(want)
     for i in (0, 1, N - 1, N, len(want) - 1):
-        assert _same(ds[i], want[i]), i
+        assert same(ds[i], want[i]), i
     batch = ds.__getitems__([len(want) - 1, 3, N + 2])
-    assert _same(batch[1]["data"], want[3]["data"])
-    assert _same(batch[0], want[-1])
+    assert same(batch[1]["data"], want[3]["data"])
+    assert same(batch[0], want[-1])
     with open(paths[0], "rb") as f:
         label = pickle.load(f, encoding=encoding)[
             "batch_label" if encoding == "latin1" else b"batch_label"
@@ -98,7 +91,7 @@ def test_python3_protocol2_batches_open_and_match(tmp_path: Path) -> None:
     assert ds.file_modes == ("whole",) * 3
     assert "latin-1 text" in (ds.index.files[0].reason or "")
     want = _oracle(paths, "ASCII")
-    assert _same(ds[N + 5], want[N + 5])
+    assert same(ds[N + 5], want[N + 5])
     assert ds.file_metadata(2) == {"batch_label": b"training batch 3 of 5"}
     report = inspect_file(paths[2])  # read inertly whole: the label is still metadata
     assert report.fields == ds.fields

@@ -24,6 +24,7 @@ from pickleshard import AmbiguousLayoutWarning, PickleDataset, build_index
 from pickleshard.errors import IndexFormatError, NoPickleFilesError
 from pickleshard.io.filenames import starts_like_pickle
 from pickleshard.io.listing import resolve_source
+from pickleshard.testing import same
 
 
 def _records(path: Path) -> list[Any]:
@@ -33,22 +34,6 @@ def _records(path: Path) -> list[Any]:
         while f.peek(1):
             out.append(pickle.load(f))
     return out
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal values of the same types, containers included (a dict is not a tuple)."""
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return (
-            type(a) is type(b)
-            and a.dtype == b.dtype
-            and a.shape == b.shape
-            and np.array_equal(a, b)
-        )
-    if isinstance(a, (tuple, list)):
-        return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
-    if isinstance(a, dict):
-        return type(b) is dict and list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
-    return type(a) is type(b) and a == b
 
 
 def _open(root: Path | str, **kw: Any) -> tuple[PickleDataset, list[str]]:
@@ -65,9 +50,9 @@ def _check_both_modes(root: Path, want: list[Any]) -> None:
         ds, seen = _open(root, mode=mode)
         assert not seen, seen
         assert len(ds) == len(want)
-        assert all(_same(ds[i], w) for i, w in enumerate(want))
+        assert all(same(ds[i], w) for i, w in enumerate(want))
         order = list(range(len(want)))[::-1]
-        assert all(_same(s, want[i]) for s, i in zip(ds.__getitems__(order), order, strict=True))
+        assert all(same(s, want[i]) for s, i in zip(ds.__getitems__(order), order, strict=True))
 
 
 RNG = np.random.default_rng(27)
@@ -216,8 +201,8 @@ def test_a_dict_dataset_converts_to_a_dict_dataset(tmp_path: Path, to: str) -> N
     verify(src, out)
     conv = open_dataset(out, shuffle=False)
     assert json.loads((out / "pickleshard.json").read_text())["sample_form"] == "dict"
-    assert all(_same(conv[i], rows[i]) for i in (0, 7, 19))
-    assert all(_same(s, rows[i]) for s, i in zip(conv.__getitems__([3, 1]), [3, 1], strict=True))
+    assert all(same(conv[i], rows[i]) for i in (0, 7, 19))
+    assert all(same(s, rows[i]) for s, i in zip(conv.__getitems__([3, 1]), [3, 1], strict=True))
     if to == "webdataset":
         assert all(type(s) is dict for s in conv)
 
@@ -266,7 +251,7 @@ def test_cifar_as_downloaded_is_found_by_its_first_bytes(tmp_path: Path) -> None
     assert ds.fields == ("labels", "data", "filenames")
     assert len(ds) == 60
     want = pickle.loads((root / "data_batch_2").read_bytes(), encoding="bytes")
-    assert _same(ds[25], {k.decode(): want[k][5] for k in (b"labels", b"data", b"filenames")})
+    assert same(ds[25], {k.decode(): want[k][5] for k in (b"labels", b"data", b"filenames")})
     assert ds.file_metadata(0) == {"batch_label": b"training batch 1 of 5"}
 
 

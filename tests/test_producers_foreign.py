@@ -16,6 +16,7 @@ from pickleshard.errors import MissingDependencyError, UnsafePickleError
 from pickleshard.indexing import describe, openaudit
 from pickleshard.producers import joblibfile
 from pickleshard.safety.policy import DEFAULT_POLICY
+from pickleshard.testing import same
 
 pd = pytest.importorskip("pandas")
 joblib = pytest.importorskip("joblib")
@@ -29,23 +30,6 @@ def _rows(ds: PickleDataset) -> list[Any]:
 
 def _values(sample: Any) -> tuple[Any, ...]:
     return tuple(sample.values()) if isinstance(sample, dict) else sample
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return (
-            isinstance(a, np.ndarray)
-            and isinstance(b, np.ndarray)
-            and a.dtype == b.dtype
-            and np.array_equal(a, b)
-        )
-    if isinstance(a, tuple):
-        return (
-            isinstance(b, tuple)
-            and len(a) == len(b)
-            and all(_same(x, y) for x, y in zip(a, b, strict=True))
-        )
-    return bool(type(a) is type(b) and (a == b or (a != a and b != b)))
 
 
 def _frame() -> Any:
@@ -79,7 +63,7 @@ def test_dataframe_reads_one_sample_per_row_under_the_preset(tmp_path: Path) -> 
     want += _frame_rows(pd.read_pickle(tmp_path / "d" / "b.pkl"))
     got = _rows(ds)
     assert len(got) == len(want) == 14
-    assert all(_same(g, w) for g, w in zip(got, want, strict=True))
+    assert all(same(g, w) for g, w in zip(got, want, strict=True))
 
 
 def test_series_is_one_field(tmp_path: Path) -> None:
@@ -88,7 +72,7 @@ def test_series_is_one_field(tmp_path: Path) -> None:
     ds = PickleDataset(tmp_path / "d", allow=["pandas"], jobs=1)
     assert ds.fields == ("v",)
     want = _frame_rows(pd.read_pickle(tmp_path / "d" / "s.pickle"))
-    assert all(_same(g, w) for g, w in zip(_rows(ds), want, strict=True))
+    assert all(same(g, w) for g, w in zip(_rows(ds), want, strict=True))
 
 
 def test_pandas_without_the_preset_is_one_error_at_open_naming_every_global(
@@ -146,9 +130,9 @@ def test_joblib_arrays_are_read_by_rows_in_place(tmp_path: Path, obj: Any) -> No
     cols = [cols] if isinstance(cols, np.ndarray) else cols
     assert ds.fields == (tuple(want) if isinstance(want, dict) else ("x", "y")[: len(cols)])
     for i in range(len(ds)):
-        assert all(_same(g, c[i]) for g, c in zip(_values(ds[i]), cols, strict=True))
+        assert all(same(g, c[i]) for g, c in zip(_values(ds[i]), cols, strict=True))
     whole = PickleDataset(str(tmp_path / "d" / "*.joblib"), jobs=1, mode="whole")
-    assert all(_same(a, b) for a, b in zip(_rows(whole), _rows(ds), strict=True))
+    assert all(same(a, b) for a, b in zip(_rows(whole), _rows(ds), strict=True))
 
 
 @pytest.mark.parametrize(
@@ -165,7 +149,7 @@ def test_compressed_joblib_is_detected_and_read(tmp_path: Path, compress: Any, m
     ds = PickleDataset(tmp_path / "d", jobs=1)
     assert ds.file_modes == (mode,)
     X2, y2 = joblib.load(tmp_path / "d" / "xy.pkl")
-    assert all(_same(ds[i], (X2[i], y2[i])) for i in range(len(ds)))
+    assert all(same(ds[i], (X2[i], y2[i])) for i in range(len(ds)))
 
 
 def test_joblib_detection_is_by_bytes() -> None:
@@ -210,7 +194,7 @@ def test_dill_arrays_need_the_dill_preset_named_up_front(tmp_path: Path) -> None
     ds = PickleDataset(tmp_path / "d", allow="dill", jobs=1, rebuild="auto")
     with open(tmp_path / "d" / "a.pkl", "rb") as fh:
         want = dill.load(fh)
-    assert all(_same(ds[i], (want[0][i], want[1][i])) for i in range(5))
+    assert all(same(ds[i], (want[0][i], want[1][i])) for i in range(5))
 
 
 class Unlisted:

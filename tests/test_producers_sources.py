@@ -14,6 +14,7 @@ import pytest
 
 from pickleshard import PickleDataset
 from pickleshard.errors import NoPickleFilesError, TextEncodingError
+from pickleshard.testing import same
 
 HINT = "written by Python 2? pass encoding='latin1' (numpy arrays) or 'bytes'"
 
@@ -55,14 +56,6 @@ def _py2_file(path: Path, obj: Any) -> Path:
 def _arrays() -> tuple[list[np.ndarray], list[Py2Str]]:
     xs = [np.arange(6, dtype=np.float64).reshape(2, 3) * 1.7 + k for k in range(4)]
     return xs, [Py2Str(b"caf\xe9"), Py2Str(b"na\xefve"), Py2Str(b"x"), Py2Str(b"\xff")]
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, tuple):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, np.ndarray):
-        return a.dtype == b.dtype and np.array_equal(a, b)
-    return bool(type(a) is type(b) and a == b)
 
 
 def test_directory_without_pickle_extensions_names_what_it_found(tmp_path: Path) -> None:
@@ -114,7 +107,7 @@ def test_python2_pickle_reads_with_the_encoding(tmp_path: Path, encoding: str) -
         want = pickle.load(fh, encoding=encoding)
     ds = PickleDataset(tmp_path / "d", jobs=1, encoding=encoding)
     got = [ds[i] for i in range(len(ds))]
-    assert all(_same(g, (x, y)) for g, x, y in zip(got, want[0], want[1], strict=True))
+    assert all(same(g, (x, y)) for g, x, y in zip(got, want[0], want[1], strict=True))
 
 
 def test_python2_str_met_in_a_span_read_names_the_hint(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from pickleshard.errors import RemoteStorageError, StaleIndexError
 from pickleshard.io import SourceOptions
 from pickleshard.io.remote.source import FsspecSource
 from pickleshard.pipelines.synth import write_synthetic
+from pickleshard.testing import same
 from pickleshard.testing.servers import RangeHTTPServer, S3Server
 from pickleshard.testing.sources import ByteSourceTests
 
@@ -70,10 +71,6 @@ def _total(local_files: list[Path]) -> int:
     return sum(p.stat().st_size for p in local_files)
 
 
-def _same(got: tuple[Any, ...], want: tuple[Any, Any]) -> bool:
-    return bool(np.array_equal(got[0], want[0])) and got[1] == want[1]
-
-
 def _epoch(ds: PickleDataset, seed: int, batch: int = 8) -> list[int]:
     """A shuffled epoch in batches (as a DataLoader asks); the indices read, in order."""
     perm = np.random.default_rng(seed).permutation(len(ds)).tolist()
@@ -81,7 +78,7 @@ def _epoch(ds: PickleDataset, seed: int, batch: int = 8) -> list[int]:
     for k in range(0, len(perm), batch):
         idx = perm[k : k + batch]
         for i, sample in zip(idx, ds.__getitems__(idx), strict=True):
-            assert _same(sample, ds_oracle[i]), f"sample {i} differs from pickle.load"
+            assert same(sample, ds_oracle[i]), f"sample {i} differs from pickle.load"
             seen.append(i)
     return seen
 
@@ -295,8 +292,8 @@ def test_a_dataset_over_http_urls(
     ds_oracle[:] = oracle
     assert sorted(_epoch(ds, seed=7)) == list(range(len(oracle)))
     http_server.traffic.faults = ["drop", "503"]
-    assert _same(ds[len(ds) - 1], oracle[-1])
-    assert _same(ds[5], oracle[5])
+    assert same(ds[len(ds) - 1], oracle[-1])
+    assert same(ds[5], oracle[5])
     assert http_server.traffic.faults == []
 
 

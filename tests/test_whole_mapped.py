@@ -24,6 +24,7 @@ from pickleshard.read.whole.mapped import (
 )
 from pickleshard.safety.policy import DEFAULT_POLICY
 from pickleshard.scan.layouts import DecodedLayout
+from pickleshard.testing import assert_same
 
 
 def _cifar_like(path: Path, rows: int, seed: int = 0) -> dict[bytes, Any]:
@@ -35,21 +36,6 @@ def _cifar_like(path: Path, rows: int, seed: int = 0) -> dict[bytes, Any]:
     with open(path, "wb") as fh:
         pickle.dump(obj, fh, protocol=2)
     return obj
-
-
-def _same(got: Any, want: Any) -> None:
-    """``got`` equals ``want`` in type, and, for arrays, dtype, shape and values."""
-    assert type(got) is type(want), (type(got), type(want))
-    if isinstance(want, np.ndarray):
-        assert got.dtype == want.dtype
-        assert got.shape == want.shape
-        assert np.array_equal(got, want)
-    elif isinstance(want, (list, tuple)):
-        assert len(got) == len(want)
-        for g, w in zip(got, want, strict=True):
-            _same(g, w)
-    else:
-        assert got == want
 
 
 _IDENT = FileIdentity(1, 2, 3, 4)
@@ -79,7 +65,7 @@ def test_entry_round_trips_every_column_kind(tmp_path: Path) -> None:
     assert kinds == [MappedRows, MappedRows, MappedInts, *[MappedPickled] * 4, MappedRows]
     for col, want in zip(got.layout.columns, columns, strict=True):
         for i in range(n):
-            _same(col[i], want[i])
+            assert_same(col[i], want[i])
 
 
 def test_mapped_columns_are_read_only_maps_and_samples_private_copies(tmp_path: Path) -> None:
@@ -125,11 +111,11 @@ def test_worker_reads_whole_files_from_one_mapped_entry(tmp_path: Path) -> None:
     ds = PickleDataset(tmp_path, mode="whole")
     for i in range(len(ds)):
         x, y = ds[i].values()  # a dict of columns: samples are dicts
-        _same(x, obj[b"data"][i])
-        _same(y, obj[b"labels"][i])
+        assert_same(x, obj[b"data"][i])
+        assert_same(y, obj[b"labels"][i])
     batch = ds.__getitems__([7, 3, 49])
     for got, i in zip(batch, [7, 3, 49], strict=True):
-        _same(got["data"], obj[b"data"][i])
+        assert_same(got["data"], obj[b"data"][i])
     (entry,) = _entries(ds)
     columns = ds.cache.get(ds._paths[0]).columns
     assert isinstance(columns[0], MappedRows)
@@ -158,7 +144,7 @@ def test_cache_bytes_bounds_what_a_worker_maps(tmp_path: Path) -> None:
     largest = max(f.decoded_nbytes for f in ds.index.files)
     ds.cache_bytes = 2 * largest
     for i in range(len(ds)):
-        _same(ds[i]["data"], objs[i // 40][b"data"][i % 40])
+        assert_same(ds[i]["data"], objs[i // 40][b"data"][i % 40])
         assert ds.cache_stats.bytes_used <= 2 * largest
         assert len(ds.cache) <= 2
     assert ds.cache_stats.evictions >= 2
@@ -238,7 +224,7 @@ def test_no_room_for_the_cache_reads_unshared_with_a_warning(
 
     monkeypatch.setattr(wholemap, "write_entry", full)
     with pytest.warns(RuntimeWarning, match="No space left"):
-        _same(ds[5]["data"], obj[b"data"][5])
+        assert_same(ds[5]["data"], obj[b"data"][5])
     assert _entries(ds) == []
 
 
@@ -248,4 +234,4 @@ def test_cache_directory_that_cannot_be_made_reads_unshared(tmp_path: Path) -> N
     ds = PickleDataset(tmp_path, mode="whole")
     (ds.index.path / "whole").write_bytes(b"")  # a file where the directory should be
     with pytest.warns(RuntimeWarning, match="cannot write the whole-file cache"):
-        _same(ds[5]["data"], obj[b"data"][5])
+        assert_same(ds[5]["data"], obj[b"data"][5])

@@ -20,7 +20,7 @@ is the project's own test code, under ``tests/corpus/``.
 """
 
 from .formats import FormatTests
-from .oracle import SLOW_GLOBAL, SlowInt, assert_same, oracle_samples, write_files
+from .oracle import SLOW_GLOBAL, SlowInt, assert_same, oracle_samples, same, write_files
 from .resume import (
     check_loader_resume,
     check_rescaled_resume,
@@ -41,6 +41,7 @@ __all__ = [
     "check_resume",
     "loader_ids",
     "oracle_samples",
+    "same",
     "write_files",
     "write_id_files",
 ]

@@ -307,3 +307,13 @@ def assert_same(got: Any, want: Any, where: str = "sample") -> None:
         assert torch.equal(got, want), f"{where}: tensor values differ"
     else:
         assert got == want, f"{where}: {got!r} != {want!r}"
+
+
+def same(got: Any, want: Any) -> bool:
+    """Whether :func:`assert_same` holds: for a test that sorts a value (which of two versions
+    of a file a read saw, say) rather than asserting one."""
+    try:
+        assert_same(got, want)
+    except AssertionError:
+        return False
+    return True
