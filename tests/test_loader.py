@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, default_collate
 from pickleshard import Loader, MixedDataset, MixSampler, PickleDataset, ShuffleSampler
 from pickleshard.formats import open_dataset
 from pickleshard.loading import EpochStats, advice, stats_table
+from pickleshard.loading.making import tensor_bytes
 from pickleshard.pipelines.convert import convert
 from pickleshard.testing.resume import check_loader_resume, loader_ids, write_id_files
 
@@ -320,3 +321,15 @@ def test_pass_clock_counts_the_loop_and_the_pass(
     assert stats.loop_s >= 0.02 * (batches - 1), stats  # the last step is after the last batch
     assert stats.loop_s + stats.wait_s <= stats.seconds <= wall, stats
     assert (stats.cpu_s > 0) is (workers == 0), stats
+
+
+def test_tensor_bytes_counts_every_tensor_and_array_and_nothing_else() -> None:
+    t, a = torch.zeros(3, 5, dtype=torch.float64), np.zeros((2, 7), np.int16)
+    batch = [
+        (t, {"ids": [1, 2, 3], "name": "x", "score": 1.5, "arr": a}),
+        (None, b"raw", True, 3j, [[t], ("s", [a, 4])]),
+        {"scalar": np.float32(1.0), "empty": [], "nested": {"deep": (t,)}},
+    ]
+    assert tensor_bytes(batch) == 3 * t.nbytes + 2 * a.nbytes + 4
+    assert tensor_bytes([{"tokens": list(range(100)), "text": "abc"}] * 10) == 0
+    assert tensor_bytes(t) == t.nbytes

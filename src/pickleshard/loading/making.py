@@ -11,7 +11,7 @@ else ``__getitems__``; else ``ds[i]`` one by one), so what comes out equals
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..read.collate import collate
@@ -20,14 +20,32 @@ from .stats import BatchTimes
 __all__ = ["BatchMaker", "TimedSamples", "tensor_bytes"]
 
 
+#: the types a batch of Python objects is mostly made of: no tensor inside, nothing to walk
+_LEAVES = frozenset({int, float, bool, str, bytes, complex, type(None)})
+
+
 def tensor_bytes(value: Any) -> int:
-    """Bytes of the tensors and arrays in a collated batch (nested lists, tuples, dicts)."""
+    """Bytes of the tensors and arrays in a collated batch (nested lists, tuples, dicts).
+
+    Scalars and strings are passed over by their exact type before any call: a batch kept as a
+    list of samples holds one Python object per value (millions an epoch), and a call each cost
+    more than reading them."""
+    if type(value) in _LEAVES:
+        return 0
     if isinstance(value, dict):
-        return sum(tensor_bytes(v) for v in value.values())
+        return _sum_bytes(value.values())
     if isinstance(value, (list, tuple)):
-        return sum(tensor_bytes(v) for v in value)
+        return _sum_bytes(value)
     nbytes = getattr(value, "nbytes", None)
     return int(nbytes) if isinstance(nbytes, int) else 0
+
+
+def _sum_bytes(values: Iterable[Any]) -> int:
+    leaves, total = _LEAVES, 0
+    for v in values:
+        if type(v) not in leaves:
+            total += tensor_bytes(v)
+    return total
 
 
 class BatchMaker:
