@@ -20,6 +20,7 @@ from pickleshard.formats import open_dataset
 from pickleshard.loading import EpochStats, advice, stats_table
 from pickleshard.loading.making import tensor_bytes
 from pickleshard.pipelines.convert import convert
+from pickleshard.testing import assert_same
 from pickleshard.testing.resume import check_loader_resume, loader_ids, write_id_files
 
 SIZES = [13, 20, 7, 9]  # 49 samples
@@ -35,21 +36,6 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def ds(data: Path) -> PickleDataset:
     return PickleDataset(data)
-
-
-def _same(got: Any, want: Any) -> None:
-    if isinstance(want, torch.Tensor):
-        assert isinstance(got, torch.Tensor)
-        assert got.dtype == want.dtype
-        assert got.shape == want.shape
-        assert torch.equal(got, want)
-    elif isinstance(want, (list, tuple)):
-        assert type(got) is type(want)
-        assert len(got) == len(want)
-        for g, w in zip(got, want, strict=True):
-            _same(g, w)
-    else:
-        assert got == want
 
 
 def _oracle(dataset: Any, sampler: Iterable[int], batch_size: int, drop_last: bool) -> list[Any]:
@@ -97,7 +83,7 @@ def test_batches_equal_default_collate_in_sampler_order(
     reference.set_epoch(epoch)
     want = _oracle(ds, reference, batch_size, drop_last)
     assert len(got) == len(want) == len(loader)
-    _same(got, want)
+    assert_same(got, want)
     stats = loader.stats
     assert stats.batches == len(want)
     assert stats.samples == sum(len(b[1]) for b in want)
@@ -110,7 +96,7 @@ def test_equal_to_dataloader_with_pickleshard_collate(ds: PickleDataset) -> None
     sampler = ShuffleSampler(ds, seed=3)
     want = list(DataLoader(ds, batch_size=8, sampler=sampler, collate_fn=pickleshard.collate))
     got = list(Loader(ds, 8, sampler=ShuffleSampler(ds, seed=3)))
-    _same(got, want)
+    assert_same(got, want)
 
 
 def test_default_sampler_is_the_exact_shuffle(ds: PickleDataset) -> None:
@@ -182,7 +168,7 @@ def test_transform_runs_per_sample_in_threads_or_workers(ds: PickleDataset, work
     got = list(loader)
     reference = ShuffleSampler(ds, seed=5)
     want = [default_collate([_scale(s) for s in batch]) for batch in _samples(ds, reference, 7)]
-    _same(got, want)
+    assert_same(got, want)
     assert loader.stats.batches == len(want)
     assert loader.stats.workers == workers
     assert loader.stats.transform_s > 0
@@ -204,7 +190,7 @@ def test_converted_and_mixed_datasets(ds: PickleDataset, data: Path, tmp_path: P
     convert(data, tmp_path / "mm", to="memmap")
     memmap = open_dataset(tmp_path / "mm")
     sampler = ShuffleSampler(memmap, seed=0)
-    _same(list(Loader(memmap, 8, sampler=sampler)), _oracle(memmap, sampler, 8, False))
+    assert_same(list(Loader(memmap, 8, sampler=sampler)), _oracle(memmap, sampler, 8, False))
 
     mix = MixedDataset([ds, memmap], weights=[0.5, 0.5], seed=1)
     loader = Loader(mix, 8)  # the default sampler of a mix is its own order
@@ -212,7 +198,7 @@ def test_converted_and_mixed_datasets(ds: PickleDataset, data: Path, tmp_path: P
     loader.set_epoch(1)
     reference = MixSampler(mix, seed=0)
     reference.set_epoch(1)
-    _same(list(loader), _oracle(mix, reference, 8, False))
+    assert_same(list(loader), _oracle(mix, reference, 8, False))
 
 
 def test_byte_budget_bounds_the_batches_in_flight(ds: PickleDataset) -> None:
