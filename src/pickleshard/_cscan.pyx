@@ -44,6 +44,7 @@ __all__ = [
     "measure_tree",
     "node_spans",
     "rewrite_span",
+    "template_matches",
     "walk_record",
     "walk_rows",
 ]
@@ -2636,6 +2637,71 @@ def gather(object buf, const int64_t[:] at, const int64_t[:] rel, object release
             o[i, j] = b[at[i] + rel[j]]
     if release is not None:
         release(at[od[n - 1]] + top + 1)
+    return out
+
+
+
+def template_matches(
+    object buf,
+    const int64_t[:] st,
+    const int64_t[:] lengths,
+    const int64_t[:] cand,
+    int64_t length,
+    const int64_t[:] rel,
+    const unsigned char[:] template,
+    const unsigned char[:] mask,
+    const int64_t[:] ats,
+    object release,
+):
+    """:func:`pickleshard.scan.fastpath.template_matches_py`, compiled: for each sample
+    ``cand[k]`` (ascending) whether its span has the template's bytes (``buf[st + rel[j]] ==
+    template[j]`` wherever ``mask[j]``): a span ``length`` long as it is, any other (``length +
+    9``) with a FRAME header at one of the offsets ``ats`` and the bytes from there on 9 later.
+    One pass over the samples in offset order, no temporaries; ``release`` (None, or the
+    ``picklekit.walk.releaser`` of ``buf``) is called once per 4 MiB block of offsets passed,
+    as :func:`gather` calls it. A bool array, one per candidate."""
+    cdef Py_ssize_t n = cand.shape[0], r = rel.shape[0], nb = ats.shape[0], k, j, b
+    if template.shape[0] != r or mask.shape[0] != r:
+        raise ValueError(f"a template of {template.shape[0]} bytes for {r} offsets")
+    out = np.zeros(n, np.bool_)
+    if not n:
+        return out
+    cdef unsigned char[::1] o = out.view(np.uint8)
+    cdef const unsigned char[:] bv = buf
+    cdef int64_t i, s, at, off, top = 0, prev = -1
+    cdef bint same
+    for j in range(r):
+        top = rel[j] if j == 0 or rel[j] > top else top
+    top += 10  # past the last byte a framed span's check reads
+    for k in range(n):
+        i = cand[k]
+        s = st[i]
+        if release is not None and prev >= 0 and s >> RELEASE_SHIFT != prev >> RELEASE_SHIFT:
+            release(prev + top)
+        prev = s
+        if lengths[i] == length:
+            same = True
+            for j in range(r):
+                if mask[j] and bv[s + rel[j]] != template[j]:
+                    same = False
+                    break
+            o[k] = same
+            continue
+        for b in range(nb):
+            at = ats[b]
+            if bv[s + at] != FRAME_OP:
+                continue
+            same = True
+            for j in range(r):
+                off = rel[j] if rel[j] < at else rel[j] + 9
+                if mask[j] and bv[s + off] != template[j]:
+                    same = False
+                    break
+            if same:
+                o[k] = 1
+                break
+    if release is not None:
+        release(prev + top)
     return out
 
 
