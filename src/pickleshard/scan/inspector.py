@@ -8,6 +8,7 @@ element that defines them. Anything it cannot evaluate is :data:`UNKNOWN`.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -44,7 +45,10 @@ class Inspector:
         self.release = release  # drop the pages behind each gather (see scan.access.scan_view)
         self.shifts = MemoShifts.of_records(w.records)
         self.failed: set[int] = set()  # elements whose replay failed: not tried again
-        self.externals = ExternalMemos(self._element_of, self._replay)
+        # callbacks that hold the inspector weakly: bound methods made a cycle that kept every
+        # file's inspector (its walk, tables and buffer) alive until a collection freed them
+        me = weakref.proxy(self)
+        self.externals = ExternalMemos(lambda k: me._element_of(k), lambda e: me._replay(e))
         self.consts: dict[int, str] = {}
         self.bytes_read = 0
         self.window = WINDOW  # bytes per read of a span
