@@ -49,7 +49,7 @@ def _outcome(path: Path, scratch: bool) -> tuple[Any, ...]:
     try:
         if not scratch:
             return _facts(scan_file(path))
-        with scratch_scope(map_cached_dense=False) as held:
+        with scratch_scope() as held:
             # garbage where the scan reads nothing: what it must never read
             held._resize(os.path.getsize(path))
             assert held._map is not None
@@ -88,7 +88,7 @@ def test_a_scan_through_the_scratch_reads_as_pickle_load(spec: dict[str, Any]) -
         if isinstance(mapped[0], type):  # refused alike
             return
         names, want = oracle(path)
-        with scratch_scope(map_cached_dense=False):
+        with scratch_scope():
             scan = scan_file(path)
         assert scan.fields == names
         with SpanReader(scan) as reader:
@@ -138,13 +138,13 @@ def test_the_scratch_is_used_in_its_scope_only_and_for_files_that_fit(tmp_path: 
     path = tmp_path / "a.pkl"
     path.write_bytes(pickle.dumps([np.zeros(3000, np.float32) for _ in range(40)], protocol=5))
     assert current_scratch() is None
-    with scratch_scope(map_cached_dense=False) as held:
+    with scratch_scope() as held:
         assert current_scratch() is held
         scan_file(path)
         scan_file(path)
         assert held.files == 2
         assert 0 < held.bytes_read < 2 * path.stat().st_size
-        with scratch_scope(budget=100, map_cached_dense=False) as small:  # too small: mapped
+        with scratch_scope(budget=100) as small:  # too small: mapped as before
             assert current_scratch() is small
             scan_file(path)
             assert small.files == 0
@@ -212,20 +212,3 @@ def test_a_dense_file_storage_must_deliver_is_read_whole_and_scans_the_same(
     with scratch_scope() as held, SpanReader(scan_file(path)) as reader:
         for i in range(len(rows)):
             assert_same(reader.read_sample(i), rows[i], _path=f"sample {i}")
-
-
-def test_a_dense_file_the_page_cache_holds_is_mapped_and_a_sparse_one_read(tmp_path: Path) -> None:
-    dense, sparse = tmp_path / "dense.pkl", tmp_path / "sparse.pkl"
-    small = [(np.full((3, 32, 32), i, np.float32), i) for i in range(60)]  # 12 KB apart
-    big = [(np.full((3, 112, 112), i, np.float32), i) for i in range(12)]  # 150 KB apart
-    dense.write_bytes(pickle.dumps(small, protocol=5))
-    sparse.write_bytes(pickle.dumps(big, protocol=5))
-    for path, rows, read in ((dense, small, 0), (sparse, big, 1)):
-        mapped = _facts(scan_file(path))
-        with scratch_scope() as held:
-            scan = scan_file(path)
-            assert (held.files, held.bytes_read > 0) == (read, bool(read))
-        assert _facts(scan) == mapped
-        with SpanReader(scan) as reader:
-            for i in range(len(rows)):
-                assert_same(reader.read_sample(i), rows[i], _path=f"sample {i}")

@@ -107,28 +107,21 @@ def scan_view(source: ByteSource) -> tuple[Any, bool]:
     fast-path checks (:func:`~pickleshard.scan.fastpath.array_item`, which read every sample's
     head again) fault each page in a second time (150 KB arrays: 2,000 faults a file, not 1,000;
     the scan 25% slower). Inside a :func:`~pickleshard.scan.scratch.scratch_scope`, a local
-    file that fits its budget is not mapped (a dense one the page cache holds is: see
-    :meth:`~pickleshard.scan.scratch.ScanScratch.takes`): the bytes the scan examines are read
-    into the scope's reused buffer (:mod:`pickleshard.scan.scratch`)."""
+    file that fits its budget is not mapped: the bytes the scan examines are read into the
+    scope's reused buffer (:mod:`pickleshard.scan.scratch`)."""
     fd = source.fileno()
     if fd is None and source.map() is None:
         return sparse_buffer(source), True
     pattern = choose_pattern(source)
     scratch = current_scratch()
-    dense = pattern == "sequential"
-    examined = source.size if dense else source.size // SPARSE_PAGES
-    if (
-        fd is not None
-        and scratch is not None
-        and CORE is not None
-        and scratch.takes(fd, source.size, examined, dense)
-    ):
+    examined = source.size // SPARSE_PAGES if pattern == "random" else source.size
+    if fd is not None and scratch is not None and CORE is not None and scratch.fits(examined):
         # read, not mapped (pickleshard.scan.scratch): the file's pages are never mapped here
         # no WILLNEED here: a dense file storage must deliver is read whole, in large reads
         # that readahead follows (asking for it all first measured slower, 0.29 s against
         # 0.20 s for 8 files of 30 MB)
         source.advise(pattern)
-        return scratch.read(fd, source.size, dense=dense), False
+        return scratch.read(fd, source.size, dense=pattern == "sequential"), False
     return scan_buffer(source, pattern), pattern != "random"
 
 
