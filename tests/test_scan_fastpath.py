@@ -163,3 +163,17 @@ def test_template_match_refuses_a_template_of_another_size() -> None:
             c.ats,
             None,
         )
+
+
+@pytest.mark.parametrize("framed", [False, True])
+def test_template_bytes_past_the_buffer_raise_in_both_twins(framed: bool) -> None:
+    buf, c = _spans(3, 4, 20, np.arange(0, 20, 2, dtype=np.int64), [10])
+    cut = buf[: int(c.st[-1]) + (15 if framed else 10)]  # the last span cut short
+    if framed:
+        c = TemplateCheck(c.st, c.lengths.copy(), c.length, c.rel, c.template, c.mask, c.ats)
+        c.lengths[-1] = c.length + 9
+    cand = np.arange(4, dtype=np.int64)
+    with pytest.raises(IndexError):
+        template_matches_py(lambda at, r: gathered(cut, at, r), c, cand)
+    with pytest.raises(IndexError):
+        _compiled(cut, c, cand)

@@ -16,6 +16,7 @@ repeat the previous value's opcodes (a list of arrays) are replayed instead of w
 "template replay" below).
 """
 
+cimport cython
 from cpython cimport array
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
@@ -2641,6 +2642,8 @@ def gather(object buf, const int64_t[:] at, const int64_t[:] rel, object release
 
 
 
+@cython.boundscheck(False)
+@cython.wraparound(False)
 def template_matches(
     object buf,
     const int64_t[:] st,
@@ -2668,17 +2671,32 @@ def template_matches(
         return out
     cdef unsigned char[::1] o = out.view(np.uint8)
     cdef const unsigned char[:] bv = buf
-    cdef int64_t i, s, at, off, top = 0, prev = -1
+    cdef int64_t i, s, at, off, top = 0, low = 0, framed_top, reach, prev = -1
+    cdef int64_t size = bv.shape[0]
     cdef bint same
+    # Bounds are checked here, once per sample, not at every byte (the loops below run
+    # unchecked): a plain span's check reads [s + low, s + top), a framed one's up to
+    # s + framed_top, for a sample starting at s.
     for j in range(r):
         top = rel[j] if j == 0 or rel[j] > top else top
-    top += 10  # past the last byte a framed span's check reads
+        low = rel[j] if j == 0 or rel[j] < low else low
+    framed_top = top + 9
+    for b in range(nb):
+        framed_top = ats[b] if ats[b] > framed_top else framed_top
+        low = ats[b] if ats[b] < low else low
+    top += 1
+    framed_top += 1
     for k in range(n):
         i = cand[k]
+        if i < 0 or i >= st.shape[0] or i >= lengths.shape[0]:
+            raise IndexError(f"sample {i} of {min(st.shape[0], lengths.shape[0])}")
         s = st[i]
         if release is not None and prev >= 0 and s >> RELEASE_SHIFT != prev >> RELEASE_SHIFT:
-            release(prev + top)
+            release(prev + framed_top)
         prev = s
+        reach = top if lengths[i] == length else framed_top if nb else 0
+        if reach and (s + low < 0 or s + reach > size):
+            raise IndexError(f"the template's bytes of a span at {s}, past the {size} bytes")
         if lengths[i] == length:
             same = True
             for j in range(r):
@@ -2701,7 +2719,7 @@ def template_matches(
                 o[k] = 1
                 break
     if release is not None:
-        release(prev + top)
+        release(prev + framed_top)
     return out
 
 
