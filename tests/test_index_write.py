@@ -138,3 +138,35 @@ def test_an_inline_build_writes_the_arrays_from_memory(
         assert heads[0]["checksums"][key] == file_checksum(path)
         want = np.load(tmp_path / "pooled" / heads[1]["arrays"][key])
         np.testing.assert_array_equal(np.load(path), want)
+
+
+def test_the_index_a_build_returns_is_the_one_open_reads_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The build returns the index as written (header parsed from its bytes, arrays mapped),
+    without reading it back and checking it: the same header, files, skipped files, arrays and
+    samples as DatasetIndex.open of the directory, for span and whole files and a skipped one."""
+    from pickleshard.index.model import DatasetIndex
+
+    data = _data(tmp_path / "d")
+    xs = [np.full(4, i, np.float32) for i in range(3)]
+    (data / "p3.pkl").write_bytes(pickle.dumps((xs, [0, 1, 2]), protocol=1))  # read whole
+    (data / "p4.pkl").write_bytes(b"not a pickle")
+    opened: list[Any] = []
+    real_open = DatasetIndex.open
+    monkeypatch.setattr(DatasetIndex, "open", lambda p: opened.append(p) or real_open(p))
+    built = build_index(data, skip_bad=True)
+    assert opened == []  # nothing read back
+    monkeypatch.undo()
+    again = DatasetIndex.open(data / ".pickleshard")
+    assert built.header == again.header
+    assert built.files == again.files
+    assert built.skipped == again.skipped
+    assert built.modes == again.modes == ("span", "span", "span", "whole")
+    assert built.spans.keys() == again.spans.keys()
+    for key in again.spans:
+        np.testing.assert_array_equal(built.spans[key], again.spans[key])
+    np.testing.assert_array_equal(built.samples, again.samples)
+    assert [built.locate(i) for i in range(len(built))] == [
+        again.locate(i) for i in range(len(again))
+    ]

@@ -87,6 +87,18 @@ def replayed_values() -> int: ...
 def extent(buf: Any, pos: int, end: int) -> int: ...
 def fill_examined(fd: int, out: Any, size: int, window: int, most: int, skip: int) -> int: ...
 def gather(buf: Any, at: Any, rel: Any, release: Callable[[int], None] | None) -> Any: ...
+def template_matches(
+    buf: Any,
+    st: Any,
+    lengths: Any,
+    cand: Any,
+    length: int,
+    rel: Any,
+    template: Any,
+    mask: Any,
+    ats: Any,
+    release: Callable[[int], None] | None,
+) -> Any: ...
 
 MEASURE_FALLBACK: object
 

@@ -16,6 +16,7 @@ repeat the previous value's opcodes (a list of arrays) are replayed instead of w
 "template replay" below).
 """
 
+cimport cython
 from cpython cimport array
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
@@ -44,6 +45,7 @@ __all__ = [
     "measure_tree",
     "node_spans",
     "rewrite_span",
+    "template_matches",
     "walk_record",
     "walk_rows",
 ]
@@ -2636,6 +2638,88 @@ def gather(object buf, const int64_t[:] at, const int64_t[:] rel, object release
             o[i, j] = b[at[i] + rel[j]]
     if release is not None:
         release(at[od[n - 1]] + top + 1)
+    return out
+
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def template_matches(
+    object buf,
+    const int64_t[:] st,
+    const int64_t[:] lengths,
+    const int64_t[:] cand,
+    int64_t length,
+    const int64_t[:] rel,
+    const unsigned char[:] template,
+    const unsigned char[:] mask,
+    const int64_t[:] ats,
+    object release,
+):
+    """:func:`pickleshard.scan.fastpath.template_matches_py`, compiled: for each sample
+    ``cand[k]`` (ascending) whether its span has the template's bytes (``buf[st + rel[j]] ==
+    template[j]`` wherever ``mask[j]``): a span ``length`` long as it is, any other (``length +
+    9``) with a FRAME header at one of the offsets ``ats`` and the bytes from there on 9 later.
+    One pass over the samples in offset order, no temporaries; ``release`` (None, or the
+    ``picklekit.walk.releaser`` of ``buf``) is called once per 4 MiB block of offsets passed,
+    as :func:`gather` calls it. A bool array, one per candidate."""
+    cdef Py_ssize_t n = cand.shape[0], r = rel.shape[0], nb = ats.shape[0], k, j, b
+    if template.shape[0] != r or mask.shape[0] != r:
+        raise ValueError(f"a template of {template.shape[0]} bytes for {r} offsets")
+    out = np.zeros(n, np.bool_)
+    if not n:
+        return out
+    cdef unsigned char[::1] o = out.view(np.uint8)
+    cdef const unsigned char[:] bv = buf
+    cdef int64_t i, s, at, off, top = 0, low = 0, framed_top, reach, prev = -1
+    cdef int64_t size = bv.shape[0]
+    cdef bint same
+    # Bounds are checked here, once per sample, not at every byte (the loops below run
+    # unchecked): a plain span's check reads [s + low, s + top), a framed one's up to
+    # s + framed_top, for a sample starting at s.
+    for j in range(r):
+        top = rel[j] if j == 0 or rel[j] > top else top
+        low = rel[j] if j == 0 or rel[j] < low else low
+    framed_top = top + 9
+    for b in range(nb):
+        framed_top = ats[b] if ats[b] > framed_top else framed_top
+        low = ats[b] if ats[b] < low else low
+    top += 1
+    framed_top += 1
+    for k in range(n):
+        i = cand[k]
+        if i < 0 or i >= st.shape[0] or i >= lengths.shape[0]:
+            raise IndexError(f"sample {i} of {min(st.shape[0], lengths.shape[0])}")
+        s = st[i]
+        if release is not None and prev >= 0 and s >> RELEASE_SHIFT != prev >> RELEASE_SHIFT:
+            release(prev + framed_top)
+        prev = s
+        reach = top if lengths[i] == length else framed_top if nb else 0
+        if reach and (s + low < 0 or s + reach > size):
+            raise IndexError(f"the template's bytes of a span at {s}, past the {size} bytes")
+        if lengths[i] == length:
+            same = True
+            for j in range(r):
+                if mask[j] and bv[s + rel[j]] != template[j]:
+                    same = False
+                    break
+            o[k] = same
+            continue
+        for b in range(nb):
+            at = ats[b]
+            if bv[s + at] != FRAME_OP:
+                continue
+            same = True
+            for j in range(r):
+                off = rel[j] if rel[j] < at else rel[j] + 9
+                if mask[j] and bv[s + off] != template[j]:
+                    same = False
+                    break
+            if same:
+                o[k] = 1
+                break
+    if release is not None:
+        release(prev + framed_top)
     return out
 
 

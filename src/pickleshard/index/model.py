@@ -192,6 +192,23 @@ class DatasetIndex:
         samples = arrays.pop("samples")
         return cls(where, header, files, samples, arrays, skipped)
 
+    @classmethod
+    def written(
+        cls, path: Path, header: dict[str, Any], arrays: dict[str, np.ndarray]
+    ) -> DatasetIndex:
+        """The index this process has just written to directory ``path``: ``header`` as parsed
+        from the bytes written, ``arrays`` each array mapped from its file. What :meth:`open`
+        would give, without reading back and checking what was computed here (the arrays'
+        checksums were taken over the bytes as they were written): the header's own checks
+        still run, as they turn its entries into :class:`FileEntry` records."""
+        try:
+            files, skipped, _ = check_header(header)
+        except IndexProblem as exc:
+            raise exc.error(path) from None
+        header = {k: v for k, v in header.items() if k not in ("files", "skipped")}
+        spans = {k: v for k, v in arrays.items() if k != "samples"}
+        return cls(path, header, files, arrays["samples"], spans, skipped)
+
     def stale_files(self, source: ResolvedSource) -> tuple[list[str], list[str], list[str]]:
         """Return ``(changed, removed, added)`` relative paths between the index and ``source``
         (what counts as changed: :mod:`pickleshard.index.staleness`; a copied dataset's files

@@ -239,8 +239,7 @@ def build_index(
                 if d.globals is not None and d.entry.etag is None and d.entry.ino is not None
             },
         )
-        write_index(index_dir, resolved, kept, staging, skipped + mismatched, layout)
+        return write_index(index_dir, resolved, kept, staging, skipped + mismatched, layout)
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
-    return DatasetIndex.open(index_dir)

@@ -6,8 +6,11 @@ reading the file back; the reader checks it where the index is opened.
 The header names the arrays it belongs to (each file name carries a fresh token) with each
 one's CRC-32, so a reader sees either the old index or the new one, never a mix; the new arrays
 are on disk (``fsync``) before the header that names them replaces the old one, and the old
-arrays are deleted only once it has. The parent never holds more than one file's span arrays at
-once: each final array is written part by part, with plain writes.
+arrays are deleted only once it has. The ``fsync`` runs in a thread of its own while this one
+writes the next arrays, encodes the header and maps the arrays it wrote for the index returned
+(a first open waited on the disk's commits, 3-10 ms, with nothing else to do). The parent never
+holds more than one file's span arrays at once: each final array is written part by part, with
+plain writes.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import os
 import secrets
 import zlib
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, replace
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import fields as fields_of
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +32,7 @@ import numpy as np
 from .._version import __version__
 from ..errors import IndexFormatError
 from ..index.files import FileEntry, SkippedFile
+from ..index.model import DatasetIndex
 from ..index.ondisk import (
     ARRAY_NAME,
     FORMAT_NAME,
@@ -52,7 +57,7 @@ def _save_concatenated(
     ``.npy`` at ``path``, a part at a time (they are never all in memory at once), by plain
     writes (a memory map's flush cost more than the scan of a small dataset); returns the
     file's checksum (:func:`~pickleshard.index.arrays.array_checksum` of what was written) and
-    its open descriptor, for :func:`_make_durable` (the caller closes it)."""
+    its open descriptor, to be synced (the caller closes it)."""
     dtype = np.dtype(dtype)
     head = io.BytesIO()
     header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False}
@@ -83,14 +88,6 @@ def _write(fd: int, data: bytes, crc: int) -> int:
     return zlib.crc32(data, crc)
 
 
-def _make_durable(fds: list[int]) -> None:
-    """``fsync`` the new arrays, all at once, before the header that names them replaces the
-    old one (a crash then leaves the old index or a whole new one). Concurrent: the file
-    system commits them together, where one after another each waited for the disk."""
-    with ThreadPoolExecutor(max_workers=max(1, len(fds))) as pool:
-        list(pool.map(os.fsync, fds))
-
-
 def _place(kept: list[Described], nf: int) -> list[FileEntry]:
     """The files table: each span file gets its first row in each span array."""
     final: list[FileEntry] = []
@@ -111,11 +108,12 @@ def write_index(
     staging: Path | None,
     skipped: list[SkippedFile],
     layout: str = "auto",
-) -> None:
+) -> DatasetIndex:
     """Write the index of ``kept`` (the described files that stay, in files-table order, whose
     span arrays lie in ``staging``) and ``skipped`` into ``index_dir``, replacing the index
     there (the old arrays are deleted once the new header names the new ones). ``layout`` is
-    the ``layout=`` the files were read as."""
+    the ``layout=`` the files were read as. Returns the index written, as
+    :meth:`DatasetIndex.open <pickleshard.index.model.DatasetIndex.open>` would open it."""
     fields = kept[0].entry.fields if kept else ()
     nf = len(fields)
     final = _place(kept, nf)
@@ -154,23 +152,59 @@ def write_index(
         "records": (sum(d.records for d in spans), (3,)),
     }
     written: dict[str, tuple[str, int]] = {}  # array: (checksum, descriptor)
+    # Each new array is synced (fsync) before the header that names them replaces the old one
+    # (a crash then leaves the old index or a whole new one), in a thread of its own, from when
+    # it is written: the disk's commits overlap the other arrays' writes, the header's encoding
+    # and the mapping of what was written (concurrent fsync calls, a thread each, measured no
+    # faster here: 2.9-3.4 ms against 2.8-4.4 ms for 7 arrays, and their threads' start costs).
+    syncing = ThreadPoolExecutor(max_workers=1)
+    synced: list[Future[None]] = []
     try:
         path = index_dir / names["samples"]
         written["samples"] = _save_concatenated(path, sample_rows(), total, SAMPLES_DTYPE)
+        synced.append(syncing.submit(os.fsync, written["samples"][1]))
         for array, (n, tail) in sizes.items():
             path = index_dir / names[array]
             written[array] = _save_concatenated(path, staged(array), n, np.int64, tail)
-        _make_durable([fd for _, fd in written.values()])
+            synced.append(syncing.submit(os.fsync, written[array][1]))
+        header = _header(source, final, skipped, layout, fields, total, names, written)
+        data = json.dumps(header, indent=1).encode()
+        # what DatasetIndex.open would read back and check: the header's bytes parsed, the
+        # arrays mapped (their checksums were taken as they were written)
+        arrays = {k: np.load(index_dir / v, mmap_mode="r") for k, v in names.items()}
+        opened = DatasetIndex.written(index_dir, json.loads(data), arrays)
+        for done in synced:
+            done.result()
     except BaseException:  # the old index stays as it was: no new array left behind
+        syncing.shutdown(wait=True, cancel_futures=True)
         for name in names.values():
             (index_dir / name).unlink(missing_ok=True)
         raise
     finally:
+        syncing.shutdown(wait=True)  # no descriptor closed under an fsync
         for _, fd in written.values():
             os.close(fd)
 
     old = _arrays_of(index_dir)
-    header = {
+    write_bytes_atomic(index_dir / "index.json", data)
+    for name in old:
+        if name not in names.values():
+            (index_dir / name).unlink(missing_ok=True)
+    return opened
+
+
+def _header(
+    source: ResolvedSource,
+    final: list[FileEntry],
+    skipped: list[SkippedFile],
+    layout: str,
+    fields: tuple[str, ...],
+    total: int,
+    names: dict[str, str],
+    written: dict[str, tuple[str, int]],
+) -> dict[str, Any]:
+    """The header naming the arrays ``names`` with their checksums (``written``)."""
+    return {
         "format": FORMAT_NAME,
         "version": FORMAT_VERSION,
         "tool_version": __version__,
@@ -184,13 +218,10 @@ def write_index(
         "modes": {m: sum(e.mode == m for e in final) for m in ("span", "whole")},
         "arrays": names,
         "checksums": {k: written[k][0] for k in names},
-        "files": [asdict(e) for e in final],
+        # its fields as they are: plain JSON values (asdict's deep copy cost 0.85 ms of 8 rows)
+        "files": [{f.name: getattr(e, f.name) for f in fields_of(e)} for e in final],
         "skipped": sorted(skipped, key=lambda s: str(s["path"])),
     }
-    write_bytes_atomic(index_dir / "index.json", json.dumps(header, indent=1).encode())
-    for name in old:
-        if name not in names.values():
-            (index_dir / name).unlink(missing_ok=True)
 
 
 def _arrays_of(index_dir: Path) -> Iterable[str]:

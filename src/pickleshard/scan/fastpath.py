@@ -8,6 +8,8 @@ payload, memo PUT ids aside), proved by comparing those bytes in every sample
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -20,7 +22,7 @@ from ..picklekit.walker import RELEASE_SHIFT
 from ..safety.standins import ArraySpec
 from .model import MAX_TEMPLATE, ArrayItem, IntItem
 
-__all__ = ["array_item", "gathered", "int_item"]
+__all__ = ["TemplateCheck", "array_item", "gathered", "int_item", "template_matches_py"]
 
 
 class Inspector(Protocol):
@@ -33,6 +35,8 @@ class Inspector(Protocol):
     bytes_read: int
 
     def gather(self, at: np.ndarray, rel: np.ndarray) -> np.ndarray: ...
+
+    def matches(self, check: TemplateCheck, cand: np.ndarray) -> np.ndarray: ...
 
     def value(self, start: int, end: int) -> Any: ...
 
@@ -94,6 +98,48 @@ def gathered(buf: Any, at: np.ndarray, rel: np.ndarray, release: bool = True) ->
                 drop(int(at[part[-1]]) + int(rel.max()) + 1)
     finally:
         del u8
+    return out
+
+
+@dataclass(frozen=True)
+class TemplateCheck:
+    """What :func:`template_matches_py` (and its compiled twin ``_cscan.template_matches``)
+    compares: sample ``k``'s span starts at ``st[k]`` and is ``lengths[k]`` long; the template's
+    bytes ``template`` lie at offsets ``rel`` of a span ``length`` long, those where ``mask``
+    is False (memo PUT ids) not compared; a span 9 bytes longer holds a FRAME header at one of
+    the offsets ``ats`` (the suffix's opcode boundaries), the bytes from there on 9 later."""
+
+    st: np.ndarray
+    lengths: np.ndarray
+    length: int
+    rel: np.ndarray
+    template: np.ndarray
+    mask: np.ndarray
+    ats: np.ndarray
+
+
+def template_matches_py(
+    gather: Callable[[np.ndarray, np.ndarray], np.ndarray], c: TemplateCheck, cand: np.ndarray
+) -> np.ndarray:
+    """For each sample ``cand[k]`` (those of ``c.length`` or 9 more), whether its span has the
+    template's bytes (see :class:`TemplateCheck`), read by ``gather`` (:func:`gathered` of the
+    file), :data:`_CHUNK` samples at a time: the reference of ``_cscan.template_matches``."""
+    out = np.zeros(len(cand), bool)
+    for lo in range(0, len(cand), _CHUNK):  # chunks: temporaries of a few MB at most
+        c_ = cand[lo : lo + _CHUNK]
+        plain = c.lengths[c_] == c.length
+        rows = np.flatnonzero(plain)
+        got = gather(c.st[c_[rows]], c.rel)
+        out[lo + rows] = ((got == c.template) | ~c.mask).all(axis=1)
+        rows = np.flatnonzero(~plain)
+        for at in c.ats.tolist():  # the same bytes with a FRAME header at boundary ``at``
+            if not len(rows):
+                break
+            where = np.where(c.rel < at, c.rel, c.rel + 9)
+            got = gather(c.st[c_[rows]], np.concatenate([[at], where]))
+            ok = (got[:, 0] == oc.FRAME_OP) & ((got[:, 1:] == c.template) | ~c.mask).all(axis=1)
+            out[lo + rows[ok]] = True
+            rows = rows[~ok]
     return out
 
 
@@ -166,31 +212,24 @@ def array_item(
         return None
     mask, bounds = walked
     rel = np.concatenate([np.arange(pre), pre + plen + np.arange(post)]).astype(np.int64)
-    # the same bytes with a 9-byte FRAME header at suffix boundary b: where each is found
-    framed_rels = [(pre + plen + b, np.where(rel < pre + plen + b, rel, rel + 9)) for b in bounds]
     t_ext = ext_keys[ext_lo[t] : ext_hi[t]]
     cand = np.flatnonzero((lengths == length) | (lengths == length + 9))
     cand = cand[(cand > t) & ((ext_hi[cand] - ext_lo[cand]) == len(t_ext))]
+    if len(t_ext):  # equal externals, in chunks: temporaries of a few MB at most
+        cand = np.concatenate(
+            [cand[:0]]
+            + [
+                c[(ext_keys[ext_lo[c][:, None] + np.arange(len(t_ext))] == t_ext).all(axis=1)]
+                for c in (cand[lo : lo + _CHUNK] for lo in range(0, len(cand), _CHUNK))
+            ]
+        )
     template = insp.gather(np.array([s0], np.int64), rel)[0]
-    keep = []
-    checked = 0
-    for lo in range(0, len(cand), _CHUNK):  # chunks: temporaries of a few MB at most
-        c = cand[lo : lo + _CHUNK]
-        if len(t_ext):
-            c = c[(ext_keys[ext_lo[c][:, None] + np.arange(len(t_ext))] == t_ext).all(axis=1)]
-        checked += len(c)
-        plain, framed = c[lengths[c] == length], c[lengths[c] != length]
-        keep.append(plain[((insp.gather(st[plain], rel) == template) | ~mask).all(axis=1)])
-        for at, where in framed_rels:
-            got = insp.gather(st[framed], np.concatenate([[at], where]))
-            ok = (got[:, 0] == oc.FRAME_OP) & ((got[:, 1:] == template) | ~mask).all(axis=1)
-            keep.append(framed[ok])
-            framed = framed[~ok]
-    insp.bytes_read += checked * (pre + post + 1)
+    check = TemplateCheck(st, lengths, length, rel, template, mask, pre + plen + np.array(bounds))
+    ok = insp.matches(check, cand)
+    insp.bytes_read += len(cand) * (pre + post + 1)
     direct = np.zeros(n, bool)
     direct[t] = True
-    for c in keep:
-        direct[c] = True
+    direct[cand[ok]] = True
     exceptions = np.nonzero(~direct)[0]
     if len(exceptions) > _MAX_EXCEPTIONS:
         return None

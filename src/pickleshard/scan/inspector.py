@@ -8,6 +8,7 @@ element that defines them. Anything it cannot evaluate is :data:`UNKNOWN`.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,7 @@ from ..picklekit.spanfile import WINDOW, SpanFile
 from ..picklekit.walk import releaser
 from ..picklekit.walker import Walked
 from ..safety.inert import InspectUnpickler
-from .fastpath import gathered
+from .fastpath import TemplateCheck, gathered, template_matches_py
 
 __all__ = ["UNKNOWN", "Inspector"]
 
@@ -44,7 +45,10 @@ class Inspector:
         self.release = release  # drop the pages behind each gather (see scan.access.scan_view)
         self.shifts = MemoShifts.of_records(w.records)
         self.failed: set[int] = set()  # elements whose replay failed: not tried again
-        self.externals = ExternalMemos(self._element_of, self._replay)
+        # callbacks that hold the inspector weakly: bound methods made a cycle that kept every
+        # file's inspector (its walk, tables and buffer) alive until a collection freed them
+        me = weakref.proxy(self)
+        self.externals = ExternalMemos(lambda k: me._element_of(k), lambda e: me._replay(e))
         self.consts: dict[int, str] = {}
         self.bytes_read = 0
         self.window = WINDOW  # bytes per read of a span
@@ -60,6 +64,25 @@ class Inspector:
             drop = releaser(self.buf) if self.release else None
             return require().gather(self.buf, at, rel, drop)  # type: ignore[no-any-return]
         return gathered(self.buf, at, rel, self.release)
+
+    def matches(self, c: TemplateCheck, cand: np.ndarray) -> np.ndarray:
+        """:func:`~pickleshard.scan.fastpath.template_matches_py` of this file's samples
+        ``cand``, by the walk's engine (compiled: one pass, no gathered copies)."""
+        if self.w.engine == "compiled":
+            drop = releaser(self.buf) if self.release else None
+            return require().template_matches(  # type: ignore[no-any-return]
+                self.buf,
+                c.st.astype(np.int64, copy=False),
+                c.lengths.astype(np.int64, copy=False),
+                cand.astype(np.int64, copy=False),
+                c.length,
+                c.rel.astype(np.int64, copy=False),
+                c.template.astype(np.uint8, copy=False),
+                c.mask.astype(np.uint8),
+                c.ats.astype(np.int64, copy=False),
+                drop,
+            )
+        return template_matches_py(self.gather, c, cand)
 
     def load(self, start: int, end: int, bytes_min: int = 0) -> tuple[Any, dict[int, Any]]:
         shift = self.shifts.at(start)

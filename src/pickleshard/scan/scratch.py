@@ -44,7 +44,9 @@ __all__ = [
 ]
 
 SCRATCH_BYTES = 64 << 20  # examined bytes a scratch may hold (its resident pages), at most
-WINDOW = 512  # bytes read where the chain lands: an array sample's opcodes, a FRAME's head
+WINDOW = 256  # bytes read where the chain lands: an array sample's opcodes, a FRAME's head
+# (256 rather than 512: a first open of 8 files of 150 KB arrays 35.5 against 36.5 ms, of
+# 12 KB arrays 57.2 against 58.3; fewer scratch pages touched and bytes copied per sample)
 MOST = 256 << 10  # ... doubled while the chain walks off their ends (small opcodes), to this
 
 
@@ -145,6 +147,21 @@ class ScanScratch:
         self.files = 0
         self.bytes_read = 0
         self._map: mmap.mmap | None = None
+        self._dense: bool | None = None  # what the map was last advised for
+
+    def _advise(self, dense: bool) -> None:
+        """Huge pages for a dense file's scratch, small ones for a sparse file's. A dense scan
+        touches most pages: one 2 MiB fault, zeroed at once, costs less than 512 small ones (the
+        first file of 8 x 2,500 12 KB arrays: 5.0 ms read, 9.4 ms with small pages; the build
+        of all 8, 48 ms of CPU against 54). A sparse one touches a page per sample: a huge
+        page would zero 2 MiB for each (150 KB arrays: 41 ms against 29). Where transparent
+        huge pages are off, or on for every mapping, the advice changes nothing, or this."""
+        assert self._map is not None
+        advice = getattr(mmap, "MADV_HUGEPAGE" if dense else "MADV_NOHUGEPAGE", None)
+        if advice is not None:
+            with contextlib.suppress(OSError):  # a kernel built without them
+                self._map.madvise(advice)
+        self._dense = dense
 
     def fits(self, examined: int) -> bool:
         """Whether a scan that examines at most ``examined`` bytes may read into it."""
@@ -157,7 +174,10 @@ class ScanScratch:
         ``pickle.load`` reads it: a read per sample would wait on storage once per window."""
         if self._map is None or len(self._map) != size:
             self._resize(size)
+            self._dense = None
         assert self._map is not None
+        if dense != self._dense:
+            self._advise(dense)
         if dense and not _cached(fd, size):
             self.bytes_read += _read_whole(fd, self._map, size)
         else:
