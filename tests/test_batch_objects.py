@@ -197,6 +197,15 @@ def _twins(reader: Any, want: list[Any]) -> None:
     got = _decode(compiled, compiled_run, fill.externals, resolve)
     assert got == _decode(reference, reference_run, ext, resolve)
     assert list(compiled.filled) == list(reference.filled)
+    assert compiled.ragged == reference.ragged
+    if got[0] == OD_OK and compiled.ragged:  # each row's value built by the decoder
+        assert compiled.height == reference.height
+        for dec in (compiled, reference):
+            values = ObjectColumn(dec).values()
+            for k in range(n):
+                assert_collated(values[rows[k]], want[k])
+                assert dec.sizes[rows[k]] == measure(want[k], None, None)[0]
+        return
     if got[0] != OD_OK or ObjectColumn(reference).tree is None:
         return
     assert list(compiled.schema) == list(reference.schema)
@@ -249,12 +258,13 @@ def test_a_batch_of_dicts_is_decoded_into_columns(tmp_path: Path, protocol: int)
 
 
 @needs_core
-def test_a_ragged_batch_falls_back_and_raises_as_default_collate(tmp_path: Path) -> None:
+def test_a_ragged_batch_is_decoded_and_raises_as_default_collate(tmp_path: Path) -> None:
     xs = [{"t": list(range(k % 3))} for k in range(10)]
     oracle = write(tmp_path / "d", {"files": [xs], "protocol": 4})
     ds = PickleDataset(tmp_path / "d", jobs=1)
-    batch = check_batch(ds, [0, 1, 2], oracle)
-    assert batch.columns[0].kind == OBJECTS
+    batch = check_batch(ds, [0, 1, 2], oracle)  # collate raises as default_collate does
+    assert batch.columns[0].kind == DECODED
+    assert batch.columns[0].data.decoder.ragged
     check_batch(ds, [0, 3, 6], oracle)  # one shape: decoded
     assert ds.__getitems__([0, 3, 6]).columns[0].kind == DECODED
 
