@@ -165,14 +165,15 @@ def test_the_compiled_decoder_and_its_reference_agree_with_the_oracle(
         first += n
 
 
-def _twins(reader: Any, want: list[Any]) -> None:
+def _twins(reader: Any, want: list[Any]) -> bool:
     """Both decoders over every sample of ``reader``'s file (rows reversed): the same answers,
-    tables and sizes; the values ``want`` (``pickle.load``'s), sizes ``bounds.measure``'s."""
+    tables and sizes; the values ``want`` (``pickle.load``'s), sizes ``bounds.measure``'s.
+    Whether the rows were decoded as a ragged batch."""
     here, _ = reader.opened()
     fill = here.batch.objects
     if fill is None:  # every value an int: the field is the compiled fill's, no decoder's
         assert all(type(v) is int for v in want)
-        return
+        return False
     assert fill.usable
     n, scan, spans = len(want), reader.scan, reader.spans
     items, rows = np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64)[::-1].copy()
@@ -205,9 +206,9 @@ def _twins(reader: Any, want: list[Any]) -> None:
             for k in range(n):
                 assert_collated(values[rows[k]], want[k])
                 assert dec.sizes[rows[k]] == measure(want[k], None, None)[0]
-        return
+        return True
     if got[0] != OD_OK or ObjectColumn(reference).tree is None:
-        return
+        return False
     assert list(compiled.schema) == list(reference.schema)
     assert np.array_equal(compiled.vals, reference.vals)
     for dec in (compiled, reference):
@@ -215,6 +216,7 @@ def _twins(reader: Any, want: list[Any]) -> None:
         for k in range(n):
             assert_collated(values[rows[k]], want[k])
             assert dec.sizes[rows[k]] == measure(want[k], None, None)[0]
+    return False
 
 
 def test_the_token_tables_agree() -> None:
