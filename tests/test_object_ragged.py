@@ -7,6 +7,7 @@ read one by one for the collated batch (it raises for ragged lists: the same exc
 
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 from typing import Any
@@ -185,3 +186,21 @@ def test_a_ragged_batch_pickles_as_its_values(tmp_path: Path) -> None:
     batch = ds.__getitems__([3, 9, 1])
     assert batch.columns[0].data.decoder.ragged
     assert_collated(list(pickle.loads(pickle.dumps(batch))), [oracle[i] for i in (3, 9, 1)])
+
+
+@needs_core
+def test_a_changed_file_of_two_object_fields_is_an_error(tmp_path: Path) -> None:
+    """Its identity is checked once a batch, after the last field's reads: still checked."""
+    folder = tmp_path / "d"
+    folder.mkdir()
+    xs, zs = _suite(12), [[k] * k for k in range(12)]
+    with open(folder / "part0.pkl", "wb") as fh:
+        pickle.dump((xs, zs, list(range(12))), fh, protocol=5)
+    ds = PickleDataset(folder, jobs=1)
+    got = ds.__getitems__([3, 0, 7])
+    assert [c.kind for c in got.columns[:2]] == [DECODED, DECODED]
+    assert_collated(list(got), [(xs[i], zs[i], i) for i in (3, 0, 7)])
+    st_ = (folder / "part0.pkl").stat()
+    os.utime(folder / "part0.pkl", ns=(st_.st_atime_ns, st_.st_mtime_ns + 10**9))
+    with pytest.raises(errors.FileChangedError):
+        ds.__getitems__([3, 0, 7])

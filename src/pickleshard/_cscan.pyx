@@ -3141,7 +3141,7 @@ cdef class ObjectDecoder:
 
     def decode(
         self, list srcs, const int64_t[:] cuts, const int64_t[:] items, const int64_t[:] rows,
-        object labels, Py_ssize_t first, int64_t[:] nbytes,
+        object labels, Py_ssize_t first, int64_t[:] nbytes, bint identity=True,
     ):
         """Decode, for each file ``g``, the field spans of ``srcs[g]`` (:class:`ObjectSpans`):
         ``[starts[i], ends[i])`` (their first memo id ``bases[i]``; a GET's id plus ``shift``
@@ -3149,7 +3149,8 @@ cdef class ObjectDecoder:
         ``cuts[g]:cuts[g + 1]`` from ``first`` on, copied out of the file's mapping (guarded)
         or read by ``pread`` with the GIL released; an external memo key's value is
         ``externals[key]``; after each file's reads its identity is checked by its ``loader``
-        (None: not), the error naming ``labels[j]`` of its samples.
+        (None: not; ``identity`` False: not in this call, the caller checks it after its last
+        field's reads), the error naming ``labels[j]`` of its samples.
         Returns ``(answer, j, key, g, largest)``: OD_OK (``j`` = ``len(items)``),
         OD_EXTERNAL (``key`` is not in file ``g``'s ``externals``: resolve it, call again from
         ``j``), OD_DECLINE (sample ``j`` of file ``g`` is outside the grammar or not of the
@@ -3170,7 +3171,7 @@ cdef class ObjectDecoder:
                 continue
             got = self._one(
                 <ObjectSpans?>srcs[g], items[a:b], rows[a:b], labels[a:b], max(first - a, 0),
-                guarded,
+                guarded, identity,
             )
             nbytes[g] += <int64_t>got[3]
             if <int64_t>got[4] > largest:
@@ -3181,7 +3182,7 @@ cdef class ObjectDecoder:
 
     cdef tuple _one(
         self, ObjectSpans src, const int64_t[:] items, const int64_t[:] rows, object labels,
-        Py_ssize_t first, bint guarded,
+        Py_ssize_t first, bint guarded, bint identity,
     ):
         """:meth:`decode` of one file: ``(answer, j, key, nbytes, largest)``."""
         cdef const int64_t[:] starts = src.starts, ends = src.ends, bases = src.bases
@@ -3234,7 +3235,7 @@ cdef class ObjectDecoder:
                     j += 1
             if j < m:
                 return (OD_SHORT, j, 0, at[j - first], 0)
-            if loader is not None and loader.verify and loader._differs(fd):
+            if identity and loader is not None and loader.verify and loader._differs(fd):
                 raise loader.stale(None, -1, [int(v) for v in labels[first:]])
             for j in range(first, m):
                 i = items[j]

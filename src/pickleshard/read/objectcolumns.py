@@ -357,12 +357,15 @@ def decode_objects(
     nbytes = np.zeros(len(fills), np.int64)
     good = len(fills)  # the files decoded whole, in every field
     largest, height = 8 * first.nfields + 8 * len(ints), 0
+    last = len(cols) - 1
     for k, col in enumerate(cols):
         dec = col.decoding(functools.partial(first.new_column, k=k)).decoder
         srcs = [o.spans[k] for o in objs]
         j = 0
         while True:
-            answer, j, key, g, big = dec.decode(srcs, cuts, its, rws, lbs, j, nbytes)
+            # each file's identity checked once a batch, after its last field's reads: a file
+            # the last field leaves (declined) goes to the reference, which checks it
+            answer, j, key, g, big = dec.decode(srcs, cuts, its, rws, lbs, j, nbytes, k == last)
             if answer != OD_EXTERNAL or not objs[g].resolve(key):
                 break
         if not col.data.usable:
