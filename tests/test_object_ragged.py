@@ -204,3 +204,14 @@ def test_a_changed_file_of_two_object_fields_is_an_error(tmp_path: Path) -> None
     os.utime(folder / "part0.pkl", ns=(st_.st_atime_ns, st_.st_mtime_ns + 10**9))
     with pytest.raises(errors.FileChangedError):
         ds.__getitems__([3, 0, 7])
+
+
+@needs_core
+def test_files_after_a_declined_one_are_read_by_the_reference(tmp_path: Path) -> None:
+    """Three files in one batch, the middle one holding an int past int64 (outside the
+    grammar): the first decoded, the rest read the present way, the int labels in place."""
+    files = [_suite(5, 1), [*_suite(4, 2), {"tokens": [2**70]}], _suite(5, 3)]
+    oracle = write(tmp_path / "d", {"files": files, "protocol": 4})
+    ds = PickleDataset(tmp_path / "d", jobs=1)
+    check_batch(ds, [12, 0, 9, 4, 5, 13, 2, 7], oracle)
+    check_batch(ds, [1, 3, 11, 14], oracle)

@@ -215,7 +215,8 @@ class BatchReader:
         wanted_o = wanted[order]
         in_order = np.searchsorted(self.firsts, wanted_o, "right") - 1
         items_o = wanted_o - self.firsts[in_order]
-        heads = np.flatnonzero(np.diff(in_order, prepend=-1))
+        heads = np.flatnonzero(in_order[1:] != in_order[:-1]) + 1  # each file's first
+        heads = np.concatenate(([0], heads)) if len(in_order) else heads
         cuts = [*heads.tolist(), len(order)]
         fills = self._process_fills()
         span: list[tuple[FileFill, int, int]] = []

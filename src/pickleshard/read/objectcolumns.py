@@ -383,9 +383,12 @@ def decode_objects(
             max_depth is not None and height and height + 1 > max_depth
         ):
             good = 0  # the reference reads them and names the sample
+    if good and ints:  # each int field of the decoded files by one put
+        edges = cuts[: good + 1].tolist()
+        for n, f in enumerate(ints):
+            got = [o.ints[n][1][its[c:e]] for o, c, e in zip(objs, edges, edges[1:], strict=False)]
+            columns[f].put_rows(rws[: edges[-1]], np.concatenate(got) if len(got) > 1 else got[0])
     for o, (_, a, b) in zip(objs[:good], fills[:good], strict=True):
-        for f, values in o.ints:
-            columns[f].put_rows(rows[a:b], values[items[a:b]])
         o.reader.stats.fast_reads += (b - a) * len(fields)
     if good == len(fills) == len(parts):
         return []
