@@ -165,14 +165,15 @@ def test_the_compiled_decoder_and_its_reference_agree_with_the_oracle(
         first += n
 
 
-def _twins(reader: Any, want: list[Any]) -> None:
+def _twins(reader: Any, want: list[Any]) -> bool:
     """Both decoders over every sample of ``reader``'s file (rows reversed): the same answers,
-    tables and sizes; the values ``want`` (``pickle.load``'s), sizes ``bounds.measure``'s."""
+    tables and sizes; the values ``want`` (``pickle.load``'s), sizes ``bounds.measure``'s.
+    Whether the rows were decoded as a ragged batch."""
     here, _ = reader.opened()
     fill = here.batch.objects
     if fill is None:  # every value an int: the field is the compiled fill's, no decoder's
         assert all(type(v) is int for v in want)
-        return
+        return False
     assert fill.usable
     n, scan, spans = len(want), reader.scan, reader.spans
     items, rows = np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64)[::-1].copy()
@@ -197,8 +198,17 @@ def _twins(reader: Any, want: list[Any]) -> None:
     got = _decode(compiled, compiled_run, fill.externals, resolve)
     assert got == _decode(reference, reference_run, ext, resolve)
     assert list(compiled.filled) == list(reference.filled)
+    assert compiled.ragged == reference.ragged
+    if got[0] == OD_OK and compiled.ragged:  # each row's value built by the decoder
+        assert compiled.height == reference.height
+        for dec in (compiled, reference):
+            values = ObjectColumn(dec).values()
+            for k in range(n):
+                assert_collated(values[rows[k]], want[k])
+                assert dec.sizes[rows[k]] == measure(want[k], None, None)[0]
+        return True
     if got[0] != OD_OK or ObjectColumn(reference).tree is None:
-        return
+        return False
     assert list(compiled.schema) == list(reference.schema)
     assert np.array_equal(compiled.vals, reference.vals)
     for dec in (compiled, reference):
@@ -206,6 +216,7 @@ def _twins(reader: Any, want: list[Any]) -> None:
         for k in range(n):
             assert_collated(values[rows[k]], want[k])
             assert dec.sizes[rows[k]] == measure(want[k], None, None)[0]
+    return False
 
 
 def test_the_token_tables_agree() -> None:
@@ -249,12 +260,13 @@ def test_a_batch_of_dicts_is_decoded_into_columns(tmp_path: Path, protocol: int)
 
 
 @needs_core
-def test_a_ragged_batch_falls_back_and_raises_as_default_collate(tmp_path: Path) -> None:
+def test_a_ragged_batch_is_decoded_and_raises_as_default_collate(tmp_path: Path) -> None:
     xs = [{"t": list(range(k % 3))} for k in range(10)]
     oracle = write(tmp_path / "d", {"files": [xs], "protocol": 4})
     ds = PickleDataset(tmp_path / "d", jobs=1)
-    batch = check_batch(ds, [0, 1, 2], oracle)
-    assert batch.columns[0].kind == OBJECTS
+    batch = check_batch(ds, [0, 1, 2], oracle)  # collate raises as default_collate does
+    assert batch.columns[0].kind == DECODED
+    assert batch.columns[0].data.decoder.ragged
     check_batch(ds, [0, 3, 6], oracle)  # one shape: decoded
     assert ds.__getitems__([0, 3, 6]).columns[0].kind == DECODED
 

@@ -3046,12 +3046,19 @@ cdef object _check_tree(object sample, int64_t limit, int64_t deepest, bint recu
 # building its value: a stack machine emits the value's shape as tokens (postfix: a leaf's kind;
 # a list or dict opened, then each APPENDS / SETITEMS with its count; a tuple with its count)
 # and writes its leaves, in stream order, into slot j of the batch's leaf table. The first sample
-# decoded sets the batch's shape; every later one must emit the same tokens and the same dict
-# keys, else the call declines (OD_DECLINE) and the caller reads that part its own way. The
+# decoded sets the batch's shape; a later one of other tokens or dict keys makes the batch ragged:
+# the rows decoded so far are built into their values, and every later sample's value is built
+# from its tokens and leaves (_build) into ``rows``. A sample outside the grammar makes the call
+# decline (OD_DECLINE) and the caller reads that part its own way. The
 # reference, read.objectcolumns.ReferenceDecoder, gives the same tokens, leaves and answers.
 
 cdef extern from "Python.h":
     object PyUnicode_DecodeUTF8(const char* s, Py_ssize_t size, const char* errors)
+    void PyTuple_SET_ITEM_R "PyTuple_SET_ITEM"(object, Py_ssize_t, PyObject*)  # steals it
+
+from cpython.dict cimport PyDict_SetItem
+from cpython.float cimport PyFloat_FromDouble
+from cpython.list cimport PyList_Append
 
 cdef enum:  # tokens (read.objectcolumns.TOKENS)
     TK_INT = 1
@@ -3072,6 +3079,7 @@ cdef enum:  # answers of ObjectDecoder.decode (read.objectcolumns.OD_*)
     OD_EXTERNAL = 1
     OD_DECLINE = 2
     OD_SHORT = 3
+    OD_RESHAPE = 4  # (inside decode only) a sample of another shape than the batch's first
 
 cdef enum:
     OD_SPAN_MAX = 1 << 26  # a span decoded here is at most this long (else: the reference)
@@ -3128,12 +3136,15 @@ cdef class ObjectDecoder:
     :attr:`vals` (int64 ``(slots, size)``: an int, a float's bits, a bool as 0/1),
     :attr:`objs` (per slot, a list of ``size`` values for str, bytes and None slots, else None),
     :attr:`keys` (per slot, the key a dict key slot holds, else None), :attr:`sizes` (each
-    row's decoded size as ``bounds.measure`` counts it), :attr:`height`, :attr:`filled` (rows
-    decoded)."""
+    row's decoded size as ``bounds.measure`` counts it), :attr:`height` (the deepest row's),
+    :attr:`filled` (rows decoded); :attr:`ragged` once a sample of another shape was met, then
+    :attr:`rows` (each decoded row's value, built here; the table no longer read)."""
 
     cdef public object schema, kinds, vals, objs, keys, sizes, filled
     cdef public Py_ssize_t size, nleaves
     cdef public int64_t height
+    cdef public bint ragged  # its samples differ in shape: each row's value built (rows)
+    cdef public list rows  # ragged: per row, its value (None: not decoded)
     cdef list _objs, _keys
     cdef ObjectDecoder prior  # an earlier batch's decoder: its shape is reused when the same
     cdef int64_t[:, ::1] _vals
@@ -3150,9 +3161,11 @@ cdef class ObjectDecoder:
     cdef OEntry* stack
     cdef Py_ssize_t* marks
     cdef OMemo* memo
+    cdef PyObject** vst  # the values on the stack of _build
 
     def __init__(self, Py_ssize_t size, ObjectDecoder prior=None):
         self.size, self.nleaves, self.height = size, 0, 0
+        self.ragged, self.rows = False, None
         self.schema = self.kinds = self.vals = self.objs = self.keys = None
         self.prior = prior if prior is not None and prior.schema is not None else None
         self.sizes = np.zeros(size, np.int64)
@@ -3171,6 +3184,8 @@ cdef class ObjectDecoder:
         free(self.stack)
         free(self.marks)
         free(self.memo)
+        free(self.vst)
+        self.vst = NULL
         self.toks = self.bits = NULL
         self.lkind = NULL
         self.lobj = NULL
@@ -3191,8 +3206,10 @@ cdef class ObjectDecoder:
         self.stack = <OEntry*>malloc(n * sizeof(OEntry))
         self.marks = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t))
         self.memo = <OMemo*>malloc(n * sizeof(OMemo))
+        self.vst = <PyObject**>malloc(n * sizeof(PyObject*))
         if (self.toks == NULL or self.bits == NULL or self.lkind == NULL or self.lobj == NULL
-                or self.stack == NULL or self.marks == NULL or self.memo == NULL):
+                or self.stack == NULL or self.marks == NULL or self.memo == NULL
+                or self.vst == NULL):
             self._free()
             raise MemoryError()
         self.cap = n
@@ -3208,7 +3225,7 @@ cdef class ObjectDecoder:
 
     def decode(
         self, list srcs, const int64_t[:] cuts, const int64_t[:] items, const int64_t[:] rows,
-        object labels, Py_ssize_t first, int64_t[:] nbytes,
+        object labels, Py_ssize_t first, int64_t[:] nbytes, bint identity=True,
     ):
         """Decode, for each file ``g``, the field spans of ``srcs[g]`` (:class:`ObjectSpans`):
         ``[starts[i], ends[i])`` (their first memo id ``bases[i]``; a GET's id plus ``shift``
@@ -3216,7 +3233,8 @@ cdef class ObjectDecoder:
         ``cuts[g]:cuts[g + 1]`` from ``first`` on, copied out of the file's mapping (guarded)
         or read by ``pread`` with the GIL released; an external memo key's value is
         ``externals[key]``; after each file's reads its identity is checked by its ``loader``
-        (None: not), the error naming ``labels[j]`` of its samples.
+        (None: not; ``identity`` False: not in this call, the caller checks it after its last
+        field's reads), the error naming ``labels[j]`` of its samples.
         Returns ``(answer, j, key, g, largest)``: OD_OK (``j`` = ``len(items)``),
         OD_EXTERNAL (``key`` is not in file ``g``'s ``externals``: resolve it, call again from
         ``j``), OD_DECLINE (sample ``j`` of file ``g`` is outside the grammar or not of the
@@ -3237,7 +3255,7 @@ cdef class ObjectDecoder:
                 continue
             got = self._one(
                 <ObjectSpans?>srcs[g], items[a:b], rows[a:b], labels[a:b], max(first - a, 0),
-                guarded,
+                guarded, identity,
             )
             nbytes[g] += <int64_t>got[3]
             if <int64_t>got[4] > largest:
@@ -3248,7 +3266,7 @@ cdef class ObjectDecoder:
 
     cdef tuple _one(
         self, ObjectSpans src, const int64_t[:] items, const int64_t[:] rows, object labels,
-        Py_ssize_t first, bint guarded,
+        Py_ssize_t first, bint guarded, bint identity,
     ):
         """:meth:`decode` of one file: ``(answer, j, key, nbytes, largest)``."""
         cdef const int64_t[:] starts = src.starts, ends = src.ends, bases = src.bases
@@ -3301,7 +3319,7 @@ cdef class ObjectDecoder:
                     j += 1
             if j < m:
                 return (OD_SHORT, j, 0, at[j - first], 0)
-            if loader is not None and loader.verify and loader._differs(fd):
+            if identity and loader is not None and loader.verify and loader._differs(fd):
                 raise loader.stale(None, -1, [int(v) for v in labels[first:]])
             for j in range(first, m):
                 i = items[j]
@@ -3309,6 +3327,12 @@ cdef class ObjectDecoder:
                     buf + at[j - first], ends[i] - starts[i], bases[i], src.shift, src.externals,
                     rows[j], &key,
                 )
+                if answer == OD_RESHAPE:  # a ragged batch: every row's value built from now on
+                    self._go_ragged()
+                    answer = self._sample(
+                        buf + at[j - first], ends[i] - starts[i], bases[i], src.shift,
+                        src.externals, rows[j], &key,
+                    )
                 if answer != OD_OK:
                     return (answer, j, key, total, largest)
                 if self._sizes[rows[j]] > largest:
@@ -3327,7 +3351,7 @@ cdef class ObjectDecoder:
         cdef int op, kind = 0, mode = 0  # mode: 1 MEMOIZE seen, 2 PUT seen
         cdef int64_t v = 0, size = 0, h, ident
         cdef uint64_t u
-        cdef bint learn = self.schema is None
+        cdef bint learn = self.schema is None or self.ragged  # its tokens kept, not checked
         cdef const int64_t* sch = self._schema
         cdef Py_ssize_t nsch = self._nschema
         cdef object o
@@ -3489,7 +3513,7 @@ cdef class ObjectDecoder:
                     self.stack[sp].kind, self.stack[sp].leaf, self.stack[sp].height = kind, -1, 1
                     sp += 1
                     if not self._tok(kind, learn, nt, sch, nsch):
-                        return OD_DECLINE
+                        return OD_RESHAPE
                     nt += 1
                     continue
                 elif op == 0x61 or op == 0x65 or op == 0x73 or op == 0x75 or op == 0x74 or op == 0x85 or op == 0x86 or op == 0x87:
@@ -3522,7 +3546,7 @@ cdef class ObjectDecoder:
                         sp += 1
                         size += 8 * c
                         if not self._tok(TK_TUPLE | (c << TK_SHIFT), learn, nt, sch, nsch):
-                            return OD_DECLINE
+                            return OD_RESHAPE
                         nt += 1
                         continue
                     ln = a - 1 if (op == 0x61 or op == 0x73) else a - 2  # the container
@@ -3540,7 +3564,7 @@ cdef class ObjectDecoder:
                             if self.stack[j].kind != TK_STR:
                                 return OD_DECLINE
                             if not learn and not self._same_key(self.stack[j].leaf):
-                                return OD_DECLINE
+                                return OD_RESHAPE
                         c //= 2
                         kind = TK_SETITEMS | (c << TK_SHIFT)
                         size += 16 * c
@@ -3548,7 +3572,7 @@ cdef class ObjectDecoder:
                         self.stack[ln].height = h + 1
                     sp = ln + 1
                     if not self._tok(kind, learn, nt, sch, nsch):
-                        return OD_DECLINE
+                        return OD_RESHAPE
                     nt += 1
                     continue
                 else:
@@ -3561,13 +3585,18 @@ cdef class ObjectDecoder:
                 sp += 1
                 nl += 1
                 if not self._tok(kind, learn, nt, sch, nsch):
-                    return OD_DECLINE
+                    return OD_RESHAPE
                 nt += 1
-            if sp != 1 or nm != 0 or (not learn and nt != nsch):
+            if sp != 1 or nm != 0:
                 return OD_DECLINE
-            if learn:
-                self._learn(nt, nl)
-            self._put(row, nl, size)
+            if not learn and nt != nsch:
+                return OD_RESHAPE
+            if self.ragged:
+                self._put_value(row, nt, nl, size)
+            else:
+                if learn:
+                    self._learn(nt, nl)
+                self._put(row, nl, size)
             answer = OD_OK
             return OD_OK
         except OverflowError:  # an external int past int64
@@ -3668,6 +3697,111 @@ cdef class ObjectDecoder:
             if want is not None and (lobj[j] == NULL or not (<PyObject*>want == lobj[j] or want == <object>lobj[j])):
                 return False
         return True
+
+    cdef int _go_ragged(self) except -1:
+        """The batch is ragged: the rows decoded so far (one shape: the table's) become their
+        values in :attr:`rows`, and every later sample's value is built as it is decoded."""
+        cdef Py_ssize_t r, j, nl = self.nleaves
+        cdef list rows = [None] * self.size
+        cdef object col
+        self._room(self._nschema)
+        for r in range(self.size):
+            if not self._filled[r]:
+                continue
+            for j in range(nl):  # the row's leaves, borrowed from the table
+                self.bits[j] = self._vals[j, r]
+                col = self._objs[j]
+                self.lobj[j] = NULL if col is None else PyList_GET_ITEM(col, r)
+            try:
+                rows[r] = self._build(self._schema, self._nschema)
+            finally:
+                for j in range(nl):
+                    self.lobj[j] = NULL
+        self.rows, self.ragged = rows, True  # the table stays: a later batch's prior reads it
+        return 0
+
+    cdef int _put_value(self, Py_ssize_t row, Py_ssize_t nt, Py_ssize_t nl, int64_t size) except -1:
+        """A ragged batch's sample: its value built into ``rows[row]``, its leaves let go."""
+        cdef int64_t h = self.stack[0].height if self.stack[0].leaf < 0 else 0
+        self.rows[row] = self._build(self.toks, nt)
+        self._drop(nl)
+        self._sizes[row] = size
+        self._filled[row] = 1
+        if h > self.height:
+            self.height = h
+        return 0
+
+    cdef object _build(self, const int64_t* toks, Py_ssize_t nt):
+        """The value of a sample of tokens ``toks[:nt]`` and leaves ``bits`` / ``lobj`` (in
+        stream order), as unpickling its span builds it: the tokens replayed on a stack."""
+        cdef PyObject** st = self.vst
+        cdef Py_ssize_t sp = 0, leaf = 0, t, c, j, at
+        cdef int64_t tok
+        cdef int kind
+        cdef double d
+        cdef object o, box
+        cdef PyObject* po
+        try:
+            for t in range(nt):
+                tok = toks[t]
+                kind = <int>(tok & ((1 << TK_SHIFT) - 1))
+                c = <Py_ssize_t>(tok >> TK_SHIFT)
+                if kind == TK_INT:
+                    o = PyLong_FromLongLong(self.bits[leaf])
+                    leaf += 1
+                elif kind == TK_FLOAT:
+                    memcpy(&d, &self.bits[leaf], 8)
+                    o = PyFloat_FromDouble(d)
+                    leaf += 1
+                elif kind == TK_BOOL:
+                    o = True if self.bits[leaf] else False
+                    leaf += 1
+                elif kind <= TK_NONE:  # str, bytes, None: the object decoded (None: NULL)
+                    po = self.lobj[leaf]
+                    o = <object>po if po != NULL else None
+                    leaf += 1
+                elif kind == TK_LIST:
+                    o = []
+                elif kind == TK_DICT:
+                    o = {}
+                elif kind == TK_TUPLE:
+                    if c > sp:
+                        raise ValueError("a ragged sample's tokens do not replay")
+                    o = PyTuple_New(c)
+                    for j in range(c):  # the stack's references go to the tuple
+                        PyTuple_SET_ITEM_R(o, j, st[sp - c + j])
+                    sp -= c
+                elif kind == TK_APPENDS:
+                    at = sp - c - 1
+                    if at < 0:
+                        raise ValueError("a ragged sample's tokens do not replay")
+                    box = <object>st[at]
+                    for j in range(at + 1, sp):
+                        PyList_Append(box, <object>st[j])
+                    for j in range(at + 1, sp):
+                        Py_DECREF_P(st[j])
+                    sp = at + 1
+                    continue
+                else:  # SETITEMS
+                    at = sp - 2 * c - 1
+                    if at < 0:
+                        raise ValueError("a ragged sample's tokens do not replay")
+                    box = <object>st[at]
+                    for j in range(at + 1, sp, 2):
+                        PyDict_SetItem(box, <object>st[j], <object>st[j + 1])
+                    for j in range(at + 1, sp):
+                        Py_DECREF_P(st[j])
+                    sp = at + 1
+                    continue
+                Py_INCREF(o)
+                st[sp] = <PyObject*>o
+                sp += 1
+            if sp != 1:
+                raise ValueError("a ragged sample's tokens do not replay")
+            return <object>st[0]
+        finally:
+            for j in range(sp):
+                Py_DECREF_P(st[j])
 
     cdef int _put(self, Py_ssize_t row, Py_ssize_t nl, int64_t size) except -1:
         """The sample's leaves into row ``row`` (their objects handed to the slot lists)."""

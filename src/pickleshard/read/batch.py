@@ -81,6 +81,18 @@ class BatchColumn:
             return self.data.value(k)
         return self.data[k]
 
+    def values(self) -> list[Any]:
+        """Every sample's value, as :meth:`value` gives each (a column at once: the int64
+        values in one ``tolist``, the decoded ones as the decoder holds them)."""
+        if self.kind == ARRAYS:
+            data = self.data
+            return [data[k, ...] for k in range(self.size)]
+        if self.kind == INTS:
+            return self.data.tolist()  # type: ignore[no-any-return]
+        if self.kind == DECODED:
+            return self.data.values()  # type: ignore[no-any-return]
+        return self.data  # type: ignore[no-any-return]
+
     @property
     def decodable(self) -> bool:
         """Whether a decoder may fill this column (:meth:`decoding`)."""
@@ -116,6 +128,24 @@ class BatchColumn:
             self.degrade()
         self.data[k] = value  # an array is copied into its row
         self.fresh = False
+
+    def put_values(self, rows: list[int], values: list[Any]) -> None:
+        """Set the values of samples ``rows`` (``values`` in the same order), as :meth:`put`
+        does each: a list's at once, ints into an int64 column by one conversion."""
+        if self.kind == OBJECTS:
+            data = self.data
+            for k, v in zip(rows, values, strict=True):
+                data[k] = v
+            self.fresh = self.fresh and not rows
+            return
+        if self.kind == INTS and all(type(v) is int for v in values):
+            try:
+                self.data[rows] = np.asarray(values, np.int64)
+                return
+            except OverflowError:  # one past int64: the column degrades to a list
+                pass
+        for k, v in zip(rows, values, strict=True):
+            self.put(k, v)
 
     def put_rows(self, rows: np.ndarray, values: np.ndarray) -> None:
         """Set the values of samples ``rows`` from an array of them (ints: int64 values)."""
@@ -197,9 +227,11 @@ class SampleBatch(Sequence[Any]):
         return values if self.build is tuple else self.build(values)
 
     def __iter__(self) -> Iterator[Any]:
-        # default_collate walks a batch twice (sizes, then transposed): build the samples once
+        # default_collate walks a batch twice (sizes, then transposed): build the samples once,
+        # column by column (a sample at a time cost more than reading it, on small objects)
         if self._samples is None:
-            self._samples = [self[k] for k in range(self.size)]
+            rows = zip(*[c.values() for c in self.columns], strict=True)
+            self._samples = list(rows) if self.build is tuple else [self.build(t) for t in rows]
         return iter(self._samples)
 
     def __eq__(self, other: object) -> bool:

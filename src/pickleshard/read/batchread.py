@@ -46,6 +46,7 @@ from .batch import ARRAYS, INTS, OBJECTS, Allocate, BatchColumn, SampleBatch
 from .filefill import FILL_GAP, FileFill, Plan
 from .files import SpanFiles
 from .objectcolumns import decode_objects
+from .whole.gather import WholeGather
 
 __all__ = ["BatchReader", "plan_columns"]
 
@@ -121,6 +122,7 @@ class BatchReader:
     ) -> None:
         self.firsts = np.asarray(firsts, np.int64)
         self.is_span, self.spans, self.whole, self.finish = list(is_span), spans, whole, finish
+        self._wholes = WholeGather(finish)  # whole-read files' samples, each bounded once
         self.nfields, self.total, self.form = len(form.fields), total, form
         # tuples are handed out as read; other forms are built from each sample's values
         self._build: Callable[[tuple[Any, ...]], Any] = (
@@ -213,7 +215,8 @@ class BatchReader:
         wanted_o = wanted[order]
         in_order = np.searchsorted(self.firsts, wanted_o, "right") - 1
         items_o = wanted_o - self.firsts[in_order]
-        heads = np.flatnonzero(np.diff(in_order, prepend=-1))
+        heads = np.flatnonzero(in_order[1:] != in_order[:-1]) + 1  # each file's first
+        heads = np.concatenate(([0], heads)) if len(in_order) else heads
         cuts = [*heads.tolist(), len(order)]
         fills = self._process_fills()
         span: list[tuple[FileFill, int, int]] = []
@@ -247,7 +250,7 @@ class BatchReader:
         for fill, a, b in decode_objects(slow, items_o, wanted_o, order, columns) if slow else ():
             fill.fill(items_o[a:b], wanted_o[a:b], order[a:b], columns)
         for (pos, a, b), got in zip(wholes, decoded, strict=True):
-            self._gather(pos, got, order[a:b], items_o[a:b], wanted_o[a:b], columns)
+            self._wholes.gather(pos, got, order[a:b], items_o[a:b], wanted_o[a:b], columns)
         return SampleBatch(columns, len(wanted), self._build, self.form.collated)
 
     def _process_fills(self) -> list[FileFill | None]:
@@ -330,20 +333,3 @@ class BatchReader:
             fill.batch.tag = self._tags.setdefault(id(fill.plans), len(self._tags))
         self._records[pos] = fill.batch
         return fill  # type: ignore[no-any-return]
-
-    def _gather(
-        self,
-        pos: int,
-        got: DecodedLayout,
-        rows: np.ndarray,
-        items: np.ndarray,
-        labels: np.ndarray,
-        columns: list[BatchColumn],
-    ) -> None:
-        """Put samples ``items`` of a file read whole in rows ``rows``, each through
-        ``finish`` (its bounds)."""
-        its, rows_l, labels_l = items.tolist(), rows.tolist(), labels.tolist()
-        for k, i, label in zip(rows_l, its, labels_l, strict=True):
-            sample = self.finish(tuple([col[i] for col in got.columns]), pos, label)
-            for col, value in zip(columns, sample, strict=True):
-                col.put(k, value)

@@ -6,10 +6,14 @@ decoded by a stack machine that never builds the value: it emits the value's *sh
 (postfix: a leaf's kind; a list or dict opened, then each ``APPENDS``/``SETITEMS`` with its
 count; a tuple with its count) and writes its leaves, in stream order, into slot ``j`` of the
 batch's leaf table (``vals``: int64 ``(slots, B)``, a float as its bits, a bool as 0/1; ``objs``:
-the str, bytes and None values). The first sample decoded sets the batch's shape; every later
-one must give the same tokens and the same dict keys, else the decoder declines and that part
-of the batch is read the present way (:meth:`SpanReader.many
-<pickleshard.read.SpanReader.many>`, then ``default_collate``): never wrong data.
+the str, bytes and None values). The first sample decoded sets the batch's shape; while every
+later one gives the same tokens and dict keys the batch stays a table. A sample of another shape
+makes the batch *ragged*: the rows decoded so far are built into their values, and from then on
+each sample's value is built by the decoder as it is decoded (its tokens replayed on a stack,
+still in the compiled call), handed out as they are and collated by ``default_collate`` (which
+raises for ragged lists, as it does for the samples read one by one). A sample outside the
+grammar makes the decoder decline, and that part of the batch is read the present way
+(:meth:`SpanReader.many <pickleshard.read.SpanReader.many>`): never wrong data.
 
 :class:`~pickleshard.read.objectdecoder.ReferenceDecoder` is the decoder in Python, the twin of
 the compiled ``_cscan.ObjectDecoder`` (same tokens, leaves, sizes and answers); :class:`ObjectColumn` turns a
@@ -123,11 +127,17 @@ class ObjectColumn:
         self._values: list[Any] | None = None
 
     @property
+    def usable(self) -> bool:
+        """Whether the decoded rows' values can be had (built per row where the batch is
+        ragged, else made from the table by its shape)."""
+        return bool(self.decoder.ragged) or self.tree is not None
+
+    @property
     def tree(self) -> Node | None:
-        """The batch's shape (None: not decoded, or not usable)."""
+        """The batch's shape (None: not decoded, ragged, or not usable)."""
         if self._tree is False:
             d, trees = self.decoder, self._trees
-            if d.schema is None or d.height >= _TREE_DEPTH_MAX:
+            if d.schema is None or d.ragged or d.height >= _TREE_DEPTH_MAX:
                 self._tree = None
             elif trees is None:
                 self._tree = shape_tree(list(d.schema), list(d.keys))
@@ -149,7 +159,9 @@ class ObjectColumn:
         """Every row's value, as unpickling its span gives it (a row not decoded: None)."""
         if self._values is None:
             d, tree = self.decoder, self.tree
-            if tree is None:
+            if d.ragged:  # each row's value built by the decoder (None: not decoded)
+                self._values = d.rows
+            elif tree is None:
                 self._values = [None] * d.size
             else:
                 got = _values(tree, d)
@@ -163,7 +175,8 @@ class ObjectColumn:
 
     def collated(self, torch: Any) -> Any:
         """What ``default_collate`` gives for this field of the batch (its values in a
-        tuple); :class:`NotCollatable` where it raises."""
+        tuple); :class:`NotCollatable` where it raises, or may (a ragged batch: its values go
+        to ``default_collate``, which names what differs)."""
         tree = self.tree
         if tree is None or not self.decoder.filled.all():
             raise NotCollatable
@@ -344,15 +357,18 @@ def decode_objects(
     nbytes = np.zeros(len(fills), np.int64)
     good = len(fills)  # the files decoded whole, in every field
     largest, height = 8 * first.nfields + 8 * len(ints), 0
+    last = len(cols) - 1
     for k, col in enumerate(cols):
         dec = col.decoding(functools.partial(first.new_column, k=k)).decoder
         srcs = [o.spans[k] for o in objs]
         j = 0
         while True:
-            answer, j, key, g, big = dec.decode(srcs, cuts, its, rws, lbs, j, nbytes)
+            # each file's identity checked once a batch, after its last field's reads: a file
+            # the last field leaves (declined) goes to the reference, which checks it
+            answer, j, key, g, big = dec.decode(srcs, cuts, its, rws, lbs, j, nbytes, k == last)
             if answer != OD_EXTERNAL or not objs[g].resolve(key):
                 break
-        if col.data.tree is None:
+        if not col.data.usable:
             good = 0  # a shape no value can be made of: every part the present way
         elif answer != OD_OK:
             good = min(good, g)
@@ -367,9 +383,12 @@ def decode_objects(
             max_depth is not None and height and height + 1 > max_depth
         ):
             good = 0  # the reference reads them and names the sample
+    if good and ints:  # each int field of the decoded files by one put
+        edges = cuts[: good + 1].tolist()
+        for n, f in enumerate(ints):
+            got = [o.ints[n][1][its[c:e]] for o, c, e in zip(objs, edges, edges[1:], strict=False)]
+            columns[f].put_rows(rws[: edges[-1]], np.concatenate(got) if len(got) > 1 else got[0])
     for o, (_, a, b) in zip(objs[:good], fills[:good], strict=True):
-        for f, values in o.ints:
-            columns[f].put_rows(rows[a:b], values[items[a:b]])
         o.reader.stats.fast_reads += (b - a) * len(fields)
     if good == len(fills) == len(parts):
         return []

@@ -6,8 +6,10 @@ machine that never builds the value: it emits the value's *shape* as tokens (pos
 kind; a list or dict opened, then each ``APPENDS``/``SETITEMS`` with its count; a tuple with its
 count) and writes its leaves, in stream order, into slot ``j`` of the batch's leaf table
 (``vals``: int64 ``(slots, B)``, a float as its bits, a bool as 0/1; ``objs``: the str, bytes and
-None values). The first sample decoded sets the batch's shape; every later one must give the
-same tokens and the same dict keys, else the decoder declines. Both twins give the same tokens,
+None values). The first sample decoded sets the batch's shape; a later one of other tokens or
+dict keys makes the batch ragged (:attr:`~ReferenceDecoder.ragged`): every row's value is built
+from its tokens and leaves into :attr:`~ReferenceDecoder.rows`, the rows decoded before from the
+table. Outside the grammar the decoder declines. Both twins give the same tokens,
 leaves, sizes (as :func:`pickleshard.safety.bounds.measure` counts them) and answers;
 :mod:`pickleshard.read.objectcolumns` uses them.
 """
@@ -41,7 +43,11 @@ _INT64 = 1 << 63
 
 
 class _Decline(Exception):
-    """The span is outside the grammar, or not of the batch's shape."""
+    """The span is outside the grammar."""
+
+
+class _Reshape(_Decline):
+    """The span is not of the batch's shape (its first sample's): the batch is ragged."""
 
 
 class _External(Exception):
@@ -57,8 +63,8 @@ def _uint(b: bytes, pos: int, n: int) -> int:
 
 class ReferenceDecoder:
     """The compiled ``_cscan.ObjectDecoder`` in Python (see the module): the same attributes
-    (``schema``, ``kinds``, ``vals``, ``objs``, ``keys``, ``sizes``, ``height``, ``filled``) and
-    :meth:`decode`, with the file read by ``read(offset, n)`` and its identity checked by
+    (``schema``, ``kinds``, ``vals``, ``objs``, ``keys``, ``sizes``, ``height``, ``filled``,
+    ``ragged``, ``rows``) and :meth:`decode`, with the file read by ``read(offset, n)`` and its identity checked by
     ``check(labels)`` (None: not) instead of a descriptor and a loader."""
 
     def __init__(self, size: int) -> None:
@@ -70,6 +76,8 @@ class ReferenceDecoder:
         self.keys: list[Any] = []
         self.sizes = np.zeros(size, np.int64)
         self.filled = np.zeros(size, np.uint8)
+        self.ragged = False  # its samples differ in shape: each row's value built (rows)
+        self.rows: list[Any] | None = None
 
     def decode(
         self,
@@ -111,7 +119,11 @@ class ReferenceDecoder:
         for j, data in enumerate(datas, first):
             i = int(items[j])
             try:
-                self._sample(data, int(bases[i]), shift, externals, int(rows[j]))
+                try:
+                    self._sample(data, int(bases[i]), shift, externals, int(rows[j]))
+                except _Reshape:  # a ragged batch: every row's value built from now on
+                    self._go_ragged()
+                    self._sample(data, int(bases[i]), shift, externals, int(rows[j]))
             except _External as exc:
                 return OD_EXTERNAL, j, exc.key, total, largest
             except _Decline:
@@ -129,6 +141,7 @@ class ReferenceDecoder:
         leaves: list[tuple[int, int, Any]] = []  # (kind, bits, object)
         toks: list[int] = []
         size, mode, nmemo = 0, 0, 0
+        schema = None if self.ragged else self.schema  # checked against (None: kept)
 
         def leaf(kind: int, bits: int, obj: Any) -> None:
             stack.append([kind, len(leaves), 0])
@@ -261,8 +274,8 @@ class ReferenceDecoder:
                     for e in items[::2]:
                         if e[0] != STR:
                             raise _Decline
-                        if self.schema is not None and self.keys[e[1]] != leaves[e[1]][2]:
-                            raise _Decline
+                        if schema is not None and self.keys[e[1]] != leaves[e[1]][2]:
+                            raise _Reshape
                     tok = SETITEMS | (c // 2) << SHIFT
                     size += 16 * (c // 2)
                 stack[at][2] = max(stack[at][2], h + 1)
@@ -271,13 +284,22 @@ class ReferenceDecoder:
             else:
                 raise _Decline
             if (
-                self.schema is not None
+                schema is not None
                 and toks
-                and (len(toks) > len(self.schema) or toks[-1] != self.schema[len(toks) - 1])
+                and (len(toks) > len(schema) or toks[-1] != schema[len(toks) - 1])
             ):
-                raise _Decline
-        if len(stack) != 1 or marks or (self.schema is not None and toks != self.schema):
+                raise _Reshape
+        if len(stack) != 1 or marks:
             raise _Decline
+        if schema is not None and toks != schema:
+            raise _Reshape
+        if self.ragged:
+            assert self.rows is not None
+            self.rows[row] = _build(toks, leaves)
+            top = stack[0]
+            self.height = max(self.height, top[2] if top[1] < 0 else 0)
+            self.sizes[row], self.filled[row] = size, 1
+            return
         if self.schema is None:
             self._learn(toks, leaves, stack[0])
         for j, (_, bits, obj) in enumerate(leaves):
@@ -286,6 +308,19 @@ class ReferenceDecoder:
             if col is not None:
                 col[row] = obj
         self.sizes[row], self.filled[row] = size, 1
+
+    def _go_ragged(self) -> None:
+        """The rows decoded so far (the table's one shape) become their values in
+        :attr:`rows`; every later sample's value is built as it is decoded."""
+        assert self.schema is not None
+        rows: list[Any] = [None] * self.size
+        for r in np.flatnonzero(self.filled).tolist():
+            leaves = [
+                (kind, int(self.vals[j, r]), None if objs is None else objs[r])
+                for j, (kind, objs) in enumerate(zip(self.kinds, self.objs, strict=True))
+            ]
+            rows[r] = _build(self.schema, leaves)
+        self.rows, self.ragged = rows, True
 
     @staticmethod
     def _external(o: Any, leaf: Callable[[int, int, Any], None]) -> int:
@@ -315,6 +350,43 @@ class ReferenceDecoder:
         self.objs = [[None] * self.size if k in _OBJECT_LEAVES else None for k in self.kinds]
         self.keys = _key_slots(toks, [o for _, _, o in leaves])
         self.height = top[2] if top[1] < 0 else 0
+
+
+def _build(toks: list[int], leaves: list[tuple[int, int, Any]]) -> Any:
+    """The value of a sample of tokens ``toks`` and ``leaves`` (stream order), as unpickling
+    its span builds it: the tokens replayed on a stack."""
+    stack: list[Any] = []
+    at = iter(leaves)
+    for t in toks:
+        kind, c = t & ((1 << SHIFT) - 1), t >> SHIFT
+        if kind <= NONE:
+            _, bits, obj = next(at)
+            if kind == INT_:
+                stack.append(bits)
+            elif kind == FLOAT:
+                stack.append(struct.unpack("<d", struct.pack("<q", bits))[0])
+            elif kind == BOOL:
+                stack.append(bool(bits))
+            else:
+                stack.append(obj)
+        elif kind == LIST:
+            stack.append([])
+        elif kind == DICT:
+            stack.append({})
+        elif kind == TUPLE:
+            stack.append(tuple(stack[len(stack) - c :]) if c else ())
+            del stack[len(stack) - 1 - c : len(stack) - 1]
+        elif kind == APPENDS:
+            items = stack[len(stack) - c :]
+            del stack[len(stack) - c :]
+            stack[-1].extend(items)
+        else:
+            items = stack[len(stack) - 2 * c :]
+            del stack[len(stack) - 2 * c :]
+            for k, v in zip(items[::2], items[1::2], strict=True):
+                stack[-1][k] = v
+    (top,) = stack
+    return top
 
 
 def _key_slots(schema: list[int], objs: list[Any]) -> list[Any]:
