@@ -50,28 +50,6 @@ def oracle_samples(path: Path) -> list[Any]:
     return [tuple(c[i] for c in columns) for i in range(len(columns[0]))]
 
 
-def assert_deep_equal(got: Any, want: Any) -> None:
-    """Equality that compares numpy arrays by dtype, shape and values, recursing into containers."""
-    if isinstance(want, np.ndarray):
-        assert isinstance(got, np.ndarray), f"expected an ndarray, got {type(got).__name__}"
-        assert got.dtype == want.dtype
-        assert got.shape == want.shape
-        assert np.array_equal(got, want)
-    elif isinstance(want, (list, tuple)):
-        assert type(got) is type(want), f"{type(got).__name__} != {type(want).__name__}"
-        assert len(got) == len(want)
-        for g, w in zip(got, want, strict=True):
-            assert_deep_equal(g, w)
-    elif isinstance(want, dict):
-        assert isinstance(got, dict)
-        assert list(got) == list(want)
-        for k in want:
-            assert_deep_equal(got[k], want[k])
-    else:
-        assert type(got) is type(want)
-        assert got == want
-
-
 def _truncations(data: bytes) -> list[int]:
     n = len(data)
     return sorted({1, 2, 5, n // 3, n // 2, n - 2, n - 1})

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, default_collate
 import pickleshard
 from pickleshard import PickleDataset, errors
 from pickleshard.read.batch import ARRAYS, INTS, SampleBatch
+from pickleshard.testing import assert_same
 
 DTYPES = ["<f4", "<f8", "<i8", "<i4", "|u1", "|b1", "<f2", "<c8", "<u2", ">f4", ">i8"]
 
@@ -47,25 +48,7 @@ def assert_collated(got: Any, want: Any, where: str = "batch") -> None:
     elif isinstance(want, float) and math.isnan(want):
         assert math.isnan(got), where
     else:
-        assert_same_sample(got, want)
-
-
-def assert_same_sample(got: Any, want: Any) -> None:
-    assert type(got) is type(want)
-    if isinstance(want, np.ndarray):
-        assert got.dtype == want.dtype
-        assert got.shape == want.shape
-        assert got.tobytes() == want.tobytes()
-    elif isinstance(want, tuple | list):
-        assert len(got) == len(want)
-        for g, w in zip(got, want, strict=True):
-            assert_same_sample(g, w)
-    elif isinstance(want, dict):
-        assert list(got) == list(want)
-        for k in want:
-            assert_same_sample(got[k], want[k])
-    else:
-        assert got == want
+        assert_same(got, want)
 
 
 def check_batch(ds: PickleDataset, indices: list[int]) -> SampleBatch:
@@ -74,7 +57,7 @@ def check_batch(ds: PickleDataset, indices: list[int]) -> SampleBatch:
     assert isinstance(batch, SampleBatch)
     alone = [ds[i] for i in indices]
     for got, want in zip(batch, alone, strict=True):
-        assert_same_sample(got, want)
+        assert_same(got, want)
     try:
         want = default_collate(alone)
     except (RuntimeError, TypeError, ValueError, IndexError) as exc:  # what torch cannot collate
@@ -176,7 +159,7 @@ def test_batches_equal_pickle_load_and_default_collate(
         indices = rng.permutation(len(ds))[:size].tolist()
         batch = check_batch(ds, indices)
         for got, i in zip(batch, indices, strict=True):
-            assert_same_sample(got, tuple(want[i]))
+            assert_same(got, tuple(want[i]))
 
 
 def _loaded(path: Path, layout: str) -> list[tuple[Any, ...]]:
@@ -390,7 +373,7 @@ def test_a_mix_is_one_batch_that_collates_equal_to_default_collate(
     batch = mix.__getitems__(indices)
     alone = [mix[i] for i in indices]
     for got, want in zip(batch, alone, strict=True):
-        assert_same_sample(got, want)
+        assert_same(got, want)
     assert_collated(pickleshard.collate(batch), default_collate(alone))
     assert_collated(default_collate(batch), default_collate(alone))
     ours = DataLoader(mix, batch_size=16, collate_fn=pickleshard.collate, num_workers=workers)

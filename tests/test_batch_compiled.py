@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from pickleshard import PickleDataset, errors
 from pickleshard.picklekit.compiled import CORE
 from pickleshard.read import batchread
-from test_batch import _loaded, assert_same_sample, check_batch, flip_byte_in_place
+from pickleshard.testing import assert_same
+from test_batch import _loaded, check_batch, flip_byte_in_place
 
 pytestmark = pytest.mark.skipif(CORE is None, reason="the compiled core is not built")
 
@@ -78,10 +79,10 @@ def test_compiled_batches_equal_pickle_load_and_default_collate(
         indices = rng.integers(-n, n, size).tolist()  # repeats and negative ones too
         batch = check_batch(ds, indices)
         for got, i in zip(batch, indices, strict=True):
-            assert_same_sample(got, tuple(want[i]))
+            assert_same(got, tuple(want[i]))
         as_array = ds.__getitems__(np.asarray(indices))  # numpy indices: the same batch
         for got, same in zip(as_array, batch, strict=True):
-            assert_same_sample(got, same)
+            assert_same(got, same)
 
 
 def test_later_batches_are_planned_in_the_compiled_call(
@@ -194,7 +195,7 @@ def test_framing_with_frame_headers_between_samples_reads_as_pickle_load(
         for got, w in zip(
             ds.__getitems__(order[k : k + 20]), [want[i] for i in order[k : k + 20]], strict=True
         ):
-            assert_same_sample(got, w)
+            assert_same(got, w)
 
 
 def test_a_file_replaced_under_a_compiled_batch_is_an_error(tmp_path: Path) -> None:

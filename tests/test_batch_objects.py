@@ -19,13 +19,13 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader, default_collate
 
 import pickleshard
-from conftest import assert_deep_equal
 from pickleshard import PickleDataset, errors
 from pickleshard.picklekit.compiled import CORE
 from pickleshard.read.batch import DECODED, OBJECTS
 from pickleshard.read.objectcolumns import ObjectColumn
 from pickleshard.read.objectdecoder import OD_EXTERNAL, OD_OK, TOKENS, ReferenceDecoder
 from pickleshard.safety.bounds import measure
+from pickleshard.testing import assert_same
 from test_batch import assert_collated
 
 needs_core = pytest.mark.skipif(CORE is None, reason="the compiled core is not built")
@@ -352,10 +352,10 @@ def test_a_decoded_batch_pickles_as_its_values(tmp_path: Path) -> None:
     assert batch.columns[0].kind == DECODED
     back = pickle.loads(pickle.dumps(batch))
     assert back.columns[0].kind == OBJECTS
-    assert_deep_equal(list(back), [oracle[i] for i in indices])
+    assert_same(list(back), [oracle[i] for i in indices])
     loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=lambda b: b)
     got = [s for b in loader for s in b]
-    assert_deep_equal(got, oracle)
+    assert_same(got, oracle)
 
 
 @needs_core
@@ -372,7 +372,7 @@ def test_a_shape_nested_past_the_tree_depth_is_read_the_present_way(tmp_path: Pa
     xs = [nest(k, 100) for k in range(4)]
     oracle = write(tmp_path / "d", {"files": [xs], "protocol": 4})
     ds = PickleDataset(tmp_path / "d", jobs=1, max_depth=200)
-    assert_deep_equal(list(ds.__getitems__([3, 0])), [oracle[3], oracle[0]])
+    assert_same(list(ds.__getitems__([3, 0])), [oracle[3], oracle[0]])
     shallow = PickleDataset(tmp_path / "d", jobs=1, max_depth=50)
     with pytest.raises(errors.SampleTooDeepError):
         shallow.__getitems__([3, 0])
