@@ -30,6 +30,7 @@ from ..io import ByteSource, open_source
 from ..io.options import SourceOptions
 from ..io.remote.counting import remote_fetch_counts
 from ..io.remote.source import FsspecSource
+from ..picklekit.memotables import sorted_unique
 from ..picklekit.preload import check_before_load
 from ..producers.foreign import foreign_scan
 from ..read import SpanReader
@@ -97,7 +98,7 @@ def _estimate(scan: ScanResult, source: ByteSource, policy: UnpicklePolicy) -> i
             objects.append(f)
     if not objects:
         return total
-    picked = np.unique(np.linspace(0, n - 1, min(n, _SIZED)).astype(np.int64))
+    picked = sorted_unique(np.linspace(0, n - 1, min(n, _SIZED)).astype(np.int64))[0]
     # a big sample is never built to size it (a set of 150,000 ints that hash alike takes
     # minutes to build): its pickled size stands in
     picked = picked[spans[picked][:, objects].sum(axis=1) <= _SIZED_SPAN_MAX]
