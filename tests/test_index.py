@@ -115,6 +115,18 @@ def test_rebuild_replaces_the_arrays(tmp_path: Path) -> None:
     assert np.array_equal(second.samples, first.samples)
 
 
+def test_progress_bar_counts_every_file_and_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _synth(tmp_path / "data", files=3, per_file=4)
+    quiet = build_index(tmp_path / "data", index=tmp_path / "quiet", jobs=1)
+    assert "index" not in capsys.readouterr().err  # no bar unless asked
+    shown = build_index(tmp_path / "data", index=tmp_path / "shown", jobs=1, progress=True)
+    assert "3/3" in capsys.readouterr().err
+    assert shown.files == quiet.files
+    assert np.array_equal(shown.samples, quiet.samples)
+
+
 def test_parallel_build_equals_serial_build(tmp_path: Path) -> None:
     _synth(tmp_path / "data", files=5, per_file=7)
     serial = build_index(tmp_path / "data", index=tmp_path / "serial", jobs=1)

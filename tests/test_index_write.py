@@ -41,9 +41,10 @@ def test_concatenated_arrays_load_back_with_their_checksum(
 ) -> None:
     path = tmp_path / "a.npy"
     total = sum(len(p) for p in parts)
-    crc, fd = write_module._save_concatenated(path, iter(parts), total, dtype, tail)
+    crc, fd, offset = write_module._save_concatenated(path, iter(parts), total, dtype, tail)
     os.close(fd)
     got = np.load(path)
+    assert np.load(path, mmap_mode="r").offset == offset  # where the index's map starts
     want = np.concatenate(parts).astype(dtype) if parts else np.empty((0, *tail), dtype)
     assert got.dtype == np.dtype(dtype)
     assert got.shape == (total, *tail)
@@ -167,6 +168,13 @@ def test_the_index_a_build_returns_is_the_one_open_reads_back(
     for key in again.spans:
         np.testing.assert_array_equal(built.spans[key], again.spans[key])
     np.testing.assert_array_equal(built.samples, again.samples)
+    # mapped as np.load maps them: the same class, dtype, shape, offset, and read only
+    for mine, theirs in [(built.samples, again.samples)] + [
+        (built.spans[k], again.spans[k]) for k in again.spans
+    ]:
+        assert type(mine) is type(theirs) is np.memmap
+        assert (mine.dtype, mine.shape, mine.offset) == (theirs.dtype, theirs.shape, theirs.offset)
+        assert not mine.flags.writeable
     assert [built.locate(i) for i in range(len(built))] == [
         again.locate(i) for i in range(len(again))
     ]

@@ -35,6 +35,7 @@ from pickleshard.scan.scratch import (
     ScanScratch,
     current_scratch,
     fill_examined_py,
+    learned_window,
     scratch_scope,
 )
 from pickleshard.scan.sparse import SKIP
@@ -121,6 +122,56 @@ def test_fill_examined_compiled_and_reference_read_the_bytes_the_scan_steps_on(
     assert compiled == reference
     for lo, hi in _examined(data):
         assert compiled[lo:hi] == data[lo:hi], f"bytes [{lo}, {hi}) not read"
+
+
+def test_learned_window_is_the_last_need_doubled_within_bounds() -> None:
+    assert [learned_window(n, WINDOW) for n in (0, 1, 16, 17, 29, 40, 127, 128, 5000)] == [
+        32,
+        32,
+        32,
+        64,
+        64,
+        96,
+        256,
+        256,
+        256,
+    ]
+    assert learned_window(29, 16) == 16  # never past the window asked for
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_samples_alike_are_read_once_each_in_a_window_of_their_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, protocol: int
+) -> None:
+    rng = np.random.default_rng(protocol)
+    samples = [rng.random((3, 32, 32)).astype(np.float32) for _ in range(300)]
+    path = tmp_path / "x.pkl"
+    path.write_bytes(pickle.dumps((samples, list(range(300))), protocol=protocol))
+    data = path.read_bytes()
+    reads: list[int] = []
+    real = os.pread
+
+    def counted(fd: int, n: int, at: int) -> bytes:
+        reads.append(n)
+        return real(fd, n, at)
+
+    monkeypatch.setattr(os, "pread", counted)
+    out = bytearray(b"\xab" * len(data))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        got = fill_examined_py(fd, out, len(data), WINDOW, MOST, SKIP)
+        monkeypatch.undo()
+        compiled = bytearray(b"\xab" * len(data))
+        assert _cscan.fill_examined(fd, compiled, len(data), WINDOW, MOST, SKIP) == got
+    finally:
+        os.close(fd)
+    assert compiled == out
+    for lo, hi in _examined(data):
+        assert out[lo:hi] == data[lo:hi], f"bytes [{lo}, {hi}) not read"
+    # one read a sample (and a few for the head and the labels), each far under the first
+    # window once learned: the opcodes between two payloads are under 100 bytes
+    assert len(reads) <= 300 + 10, len(reads)
+    assert sorted(reads)[len(reads) // 2] < WINDOW, reads[:20]
 
 
 def test_bad_bytes_give_the_same_error_through_the_scratch(tmp_path: Path) -> None:

@@ -203,6 +203,13 @@ from posix.unistd cimport pread as _pread
 from os import strerror
 
 
+cdef inline Py_ssize_t _learned(Py_ssize_t need, Py_ssize_t window) noexcept nogil:
+    """The window after a skip: ``need`` (the bytes the last window held up to the skipped
+    payload) doubled, rounded up to 32, from 32 to ``window``."""
+    need = (2 * need + 31) // 32 * 32
+    return window if need >= window else (need if need > 32 else 32)
+
+
 cdef int _fill(
     int fd, unsigned char* out, Py_ssize_t lo, Py_ssize_t n, Py_ssize_t size, int64_t* got
 ) noexcept nogil:
@@ -230,8 +237,11 @@ def fill_examined(
     examines (see :mod:`pickleshard.scan.sparse`): each opcode the chain of :func:`_extent`
     steps on from offset 0, its argument, and its payload when shorter than ``skip`` (a longer
     one is stepped over, unread). Reads are windows of ``window`` bytes at each place the chain
-    lands, doubled up to ``most`` while the chain walks off their ends (small opcodes only),
-    back to ``window`` after a skip. Stops at bytes :func:`_extent` refuses: they are in
+    lands, doubled up to ``most`` while the chain walks off their ends (small opcodes only);
+    after a skip, the next window is what the last one needed (from where it was read to the
+    skipped payload's head) doubled, rounded up to 32 bytes, from 32 to ``window``: a file of
+    samples alike reads each sample's opcodes in one read of about their size (12 KB arrays:
+    64 bytes a sample, not 256). Stops at bytes :func:`_extent` refuses: they are in
     ``out``, and the walk reports them. Other bytes of ``out`` are left as they were. Returns
     the bytes read; raises ``OSError`` when a read fails."""
     cdef unsigned char[::1] o = out
@@ -266,7 +276,7 @@ def fill_examined(
             if F_LEN1 <= FORM_[op] <= F_LEN8U:
                 payload = nxt - pos - 1 - ARGLEN_[op]
                 if payload >= skip:
-                    w = window
+                    w = _learned(nxt - payload - lo, window)
                 elif nxt > have:  # a short payload past the window: the scan reads it
                     err = _fill(fd, b, have, nxt - have, size, &got)
                     if err:

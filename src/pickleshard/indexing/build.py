@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Iterator, Mapping
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -100,14 +101,17 @@ def _describe_all(
         (root, rel, pos, staging, policy, layout, opts, here)
         for pos, rel in enumerate(source.files)
     ]
-    with tqdm(total=len(tasks), unit="file", desc="index", disable=not progress) as bar:
+    # no bar at all unless asked: a disabled tqdm still makes its multiprocessing lock (an
+    # import and a semaphore in a process's first build)
+    with tqdm(total=len(tasks), unit="file", desc="index") if progress else nullcontext() as bar:
         results = executor.run(describe_or_problem, tasks)
         try:
             for pos, got in results:
                 if isinstance(got, FileProblem) and not skip_bad:
                     raise _damaged(got)
                 yield pos, got
-                bar.update()
+                if bar is not None:
+                    bar.update()
         finally:  # stopped early (an error here or in the caller): the executor cancels
             results.close()
 

@@ -40,14 +40,26 @@ __all__ = [
     "ScanScratch",
     "current_scratch",
     "fill_examined",
+    "learned_window",
     "scratch_scope",
 ]
 
 SCRATCH_BYTES = 64 << 20  # examined bytes a scratch may hold (its resident pages), at most
-WINDOW = 256  # bytes read where the chain lands: an array sample's opcodes, a FRAME's head
+WINDOW = 256  # bytes read where the chain lands first (then learned: learned_window, at most
+# this): an array sample's opcodes, a FRAME's head
 # (256 rather than 512: a first open of 8 files of 150 KB arrays 35.5 against 36.5 ms, of
 # 12 KB arrays 57.2 against 58.3; fewer scratch pages touched and bytes copied per sample)
 MOST = 256 << 10  # ... doubled while the chain walks off their ends (small opcodes), to this
+
+
+def learned_window(need: int, window: int) -> int:
+    """The window read where the chain lands after a skipped payload: ``need`` (the bytes the
+    last window held up to that payload) doubled, rounded up to 32, from 32 to ``window``. A
+    file of samples alike then reads each sample's opcodes in one read of about their size
+    (12 KB arrays at protocol 5: 64 bytes a sample, not :data:`WINDOW`); one whose next run is
+    longer than the last twice reads on (the window doubles, as anywhere)."""
+    need = (2 * need + 31) // 32 * 32
+    return window if need >= window else max(need, 32)
 
 
 def fill_examined_py(fd: int, out: Any, size: int, window: int, most: int, skip: int) -> int:
@@ -83,7 +95,7 @@ def fill_examined_py(fd: int, out: Any, size: int, window: int, most: int, skip:
         op = out[pos]
         if F_LEN1 <= FORM[op] <= F_LEN8U:
             if nxt - pos - HEAD[op] >= skip:
-                w = window
+                w = learned_window(pos + HEAD[op] - lo, window)
             elif nxt > have:
                 got += fill(have, nxt - have)
                 have = nxt
