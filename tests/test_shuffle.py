@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DistributedSampler
 
+import pickleshard.samplers.shuffle as shuffle_module
 from pickleshard.samplers.shuffle import (
     FeistelPermutation,
     ShuffleSampler,
@@ -49,6 +50,70 @@ def test_permutation_is_a_bijection(n: int) -> None:
 def test_permutation_is_a_bijection_for_any_key(n: int, seed: int, epoch: int) -> None:
     values = FeistelPermutation(n, seed, epoch)(np.arange(n))
     assert np.array_equal(np.sort(values), np.arange(n))
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _scalar_perm(n: int, seed: int, epoch: int, q: int) -> int:
+    """The module docstring's definition in Python ints, one value at a time: six Feistel
+    rounds of splitmix64 keyed by SeedSequence([seed, epoch]), cycle walking into [0, n)."""
+    half = max(1, math.ceil((n - 1).bit_length() / 2)) if n > 1 else 1
+    mask = (1 << half) - 1
+    keys = [int(k) for k in np.random.SeedSequence([seed, epoch]).generate_state(6, np.uint64)]
+
+    def mix(z: int) -> int:
+        z = (z * 0x9E3779B97F4A7C15) & _MASK64
+        z ^= z >> 30
+        z = (z * 0xBF58476D1CE4E5B9) & _MASK64
+        z ^= z >> 27
+        z = (z * 0x94D049BB133111EB) & _MASK64
+        return z ^ (z >> 31)
+
+    x = q
+    while True:
+        left, right = x >> half, x & mask
+        for key in keys:
+            left, right = right, left ^ (mix(right ^ key) & mask)
+        x = (left << half) | right
+        if x < n:
+            return x
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    n=st.one_of(st.integers(1, 5000), st.integers(1, 2**40)),
+    seed=st.integers(0, 2**63),
+    epoch=st.integers(0, 10**6),
+    data=st.data(),
+)
+def test_compiled_and_numpy_permutations_each_equal_the_definition(
+    n: int, seed: int, epoch: int, data: st.DataObject
+) -> None:
+    q = np.asarray(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=40)), np.int64)
+    perm = FeistelPermutation(n, seed, epoch)
+    want = [_scalar_perm(n, seed, epoch, int(v)) for v in q]
+    assert perm.reference(q).tolist() == want
+    got = perm(q)  # the compiled core where it is built
+    assert got.dtype == np.int64
+    assert got.tolist() == want
+    assert perm(q.reshape(-1, 1)).shape == (len(q), 1)
+
+
+def test_compiled_permutation_refuses_positions_outside_its_range() -> None:
+    perm = FeistelPermutation(10, 0, 0)
+    for bad in ([10], [-1], [3, 11]):
+        with pytest.raises(ValueError, match="outside"):
+            perm(np.asarray(bad))
+
+
+def test_permutation_without_the_compiled_core_is_the_reference(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    perm = FeistelPermutation(1000, 3, 1)
+    compiled = perm(np.arange(1000))
+    monkeypatch.setattr(shuffle_module, "CORE", None)
+    assert np.array_equal(perm(np.arange(1000)), compiled)
 
 
 def test_permutation_is_keyed_by_seed_and_epoch() -> None:

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from ..picklekit.compiled import CORE
 from .base import POSITION_KEYS, ResumableSampler
 
 __all__ = ["FeistelPermutation", "ShuffleSampler", "sampler_state_from_loader", "splitmix64"]
@@ -79,6 +80,17 @@ class FeistelPermutation:
         return out
 
     def __call__(self, positions: np.ndarray) -> np.ndarray:
+        """``perm[positions]`` (int64, the shape of ``positions``), by the compiled core where it
+        is built, else by :meth:`reference`."""
+        if CORE is None:
+            return self.reference(positions)
+        flat = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
+        out = np.empty(len(flat), np.int64)
+        CORE.feistel_permute(flat, self._keys, self.half_bits, self.n, out)
+        return out.reshape(np.shape(positions))
+
+    def reference(self, positions: np.ndarray) -> np.ndarray:
+        """``perm[positions]`` in numpy: the definition the compiled permutation is held to."""
         x = np.asarray(positions, dtype=np.uint64)
         y = self._encrypt(x)
         walking = np.flatnonzero(y >= np.uint64(self.n))
