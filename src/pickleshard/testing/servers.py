@@ -224,13 +224,15 @@ class RangeHTTPServer:
                 self.send_header("ETag", etag)
                 self.end_headers()
                 if send_body:
+                    # counted before the write: the client may have the body (and a test may
+                    # reset the counters) before this thread runs again after it
                     if fault == "drop":
-                        self.wfile.write(body[: len(body) // 2])
                         outer.traffic.count(len(body) // 2, True)
+                        self.wfile.write(body[: len(body) // 2])
                         self.close_connection = True
                         return
-                    self.wfile.write(body)
                     outer.traffic.count(len(body), bool(m))
+                    self.wfile.write(body)
 
             def do_GET(self) -> None:
                 self._head(True)
