@@ -153,7 +153,11 @@ def _decode(dec: Any, run: Any, externals: dict[int, Any], resolve: Any) -> tupl
 def test_the_compiled_decoder_and_its_reference_agree_with_the_oracle(
     tmp_path_factory: pytest.TempPathFactory, data: dict[str, Any]
 ) -> None:
-    folder = tmp_path_factory.mktemp("twins")
+    check_twins(tmp_path_factory.mktemp("twins"), data)
+
+
+def check_twins(folder: Path, data: dict[str, Any]) -> None:
+    """:func:`_twins` over every file of ``data`` written to ``folder``, against ``pickle.load``."""
     oracle = write(folder, data)
     ds = PickleDataset(folder, jobs=1)
     ds.__getitems__(list(range(len(ds))))  # every file opened, its plan settled
@@ -201,22 +205,23 @@ def _twins(reader: Any, want: list[Any]) -> bool:
     assert compiled.ragged == reference.ragged
     if got[0] == OD_OK and compiled.ragged:  # each row's value built by the decoder
         assert compiled.height == reference.height
-        for dec in (compiled, reference):
-            values = ObjectColumn(dec).values()
-            for k in range(n):
-                assert_collated(values[rows[k]], want[k])
-                assert dec.sizes[rows[k]] == measure(want[k], None, None)[0]
+        _values_as_loaded(compiled, reference, rows, want)
         return True
     if got[0] != OD_OK or ObjectColumn(reference).tree is None:
         return False
     assert list(compiled.schema) == list(reference.schema)
     assert np.array_equal(compiled.vals, reference.vals)
+    _values_as_loaded(compiled, reference, rows, want)
+    return False
+
+
+def _values_as_loaded(compiled: Any, reference: Any, rows: Any, want: list[Any]) -> None:
+    """Each decoder's values are ``want``'s (``pickle.load``'s), its sizes ``bounds.measure``'s."""
     for dec in (compiled, reference):
         values = ObjectColumn(dec).values()
-        for k in range(n):
-            assert_collated(values[rows[k]], want[k])
-            assert dec.sizes[rows[k]] == measure(want[k], None, None)[0]
-    return False
+        for k, w in enumerate(want):
+            assert_collated(values[rows[k]], w)
+            assert dec.sizes[rows[k]] == measure(w, None, None)[0]
 
 
 def test_the_token_tables_agree() -> None:

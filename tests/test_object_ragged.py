@@ -22,7 +22,7 @@ from pickleshard import PickleDataset, errors
 from pickleshard.read.batch import DECODED
 from pickleshard.safety.bounds import measure
 from test_batch import assert_collated
-from test_batch_objects import _twins, check_batch, needs_core, write
+from test_batch_objects import _twins, check_batch, check_twins, needs_core, write
 
 KEYS = ["tokens", "text", "score", "label", "id"]  # repeated across samples: memo'd keys
 
@@ -82,16 +82,7 @@ def test_ragged_batches_equal_pickle_load_and_default_collate(
 def test_the_twins_build_ragged_rows_as_pickle_load(
     tmp_path_factory: pytest.TempPathFactory, data: dict[str, Any]
 ) -> None:
-    folder = tmp_path_factory.mktemp("twins")
-    oracle = write(folder, data)
-    ds = PickleDataset(folder, jobs=1)
-    ds.__getitems__(list(range(len(ds))))  # every file opened, its plan settled
-    first = 0
-    for pos in range(len(data["files"])):
-        reader = ds.span_files.reader(pos)
-        n = len(reader.scan.starts)
-        _twins(reader, [x for x, _ in oracle[first : first + n]])
-        first += n
+    check_twins(tmp_path_factory.mktemp("twins"), data)
 
 
 def _suite(n: int, seed: int = 0) -> list[dict[str, Any]]:
