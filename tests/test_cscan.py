@@ -183,7 +183,10 @@ def damaged(draw: st.DrawFn) -> bytes:
     data = bytearray(pickle.dumps(([obj, obj], [1, "a"]), protocol=draw(st.integers(2, 5))))
     for _ in range(draw(st.integers(1, 3))):
         how = draw(st.sampled_from(["cut", "flip", "byte", "insert"]))
-        i = draw(st.integers(0, max(len(data) - 1, 0)))
+        # a position drawn apart from the length: a value drawn again may pickle to another
+        # length (equal strings one object or two: a memo GET or not), which Hypothesis
+        # reports as data generation that depends on external state
+        i = draw(st.integers(0, 1 << 16)) % max(len(data), 1)
         if how == "cut":
             del data[i:]
         elif how == "flip" and data:
