@@ -17,6 +17,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from ..io.listing import ResolvedSource, Source, resolve_source
 from ..io.options import SourceOptions, source_options
 from ..io.remote.source import is_url
 from ..safety.policy import DEFAULT_POLICY, UnpicklePolicy
+from ..scan.ahead import ScanAhead
 from ..scan.layouts import LayoutChoice, check_layout_choice
 from ..scan.scratch import scratch_scope
 from .describe import Described, describe_file
@@ -224,8 +226,14 @@ def build_index(
         described: dict[int, Described] = {}
         skipped: list[SkippedFile] = []
         described_all = _describe_all(resolved, staging, runner, progress, policy, skip_bad, layout)
-        # files scanned in this thread read into one reused buffer (pickleshard.scan.scratch)
-        with scratch_scope():
+        # files scanned in this thread read into one reused buffer (pickleshard.scan.scratch),
+        # each read while the one before is walked (pickleshard.scan.ahead)
+        ahead = (
+            [os.path.join(os.fspath(resolved.root), rel) for rel in resolved.files]
+            if small and threads == 1 and spans
+            else None
+        )
+        with scratch_scope(ahead=None if ahead is None else partial(ScanAhead, ahead)):
             for pos, got in described_all:
                 if isinstance(got, Described):
                     described[pos] = got

@@ -9,10 +9,11 @@ from __future__ import annotations
 __all__ = ["storage_read_bytes"]
 
 
-def storage_read_bytes() -> int | None:
-    """This process's ``read_bytes`` so far, or None where ``/proc/self/io`` is unavailable."""
+def storage_read_bytes(thread: bool = False) -> int | None:
+    """This process's ``read_bytes`` so far (``thread``: the calling thread's, from
+    ``/proc/thread-self/io``), or None where the counter is unavailable."""
     try:
-        with open("/proc/self/io", "rb") as fh:
+        with open("/proc/thread-self/io" if thread else "/proc/self/io", "rb") as fh:
             for line in fh:
                 if line.startswith(b"read_bytes:"):
                     return int(line.split()[1])

@@ -303,14 +303,19 @@ def scan_file(
     whole, and the other :class:`~pickleshard.errors.PickleshardError` classes for bad files.
     """
     source = path if isinstance(path, ByteSource) else open_source(path, options)
-    before = storage_read_bytes()
+    # this thread's count: a thread reading the next file ahead (pickleshard.scan.ahead)
+    # counts its own, handed over with what it read
+    before = storage_read_bytes(thread=True)
     try:
-        buf, release = scan_view(source)
+        buf, release, ahead = scan_view(source)
         result = _scan(buf, source.size, source.name, encoding, engine, layout, release)
     finally:  # the source's map goes with it
         if source is not path:
             source.close()
-    return replace(result, bytes_fetched=fetched_since(before))
+    fetched = fetched_since(before, thread=True)
+    if fetched is not None and ahead is not None:
+        fetched += ahead
+    return replace(result, bytes_fetched=fetched)
 
 
 def scan_bytes(

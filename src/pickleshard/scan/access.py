@@ -99,7 +99,7 @@ def scan_buffer(source: ByteSource, pattern: AccessPattern | None = None) -> Any
     return buf
 
 
-def scan_view(source: ByteSource) -> tuple[Any, bool]:
+def scan_view(source: ByteSource) -> tuple[Any, bool, int | None]:
     """:func:`scan_buffer` of ``source`` with the pattern :func:`choose_pattern` picks, and
     whether walks over it should drop the pages behind them (``walk.releaser``). Not over a
     randomly advised map: the kernel maps only the pages touched there (no fault-around), a
@@ -108,12 +108,19 @@ def scan_view(source: ByteSource) -> tuple[Any, bool]:
     head again) fault each page in a second time (150 KB arrays: 2,000 faults a file, not 1,000;
     the scan 25% slower). Inside a :func:`~pickleshard.scan.scratch.scratch_scope`, a local
     file that fits its budget is not mapped: the bytes the scan examines are read into the
-    scope's reused buffer (:mod:`pickleshard.scan.scratch`)."""
+    scope's reused buffer (:mod:`pickleshard.scan.scratch`), or were read there ahead of this
+    scan (:mod:`pickleshard.scan.ahead`). Third: the bytes storage delivered for the file
+    elsewhere than in this thread (by the read ahead), or None."""
     fd = source.fileno()
     if fd is None and source.map() is None:
-        return sparse_buffer(source), True
-    pattern = choose_pattern(source)
+        return sparse_buffer(source), True, None
     scratch = current_scratch()
+    if fd is not None and scratch is not None and scratch.ahead is not None:
+        taken = scratch.ahead.take(source.name, fd)
+        if taken is not None:  # read while the file before was walked (pickleshard.scan.ahead)
+            source.advise(taken.pattern)
+            return taken.buffer, False, taken.fetched
+    pattern = choose_pattern(source)
     examined = source.size // SPARSE_PAGES if pattern == "random" else source.size
     if fd is not None and scratch is not None and CORE is not None and scratch.fits(examined):
         # read, not mapped (pickleshard.scan.scratch): the file's pages are never mapped here
@@ -121,12 +128,13 @@ def scan_view(source: ByteSource) -> tuple[Any, bool]:
         # that readahead follows (asking for it all first measured slower, 0.29 s against
         # 0.20 s for 8 files of 30 MB)
         source.advise(pattern)
-        return scratch.read(fd, source.size, dense=pattern == "sequential"), False
-    return scan_buffer(source, pattern), pattern != "random"
+        return scratch.read(fd, source.size, dense=pattern == "sequential"), False, None
+    return scan_buffer(source, pattern), pattern != "random", None
 
 
-def fetched_since(before: int | None) -> int | None:
-    """Bytes storage delivered to this process since ``before`` (a :func:`storage_read_bytes`
-    reading), or None where the counter is unavailable."""
-    now = storage_read_bytes()
+def fetched_since(before: int | None, thread: bool = False) -> int | None:
+    """Bytes storage delivered to this process (``thread``: this thread) since ``before`` (a
+    :func:`storage_read_bytes` reading of the same), or None where the counter is
+    unavailable."""
+    now = storage_read_bytes(thread)
     return None if before is None or now is None else now - before
