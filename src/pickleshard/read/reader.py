@@ -36,7 +36,7 @@ import numpy as np
 
 from ..errors import CorruptPickleError, FileChangedError, PickleshardError
 from ..io import ByteSource, open_source
-from ..io.handles import ProcessLocal
+from ..io.handles import ProcessLocal, WeakMethod
 from ..io.identity import FileIdentity
 from ..picklekit.rewrite import BIG, FindClass
 from ..picklekit.unpicklers import MemoIdPastSpan
@@ -137,10 +137,12 @@ class SpanReader:
             engine=self.engine,
             big=big,
             shared_bytes=shared_bytes,
-            bad_span=self._bad_span,
+            bad_span=WeakMethod(self, "_bad_span"),
         )
         self._n = scan.num_samples
-        self._here = ProcessLocal(self._open)  # the file as this process opened it
+        # the file as this process opened it; callbacks hold self weakly (WeakMethod): a cycle
+        # would keep a dropped reader's descriptor and maps until a collection
+        self._here = ProcessLocal(WeakMethod(self, "_open"))
         self._plan: ReadPlan | None = None
 
     @property
@@ -226,10 +228,18 @@ class SpanReader:
         identity = self.identity if self.verify else None
         bounded = None
         if self.bounds is not None:
-            bounded = (*self.bounds, lambda sample, label: self._bounded([sample], [label]))
+            bounded = (*self.bounds, WeakMethod(self, "_bounded_one"))
         return make_loader(
-            self.scan, self.spans, self.find_class is not None, identity, self._stale, bounded
+            self.scan,
+            self.spans,
+            self.find_class is not None,
+            identity,
+            WeakMethod(self, "_stale"),
+            bounded,
         )
+
+    def _bounded_one(self, sample: Any, label: int) -> Any:
+        return self._bounded([sample], [label])
 
     def _bounded(self, samples: list[Any], labels: list[int]) -> list[Any]:
         """``samples``, each held to :attr:`bounds` (when set): a
