@@ -60,7 +60,7 @@ class Opened:
     or compressed source), the compiled loader reading it (None: the Python path) and what
     the batch path keeps for it (:class:`~pickleshard.read.batchread.FileFill`)."""
 
-    __slots__ = ("batch", "fd", "loader")
+    __slots__ = ("__weakref__", "batch", "fd", "loader")
 
     def __init__(self, fd: int, loader: Any) -> None:
         self.fd, self.loader = fd, loader
