@@ -226,17 +226,9 @@ class SpanReader:
         if self.engine != "compiled" or self.general or fd < 0:
             return None
         identity = self.identity if self.verify else None
-        bounded = None
-        if self.bounds is not None:
-            bounded = (*self.bounds, WeakMethod(self, "_bounded_one"))
-        return make_loader(
-            self.scan,
-            self.spans,
-            self.find_class is not None,
-            identity,
-            WeakMethod(self, "_stale"),
-            bounded,
-        )
+        bounded = None if self.bounds is None else (*self.bounds, WeakMethod(self, "_bounded_one"))
+        stale, restricted = WeakMethod(self, "_stale"), self.find_class is not None
+        return make_loader(self.scan, self.spans, restricted, identity, stale, bounded)
 
     def _bounded_one(self, sample: Any, label: int) -> Any:
         return self._bounded([sample], [label])
