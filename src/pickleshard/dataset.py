@@ -27,7 +27,7 @@ from .errors import NotSpanIndexableError, UnsafePickleError
 from .index import SkippedFilesWarning
 from .indexing.openaudit import audit_dataset_source, audit_opened
 from .indexing.opening import Rebuild, open_index
-from .io.handles import ProcessLocal
+from .io.handles import ProcessLocal, WeakMethod
 from .io.listing import Source
 from .io.lru import CacheStats
 from .io.options import SourceOptions, source_options
@@ -262,12 +262,12 @@ class PickleDataset(_DatasetBase[Any]):
     def cache(self) -> WholeFileCache:
         """This process's whole-file cache, created on first use with its share of the budget."""
         if self._cache is None:  # a worker's cache has its own share and loader: one per process
-            self._cache = ProcessLocal(self._new_cache)
+            self._cache = ProcessLocal(WeakMethod(self, "_new_cache"))  # self weakly: no cycle
         return self._cache.get()
 
     def _new_cache(self) -> WholeFileCache:
         load = whole_loader(
-            self._load, self.index, self._positions, self.policy, self.source_options
+            WeakMethod(self, "_load"), self.index, self._positions, self.policy, self.source_options
         )
         return WholeFileCache(self.budget.share_here(), load)
 
@@ -337,8 +337,9 @@ class PickleDataset(_DatasetBase[Any]):
                 self._firsts,
                 self._is_span,
                 self._spans,
-                self._file,
-                self._bounded,
+                # self held weakly: a cycle would keep a dropped dataset's files open
+                WeakMethod(self, "_file"),
+                WeakMethod(self, "_bounded"),
                 self.sample_form,
                 self._n,
             )

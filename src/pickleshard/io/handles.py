@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-__all__ = ["ProcessLocal", "fork_generation"]
+__all__ = ["ProcessLocal", "WeakMethod", "fork_generation"]
 
 T = TypeVar("T")
 
@@ -131,3 +131,29 @@ class ProcessLocal(Generic[T]):
         self.__init__(  # type: ignore[misc]
             state["open"], state["close"], close_inherited=state.get("close_inherited", False)
         )
+
+
+class WeakMethod:
+    """``getattr(obj, name)`` called, ``obj`` held weakly: a callback an object hands to what it
+    owns without the reference cycle (``obj`` -> owned -> bound method -> ``obj``) that would keep
+    it, its descriptors and maps until the cyclic garbage collector runs. Pickles as the method
+    of ``obj`` (pickled with its owner, ``obj`` comes along; the copy holds the copy weakly).
+    Calling it after ``obj`` is gone raises ``ReferenceError``."""
+
+    __slots__ = ("_name", "_ref")
+
+    def __init__(self, obj: object, name: str) -> None:
+        self._ref = weakref.ref(obj)
+        self._name = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        obj = self._ref()
+        if obj is None:
+            raise ReferenceError(f"{self._name}: its object was dropped")
+        return getattr(obj, self._name)(*args, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        obj = self._ref()
+        if obj is None:
+            raise ReferenceError(f"{self._name}: its object was dropped")
+        return (WeakMethod, (obj, self._name))

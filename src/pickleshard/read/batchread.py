@@ -225,7 +225,7 @@ class BatchReader:
         for k, pos in enumerate(in_order[heads].tolist()):
             if is_span[pos]:
                 fill = fills[pos]
-                if fill is None or fill.here.batch is not fill:  # none yet, or its file closed
+                if fill is None or not fill.current():  # none yet, or its file closed
                     fill = fills[pos] = self._fill(pos)
                 span.append((fill, cuts[k], cuts[k + 1]))
             else:

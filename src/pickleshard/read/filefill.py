@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 from math import prod
 from typing import Any
 
@@ -64,7 +65,11 @@ class FileFill:
 
     def __init__(self, reader: SpanReader, here: Opened, plan: ReadPlan) -> None:
         fd, loader = here.fd, here.loader
-        self.reader, self.here, self.fd, self.loader = reader, here, fd, loader
+        # the reader held weakly: this is kept in its Opened (here.batch), and a cycle would keep
+        # a dropped reader's descriptor and maps until a collection
+        self.reader = weakref.proxy(reader)
+        self.here = weakref.ref(here)  # (it holds this: here.batch)
+        self.fd, self.loader = fd, loader
         self.stats = reader.stats
         self.plans = [span_plan(plan, f) for f in range(len(plan.hows))]
         self.arrays: list[tuple[int, ArrayItems, Any]] = []
@@ -120,6 +125,11 @@ class FileFill:
             # what fill_spans needs to count a file's samples and to know it is done with them
             self.batch.stats, self.batch.row_bytes = self.stats, self.row_bytes
             self.batch.plain = self.bounded and not self.swapped
+
+    def current(self) -> bool:
+        """Whether this is still what its reader's open file keeps (not closed, not reopened)."""
+        here = self.here()
+        return here is not None and here.batch is self
 
     def filled(
         self,

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..index import DatasetIndex
 from ..io import ByteSource, open_source
-from ..io.handles import ProcessLocal
+from ..io.handles import ProcessLocal, WeakMethod
 from ..io.lru import BudgetCache, CacheStats
 from ..io.options import SourceOptions
 from ..safety.policy import UnpicklePolicy
@@ -72,8 +72,9 @@ class SpanFiles:
         self.options = options  # what the files are opened with (a URL's storage options)
         # a forked child gets its own readers: the parent's (their fds and cached objects) stay
         # untouched in the parent; pickled, none travel
+        # (self held weakly: a cycle would keep a dropped dataset's files open until a collection)
         self._readers: ProcessLocal[BudgetCache[int, SpanReader]] = ProcessLocal(
-            self._no_readers, BudgetCache.clear
+            WeakMethod(self, "_no_readers"), BudgetCache.clear
         )
         self._opening: ProcessLocal[dict[int, threading.Lock]] = ProcessLocal(dict)
         self.verify = True  # readers check framing and identity (off: the cost benchmark only)

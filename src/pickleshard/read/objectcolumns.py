@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 from typing import Any
 
 import numpy as np
@@ -257,7 +258,8 @@ class ObjectFill:
     field is one of these, the file is local and the compiled core built."""
 
     def __init__(self, reader: SpanReader, here: Opened, plan: ReadPlan) -> None:
-        self.reader, self.fd, self.loader = reader, here.fd, here.loader
+        # weakly: kept by the reader's FileFill (see there)
+        self.reader, self.fd, self.loader = weakref.proxy(reader), here.fd, here.loader
         scan = reader.scan
         self.nfields = len(plan.hows)
         self.fields = [f for f, how in enumerate(plan.hows) if how == SPAN]

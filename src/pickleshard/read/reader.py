@@ -36,7 +36,7 @@ import numpy as np
 
 from ..errors import CorruptPickleError, FileChangedError, PickleshardError
 from ..io import ByteSource, open_source
-from ..io.handles import ProcessLocal
+from ..io.handles import ProcessLocal, WeakMethod
 from ..io.identity import FileIdentity
 from ..picklekit.rewrite import BIG, FindClass
 from ..picklekit.unpicklers import MemoIdPastSpan
@@ -60,7 +60,7 @@ class Opened:
     or compressed source), the compiled loader reading it (None: the Python path) and what
     the batch path keeps for it (:class:`~pickleshard.read.batchread.FileFill`)."""
 
-    __slots__ = ("batch", "fd", "loader")
+    __slots__ = ("__weakref__", "batch", "fd", "loader")
 
     def __init__(self, fd: int, loader: Any) -> None:
         self.fd, self.loader = fd, loader
@@ -137,10 +137,12 @@ class SpanReader:
             engine=self.engine,
             big=big,
             shared_bytes=shared_bytes,
-            bad_span=self._bad_span,
+            bad_span=WeakMethod(self, "_bad_span"),
         )
         self._n = scan.num_samples
-        self._here = ProcessLocal(self._open)  # the file as this process opened it
+        # the file as this process opened it; callbacks hold self weakly (WeakMethod): a cycle
+        # would keep a dropped reader's descriptor and maps until a collection
+        self._here = ProcessLocal(WeakMethod(self, "_open"))
         self._plan: ReadPlan | None = None
 
     @property
@@ -224,12 +226,12 @@ class SpanReader:
         if self.engine != "compiled" or self.general or fd < 0:
             return None
         identity = self.identity if self.verify else None
-        bounded = None
-        if self.bounds is not None:
-            bounded = (*self.bounds, lambda sample, label: self._bounded([sample], [label]))
-        return make_loader(
-            self.scan, self.spans, self.find_class is not None, identity, self._stale, bounded
-        )
+        bounded = None if self.bounds is None else (*self.bounds, WeakMethod(self, "_bounded_one"))
+        stale, restricted = WeakMethod(self, "_stale"), self.find_class is not None
+        return make_loader(self.scan, self.spans, restricted, identity, stale, bounded)
+
+    def _bounded_one(self, sample: Any, label: int) -> Any:
+        return self._bounded([sample], [label])
 
     def _bounded(self, samples: list[Any], labels: list[int]) -> list[Any]:
         """``samples``, each held to :attr:`bounds` (when set): a

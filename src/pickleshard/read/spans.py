@@ -29,8 +29,9 @@ import io
 import pickle
 import sys
 import types
+import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -73,6 +74,10 @@ def _immutable(v: Any, depth: int = 0) -> bool:
     if type(v) in (tuple, frozenset):
         return depth < 8 and all(_immutable(x, depth + 1) for x in v)
     return False
+
+
+def _no_replay(e: int) -> dict[int, Any]:
+    raise AssertionError("replaced before use")
 
 
 class SpanFields:
@@ -181,7 +186,11 @@ class SpanFields:
 
     def _memos(self) -> ExternalMemos:
         """The external values of one sample read (its replays kept for that read alone)."""
-        memos = ExternalMemos(self._element_of, lambda e: self._replay(e, memos))
+        memos = ExternalMemos(self._element_of, _no_replay)
+        # the replay refers to memos weakly: a closure over memos itself made a reference cycle
+        # at every read (garbage only a collection frees, and with it this reader)
+        ref = cast(ExternalMemos, weakref.proxy(memos))
+        memos.replay = lambda e: self._replay(e, ref)
         return memos
 
     def _element_of(self, key: int) -> int:
