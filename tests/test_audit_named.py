@@ -117,3 +117,21 @@ def test_the_index_build_keeps_the_walks_globals(tmp_path: Path) -> None:
     cache = (tmp_path / "i" / CACHE_NAME).read_text()
     for module, name in scan.named_globals:
         assert f'"{module}", "{name}"' in cache
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+@pytest.mark.parametrize("rows", [False, True])
+def test_a_scan_answers_from_its_own_walk_in_every_protocol(
+    tmp_path: Path, protocol: int, rows: bool
+) -> None:
+    # through scan_file, as an index build scans (the match lets go of the walk's GETs: the
+    # facts must be read before; numpy's second global is a GET of a stored 'numpy' from
+    # protocol 4 on), both the columns layout and rows of (array, label)
+    xs = [np.full((2, 3), i, np.float32) for i in range(30)]
+    obj = list(zip(xs, range(30), strict=True)) if rows else (xs, list(range(30)))
+    path = tmp_path / "a.pkl"
+    path.write_bytes(pickle.dumps(obj, protocol=protocol))
+    data = path.read_bytes()
+    scan = scan_file(path)
+    assert scan.named_globals is not None
+    assert scan.named_globals == buffer_globals(data, len(data), "a.pkl")
