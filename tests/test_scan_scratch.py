@@ -265,58 +265,16 @@ def test_a_dense_file_storage_must_deliver_is_read_whole_and_scans_the_same(
             assert_same(reader.read_sample(i), rows[i], _path=f"sample {i}")
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
-@given(spec=datasets(), window=st.sampled_from([16, 64, WINDOW]))
-def test_a_fill_copied_out_of_the_populated_map_is_the_read_one(
-    spec: dict[str, Any], window: int
-) -> None:
-    data = pickle.dumps(build(spec["layout"], spec["columns"], spec["names"]), spec["protocol"])
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "d.pkl"
-        path.write_bytes(data)
-        fd = os.open(path, os.O_RDONLY)
-        mapped = mmap.mmap(fd, len(data), prot=mmap.PROT_READ)
-        try:
-            outs = [bytearray(b"\xab" * len(data)) for _ in range(3)]
-            got = _cscan.fill_examined(fd, outs[0], len(data), window, MOST, SKIP)
-            assert _cscan.fill_examined(fd, outs[1], len(data), window, MOST, SKIP, mapped) == got
-            assert fill_examined_py(fd, outs[2], len(data), window, MOST, SKIP, mapped) == got
-        finally:
-            mapped.close()
-            os.close(fd)
-    assert outs[0] == outs[1] == outs[2]
-    for lo, hi in _examined(data):
-        assert outs[1][lo:hi] == data[lo:hi], f"bytes [{lo}, {hi}) not copied"
-
-
 def _arrays_file(path: Path, n: int = 200) -> bytes:
     data = pickle.dumps(([np.full((3, 8, 8), i, np.float32) for i in range(n)], list(range(n))))
     path.write_bytes(data)
     return data
 
 
-def test_a_file_cut_short_under_the_populated_map_raises_not_kills(tmp_path: Path) -> None:
-    path = tmp_path / "cut.pkl"
-    size = len(_arrays_file(path, 2000))
-    fd = os.open(path, os.O_RDWR)
-    try:
-        mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ)
-        os.ftruncate(fd, 4096)  # the pages past it leave the map: touching them is SIGBUS
-        out = bytearray(size)
-        with pytest.raises(OSError, match="ended before byte"):
-            _cscan.fill_examined(fd, out, size, WINDOW, MOST, SKIP, mapped)
-        mapped.close()
-    finally:
-        os.close(fd)
-
-
-@pytest.mark.parametrize(
-    "mode", [scratch_module.FILL_READ, scratch_module.FILL_MAPPED, scratch_module.FILL_WHOLE]
-)
+@pytest.mark.parametrize("mode", [scratch_module.FILL_READ, scratch_module.FILL_WHOLE])
 def test_the_fill_thread_fills_as_the_caller_would(tmp_path: Path, mode: int) -> None:
-    assert (_cscan.FILL_READ, _cscan.FILL_MAPPED, _cscan.FILL_WHOLE) == (
+    assert (_cscan.FILL_READ, _cscan.FILL_WHOLE) == (
         scratch_module.FILL_READ,
-        scratch_module.FILL_MAPPED,
         scratch_module.FILL_WHOLE,
     )
     path = tmp_path / "a.pkl"
@@ -348,7 +306,7 @@ def test_the_fill_thread_fills_as_the_caller_would(tmp_path: Path, mode: int) ->
         filler.submit(0, out, 1, mode, WINDOW, MOST, SKIP)
 
 
-@pytest.mark.parametrize("mode", [0, 1, 2])
+@pytest.mark.parametrize("mode", [0, 1])
 def test_the_fill_thread_reports_a_file_cut_short(tmp_path: Path, mode: int) -> None:
     path = tmp_path / "cut.pkl"
     size = len(_arrays_file(path, 2000))

@@ -231,31 +231,6 @@ cdef int _fill(
     return 0
 
 
-cdef int _fill_from(
-    const unsigned char* src,
-    int fd,
-    unsigned char* out,
-    Py_ssize_t lo,
-    Py_ssize_t n,
-    Py_ssize_t size,
-    int64_t* got,
-) noexcept nogil:
-    """:func:`_fill` from ``src`` (the file's mapping) when given: the bytes copied under the
-    SIGBUS guard (``ps_copy_guarded``), -1 when the file was cut short under the mapping."""
-    if src == NULL:
-        return _fill(fd, out, lo, n, size, got)
-    cdef Py_ssize_t hi = lo + n if n < size - lo else size
-    if hi <= lo:
-        return 0
-    cdef char* dst = <char*>(out + lo)
-    cdef const char* frm = <const char*>(src + lo)
-    cdef size_t k = <size_t>(hi - lo)
-    if ps_copy_guarded(&dst, &frm, &k, 1, 0) != 0:
-        return -1
-    got[0] += hi - lo
-    return 0
-
-
 def fill_examined(
     int fd,
     object out,
@@ -263,7 +238,6 @@ def fill_examined(
     Py_ssize_t window,
     Py_ssize_t most,
     Py_ssize_t skip,
-    object mapped=None,
 ):
     """Read into ``out[:size]`` every byte a scan of the first ``size`` bytes of ``fd``
     examines (see :mod:`pickleshard.scan.sparse`): each opcode the chain of :func:`_extent`
@@ -275,29 +249,17 @@ def fill_examined(
     samples alike reads each sample's opcodes in one read of about their size (12 KB arrays:
     64 bytes a sample, not 256). Stops at bytes :func:`_extent` refuses: they are in
     ``out``, and the walk reports them. Other bytes of ``out`` are left as they were. Returns
-    the bytes read; raises ``OSError`` when a read fails.
-
-    ``mapped``: the file's bytes already mapped (at least ``size`` of them, populated: see
-    :mod:`pickleshard.scan.scratch`), copied from instead of read, each copy under the SIGBUS
-    guard (a file cut short under the mapping raises as a short read does)."""
+    the bytes read; raises ``OSError`` when a read fails."""
     cdef unsigned char[::1] o = out
     if size < 0 or o.shape[0] < size or window < 16 or most < window:
         raise ValueError(f"fill of {size} bytes into a {o.shape[0]}-byte buffer")
     if size == 0:
         return 0
-    cdef const unsigned char[::1] m
-    cdef const unsigned char* src = NULL
-    if mapped is not None:
-        m = mapped
-        if m.shape[0] < size:
-            raise ValueError(f"fill of {size} bytes from a {m.shape[0]}-byte mapping")
-        if ps_guard_sigbus() == 0:  # else read as without a mapping
-            src = &m[0]
     cdef unsigned char* b = &o[0]
     cdef int64_t got = 0
     cdef int err
     with nogil:
-        err = _fill_loop(fd, src, b, size, window, most, skip, &got)
+        err = _fill_loop(fd, b, size, window, most, skip, &got)
     _raise_fill(err, size)
     return got
 
@@ -312,7 +274,6 @@ cdef int _raise_fill(int err, Py_ssize_t size) except -1:
 
 cdef int _fill_loop(
     int fd,
-    const unsigned char* src,
     unsigned char* b,
     Py_ssize_t size,
     Py_ssize_t window,
@@ -327,14 +288,14 @@ cdef int _fill_loop(
         if pos < lo or pos >= have:  # landed outside the window held: read one here
             if pos == have and pos:  # walked off its end: the next one larger
                 w = w * 2 if w * 2 <= most else most
-            err = _fill_from(src, fd, b, pos, w, size, got)
+            err = _fill(fd, b, pos, w, size, got)
             if err:
                 return err
             lo, have = pos, (pos + w if w < size - pos else size)
         nxt = _extent(b, have, pos, size)
         if nxt == X_SHORT:  # a text line or argument past the window: read on
             w = w * 2 if w * 2 <= most else most
-            err = _fill_from(src, fd, b, have, w, size, got)
+            err = _fill(fd, b, have, w, size, got)
             if err:
                 return err
             have = have + w if w < size - have else size
@@ -347,7 +308,7 @@ cdef int _fill_loop(
             if payload >= skip:
                 w = _learned(nxt - payload - lo, window)
             elif nxt > have:  # a short payload past the window: the scan reads it
-                err = _fill_from(src, fd, b, have, nxt - have, size, got)
+                err = _fill(fd, b, have, nxt - have, size, got)
                 if err:
                     return err
                 have = nxt
@@ -366,7 +327,6 @@ cdef extern from *:
     #include <pthread.h>
     #include <signal.h>
     #include <stdint.h>
-    #include <sys/mman.h>
     #include <sys/syscall.h>
     #include <unistd.h>
     typedef struct ps_filler {
@@ -446,18 +406,6 @@ cdef extern from *:
         pthread_cond_destroy(&f->cv);
         pthread_mutex_destroy(&f->mu);
     }
-    /* the file mapped with its pages entered at once, or NULL */
-    static const unsigned char *ps_map_populated(int fd, Py_ssize_t size) {
-    #ifdef MAP_POPULATE
-        void *m = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
-        return m == MAP_FAILED ? NULL : (const unsigned char *)m;
-    #else
-        return NULL;
-    #endif
-    }
-    static void ps_unmap(const unsigned char *m, Py_ssize_t size) {
-        munmap((void *)m, (size_t)size);
-    }
     """
     ctypedef struct ps_filler:
         int fd
@@ -475,16 +423,13 @@ cdef extern from *:
     void ps_filler_submit(ps_filler* f) nogil
     void ps_filler_wait(ps_filler* f) nogil
     void ps_filler_stop(ps_filler* f) nogil
-    const unsigned char* ps_map_populated(int fd, Py_ssize_t size) nogil
-    void ps_unmap(const unsigned char* m, Py_ssize_t size) nogil
 
 
 from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdlib cimport calloc, free
 
 FILL_READ = 0  # pread at every place the chain lands (fill_examined)
-FILL_MAPPED = 1  # the same bytes copied out of the file mapped and populated at once
-FILL_WHOLE = 2  # the whole file, in 1 MiB reads (a dense file storage must deliver)
+FILL_WHOLE = 1  # the whole file, in 1 MiB reads (a dense file storage must deliver)
 cdef enum:
     _WHOLE_PIECE = 1 << 20
 
@@ -493,26 +438,20 @@ cdef int _filler_run(ps_filler* f) noexcept nogil:
     cdef int64_t got = 0
     cdef int err = 0
     cdef Py_ssize_t pos = 0
-    cdef const unsigned char* m
-    if f.mode == 2:
+    if f.mode == 1:
         while pos < f.size and err == 0:
             err = _fill(f.fd, f.out, pos, _WHOLE_PIECE, f.size, &got)
             pos += _WHOLE_PIECE
-    elif f.mode == 1:
-        m = ps_map_populated(f.fd, f.size)
-        err = _fill_loop(f.fd, m, f.out, f.size, f.window, f.most, f.skip, &got)
-        if m != NULL:
-            ps_unmap(m, f.size)
     else:
-        err = _fill_loop(f.fd, NULL, f.out, f.size, f.window, f.most, f.skip, &got)
+        err = _fill_loop(f.fd, f.out, f.size, f.window, f.most, f.skip, &got)
     f.got = got
     return err
 
 
 cdef class FillThread:
     """A thread of its own (C, never holding the GIL) that fills a buffer as
-    :func:`fill_examined` does (``mode`` :data:`FILL_READ` or :data:`FILL_MAPPED`) or reads the
-    file whole (:data:`FILL_WHOLE`), one fill at a time: :meth:`submit` starts one and returns,
+    :func:`fill_examined` does (``mode`` :data:`FILL_READ`) or reads the file whole
+    (:data:`FILL_WHOLE`), one fill at a time: :meth:`submit` starts one and returns,
     :meth:`wait` waits for it and returns its bytes read (or raises its ``OSError``). The buffer
     is held (it cannot be resized or closed) and the descriptor must stay open until then.
     ``tid``: the thread's id (its I/O counters are ``/proc/self/task/TID/io``)."""
@@ -551,14 +490,12 @@ cdef class FillThread:
             raise ValueError("the fill thread is closed")
         if self.holding:
             raise ValueError("a fill is in flight: wait() for it first")
-        if size < 0 or window < 16 or most < window or mode not in (0, 1, 2):
+        if size < 0 or window < 16 or most < window or mode not in (0, 1):
             raise ValueError(f"fill of {size} bytes, window {window}, mode {mode}")
         PyObject_GetBuffer(out, &self.view, PyBUF_WRITABLE)
         if self.view.len < size:
             PyBuffer_Release(&self.view)
             raise ValueError(f"fill of {size} bytes into a {self.view.len}-byte buffer")
-        if mode == 1 and ps_guard_sigbus() != 0:  # no guard: read, never copy from a map
-            mode = 0
         self.holding = True
         self.f.fd, self.f.mode, self.f.out = fd, mode, <unsigned char*>self.view.buf
         self.f.size, self.f.window, self.f.most, self.f.skip = size, window, most, skip

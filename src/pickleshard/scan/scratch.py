@@ -11,19 +11,14 @@ lands, one per sample of an array file) into a :class:`ScanScratch`: an anonymou
 from one file to the next, whose pages are faulted in once. The scan then walks the scratch as
 it would the file's map; bytes it never examines hold whatever an earlier file left there.
 
-A dense file in the page cache is not read sample by sample but mapped with ``MAP_POPULATE``
-(the kernel enters all its cached pages in one call) and the same bytes copied out of that map
-under the compiled core's SIGBUS guard (a file cut short meanwhile raises as a short read
-does): for 8 files of 2,500 12 KB arrays, 25 ms of ``pread`` became 3.3 ms of maps and ~6 ms of
-copies. The walk never runs over the file's own map: a file cut short under it would kill the
-process. An index build also reads each file while the one before it is walked
-(:mod:`pickleshard.scan.ahead`).
-
-Only inside :func:`scratch_scope` (an index build in the caller's thread opens one), for a
-local file whose examined bytes fit :data:`SCRATCH_BYTES` of memory: a dense file (every page
-examined) up to that size, a sparse one (one page in :data:`~pickleshard.scan.access.SPARSE_PAGES`
-or fewer) up to that many times it. Elsewhere a scan maps the file as before: the results are
-the same (the scan tests compare both against ``pickle.load``).
+Reading a dense file's examined bytes out of a map populated at once (``MAP_POPULATE``, then
+copied under a SIGBUS guard) was measured and is not used: it depends on how the page cache
+holds the file. For 8 files of 2,500 12 KB arrays it took 3.3 ms of maps plus the copies after
+the files had been read by large sequential reads, but 30-40 ms against 21-26 ms of ``pread``
+for files just written (the first open's usual case), and medians of 8 fresh first opens were
+no better with it (0.080 against 0.079 s; 0.074 against 0.071 s). The walk never runs over a
+file's own map here: a file cut short under it would kill the process. An index build reads
+each file while the one before it is walked (:mod:`pickleshard.scan.ahead`).
 """
 
 from __future__ import annotations
@@ -42,7 +37,6 @@ from ..picklekit.opcodes import F_LEN1, F_LEN8U, FORM, HEAD
 from .sparse import SKIP
 
 __all__ = [
-    "FILL_MAPPED",
     "FILL_READ",
     "FILL_WHOLE",
     "MOST",
@@ -55,8 +49,8 @@ __all__ = [
     "scratch_scope",
 ]
 
-FILL_READ, FILL_MAPPED, FILL_WHOLE = 0, 1, 2  # how a scratch is filled (ScanScratch.prepare;
-# the compiled core's FILL_* are the same numbers)
+FILL_READ, FILL_WHOLE = 0, 1  # how a scratch is filled (ScanScratch.prepare; the compiled
+# core's FILL_* are the same numbers)
 SCRATCH_BYTES = 64 << 20  # examined bytes a scratch may hold (its resident pages), at most
 WINDOW = 256  # bytes read where the chain lands first (then learned: learned_window, at most
 # this): an array sample's opcodes, a FRAME's head
@@ -75,21 +69,17 @@ def learned_window(need: int, window: int) -> int:
     return window if need >= window else max(need, 32)
 
 
-def fill_examined_py(
-    fd: int, out: Any, size: int, window: int, most: int, skip: int, mapped: Any = None
-) -> int:
-    """The pure-Python reference of ``pickleshard._cscan.fill_examined``: the same reads (or
-    copies out of ``mapped``), the same bytes of ``out`` written, the same result."""
+def fill_examined_py(fd: int, out: Any, size: int, window: int, most: int, skip: int) -> int:
+    """The pure-Python reference of ``pickleshard._cscan.fill_examined``: the same reads, the
+    same bytes of ``out`` written, the same result."""
     if size < 0 or len(out) < size or window < 16 or most < window:
         raise ValueError(f"fill of {size} bytes into a {len(out)}-byte buffer")
-    if mapped is not None and len(mapped) < size:
-        raise ValueError(f"fill of {size} bytes from a {len(mapped)}-byte mapping")
     got = pos = lo = have = 0
     w = window
 
     def fill(at: int, n: int) -> int:
         n = max(0, min(n, size - at))
-        data = os.pread(fd, n, at) if mapped is None else mapped[at : at + n]
+        data = os.pread(fd, n, at)
         if len(data) < n:
             raise OSError(f"the file ended before byte {size} while it was scanned (it changed)")
         out[at : at + len(data)] = data
@@ -121,13 +111,12 @@ def fill_examined_py(
     return got
 
 
-def fill_examined(fd: int, out: Any, size: int, mapped: Any = None) -> int:
+def fill_examined(fd: int, out: Any, size: int) -> int:
     """Read every byte a scan of the first ``size`` bytes of ``fd`` examines into ``out``
-    (compiled when built, else :func:`fill_examined_py`), copied out of ``mapped`` (the
-    file's map) where given; the bytes read."""
+    (compiled when built, else :func:`fill_examined_py`); the bytes read."""
     if CORE is not None:
-        return int(CORE.fill_examined(fd, out, size, WINDOW, MOST, SKIP, mapped))
-    return fill_examined_py(fd, out, size, WINDOW, MOST, SKIP, mapped)
+        return int(CORE.fill_examined(fd, out, size, WINDOW, MOST, SKIP))
+    return fill_examined_py(fd, out, size, WINDOW, MOST, SKIP)
 
 
 COLD_READ = 1 << 20  # bytes a read of a file storage must deliver asks for at once (1 MiB
@@ -168,20 +157,6 @@ def _read_whole(fd: int, out: Any, size: int) -> int:
     return size
 
 
-def _populated(fd: int, size: int) -> mmap.mmap | None:
-    """The file mapped with every page of it entered at once (``MAP_POPULATE``), or None where
-    the platform has no such flag or the map fails. For a cached dense file: the kernel enters
-    the cached pages in batches, where a ``pread`` per sample looks each up on its own (8 x
-    2,500 12 KB arrays: 3.3 ms for all 8 maps against 25 ms of reads)."""
-    flag = getattr(mmap, "MAP_POPULATE", None)
-    if flag is None or size <= 0:
-        return None
-    try:
-        return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | flag, prot=mmap.PROT_READ)
-    except (OSError, ValueError, OverflowError):
-        return None
-
-
 class ScanScratch:
     """The reused buffer of :mod:`pickleshard.scan.scratch`: an anonymous mapping resized to each
     file (same-sized files reuse its pages), holding at most ``budget`` bytes examined.
@@ -218,30 +193,17 @@ class ScanScratch:
         file (every page examined) that storage must deliver is read whole, in large reads, as
         ``pickle.load`` reads it: a read per sample would wait on storage once per window."""
         buf, how = self.prepare(fd, size, dense)
-        if how == FILL_WHOLE:
-            got = _read_whole(fd, buf, size)
-        elif how == FILL_MAPPED and (mapped := _populated(fd, size)) is not None:
-            try:
-                got = fill_examined(fd, buf, size, mapped)
-            finally:
-                mapped.close()
-        else:
-            got = fill_examined(fd, buf, size)
+        got = _read_whole(fd, buf, size) if how == FILL_WHOLE else fill_examined(fd, buf, size)
         self.filled(got)
         return buf
 
     def prepare(self, fd: int, size: int, dense: bool) -> tuple[mmap.mmap, int]:
         """The scratch sized for a file of ``size`` bytes, and how :meth:`read` fills it:
-        :data:`FILL_WHOLE` (a dense file storage must deliver), :data:`FILL_MAPPED` (a dense
-        file in the page cache: copied out of a populated map) or :data:`FILL_READ`."""
+        :data:`FILL_WHOLE` (a dense file storage must deliver) or :data:`FILL_READ`."""
         if self._map is None or len(self._map) != size:
             self._resize(size)
         assert self._map is not None
-        if dense and not _cached(fd, size):
-            return self._map, FILL_WHOLE
-        if dense and hasattr(mmap, "MAP_POPULATE"):
-            return self._map, FILL_MAPPED
-        return self._map, FILL_READ
+        return self._map, FILL_WHOLE if dense and not _cached(fd, size) else FILL_READ
 
     def filled(self, got: int) -> None:
         """Count a file filled into the scratch with ``got`` bytes read."""
