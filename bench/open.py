@@ -51,6 +51,8 @@ __all__ = ["main"]
 HERE = Path(__file__).resolve().parent
 KINDS = {
     "arrays-12KB": "8 x 2,500 float32 (3,32,32) arrays + int labels",
+    # pickle.dump's default protocol (Python 3.8-3.13): numpy arrays pickle another way
+    "arrays-12KB-p4": "the same, protocol 4 (pickle.dump's default)",
     "objects": "8 x 12,500 dicts (16-token list, str, float)",
     "arrays-150KB": "8 x 1,000 float32 (3,112,112) arrays + int labels",
 }
@@ -75,13 +77,13 @@ def _write(folder: Path, kind: str, per_file: int) -> None:
                 for i in range(per_file)
             ]
         else:
-            shape = (3, 32, 32) if kind == "arrays-12KB" else (3, 112, 112)
+            shape = (3, 112, 112) if kind == "arrays-150KB" else (3, 32, 32)
             obj = (
                 [rng.random(shape, dtype=np.float32) for _ in range(per_file)],
                 list(range(per_file)),
             )
         with open(folder / f"part{f}.pkl", "wb") as fh:
-            pickle.dump(obj, fh, protocol=5)
+            pickle.dump(obj, fh, protocol=4 if kind.endswith("-p4") else 5)
             fh.flush()
             os.fsync(fh.fileno())
 
@@ -294,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.executors:
         _executors(args.data, args.out, args.repeat, argv or [])
         return 0
-    per_file = {"arrays-12KB": 2500, "objects": 12500, "arrays-150KB": 1000}
+    per_file = {"arrays-12KB": 2500, "arrays-12KB-p4": 2500, "objects": 12500, "arrays-150KB": 1000}
     rows: dict[str, dict[str, Any]] = {}
     for kind in KINDS:
         n = 200 if args.quick else per_file[kind]
