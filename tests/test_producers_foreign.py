@@ -227,8 +227,8 @@ def test_audit_is_kept_per_file_and_redone_only_for_changed_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The audit's results are kept with the index: reopening walks nothing; a rebuild audits
-    in the same pass as its scan (the scan's own walk lists the globals), and the dataset's audit then
-    walks no file again."""
+    in the same pass as its scan (the scan's own walk lists the globals), and the dataset's
+    audit then walks no file again."""
     (tmp_path / "d").mkdir()
     for k in range(2):
         with open(tmp_path / "d" / f"f{k}.pkl", "wb") as fh:
