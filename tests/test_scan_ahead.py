@@ -46,10 +46,10 @@ class _Counted(ScanAhead):
         self.handed: list[str] = []
         super().__init__(paths, budget)
 
-    def take(self, path: str, fd: int) -> Any:
-        got = super().take(path, fd)
+    def take(self, source: Any) -> Any:
+        got = super().take(source)
         if got is not None:
-            self.handed.append(path)
+            self.handed.append(source.name)
         return got
 
 

@@ -116,7 +116,7 @@ def scan_view(source: ByteSource) -> tuple[Any, bool, int | None]:
         return sparse_buffer(source), True, None
     scratch = current_scratch()
     if fd is not None and scratch is not None and scratch.ahead is not None:
-        taken = scratch.ahead.take(source.name, fd)
+        taken = scratch.ahead.take(source)
         if taken is not None:  # read while the file before was walked (pickleshard.scan.ahead)
             source.advise(taken.pattern)
             return taken.buffer, False, taken.fetched

@@ -18,7 +18,9 @@ The C thread: medians of 8 fresh first opens each, 0.079 against 0.092 s without
 
 The file to come is opened, its access pattern chosen (:func:`~pickleshard.scan.access.choose_pattern`)
 and its scratch sized in the caller's thread, when it takes the file before it; only the reads
-run in the C thread. What was read is used only for the same file: the path the caller opens,
+run in the C thread. The first file of all the caller reads itself while the thread reads the
+second, so that both scratches' pages are faulted in at once (the first touch of a scratch, a
+fault per sample's page, is most of a first file's read). What was read is used only for the same file: the path the caller opens,
 and the same device, inode, size, mtime and ctime at the caller's ``fstat`` as when the read
 began. Anything else (a file replaced between the two, a failed read, a file the caller does not
 take in order) leaves the caller to read it itself, as without this module: errors are always
@@ -92,7 +94,9 @@ class ScanAhead:
         self._filler: Any = CORE.FillThread() if CORE is not None else None
         self._pending: _Pending | None = None
         self._taken = -1  # the caller's last file taken
-        self._start(0)
+        # the thread reads the second file while the caller reads the first itself (into the
+        # first scratch): the two scratches' pages are faulted in at once, on two cores
+        self._start(1)
 
     def _start(self, k: int) -> None:
         """Start reading file ``k`` (when there is one and it may be read ahead)."""
@@ -134,15 +138,19 @@ class ScanAhead:
         fetched = None if pending.before is None or after is None else after - pending.before
         return pending, fetched
 
-    def take(self, path: str, fd: int) -> Taken | None:
-        """What was read ahead of ``path`` (open as ``fd`` by the caller), waiting for the read
+    def take(self, source: LocalFile | Any) -> Taken | None:
+        """What was read ahead of ``source`` (the caller's open file), waiting for the read
         while it runs; None when it was not (the caller reads the file). Starts the next file's
-        read before it returns. The scratch handed out is the caller's until its next
-        :meth:`take` or :meth:`close`."""
-        k = self._where.get(path)
-        if k is None or k <= self._taken:
+        read before it returns. Where the thread is already reading the next file (the first
+        file of all), the caller reads this one here, into its scratch. The scratch handed out
+        is the caller's until its next :meth:`take` or :meth:`close`."""
+        k = self._where.get(source.name)
+        fd = source.fileno()
+        if k is None or k <= self._taken or fd is None:
             return None
         self._taken = k
+        if self._pending is not None and self._pending.k == k + 1:
+            return self._read_here(k, source, fd)
         if self._pending is not None and self._pending.k > k:
             return None
         finished = self._finish()  # ours, or one the caller passed over: its scratch is free
@@ -156,6 +164,18 @@ class ScanAhead:
         except OSError:
             return None
         return Taken(pending.buffer, pending.pattern, fetched)
+
+    def _read_here(self, k: int, source: Any, fd: int) -> Taken | None:
+        """File ``k`` read in the caller's thread into scratch ``k % 2`` (the thread's read of
+        file ``k + 1`` is in the other), or None where the scratch would not take it."""
+        pattern = choose_pattern(source)
+        scratch = self._scratches[k % 2]
+        examined = source.size // SPARSE_PAGES if pattern == "random" else source.size
+        if not scratch.fits(examined):
+            return None
+        source.advise(pattern)
+        buf = scratch.read(fd, source.size, dense=pattern == "sequential")
+        return Taken(buf, pattern, None)  # its reads are the caller's thread's: counted there
 
     def close(self) -> None:
         """Wait for a read in flight, stop the thread, unmap the scratches."""
