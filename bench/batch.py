@@ -13,7 +13,8 @@ best of ``--rounds`` (3), rounds interleaved so that the machine's other load fa
 - **PickleDataset.__getitems__ + default_collate** (what ``DataLoader`` does by default);
 - **PickleDataset.__getitems__ + pickleshard.collate** (the batch read);
 - the same with the span checks off (framing, identity), and ``ds[i]`` likewise: the checks'
-  cost, per batch and per sample, stated under each table (by CPU time: the steadier);
+  cost, per batch and per sample, stated under each table: in pairs (the same batches with
+  and without, one after the other: the median of 60 pairs), and from the best rows;
 - ``DataLoader(batch_size=64, num_workers=W, persistent_workers=True)`` with
   ``pickleshard.collate`` against the naive list, for ``--workers`` (0, 2), after an untimed
   warm-up epoch (workers started: their start-up is in neither row).
@@ -129,10 +130,39 @@ def _loader_epoch(loader: DataLoader[Any]) -> float:
     return n / (time.perf_counter() - start)
 
 
+def _paired(
+    rows: dict[str, Callable[[list[int]], Any]], batches: list[list[int]]
+) -> dict[str, list[float]]:
+    """The checks' cost measured in pairs: for each :data:`CHECKED` row and its twin, the same
+    :data:`PAIR_BATCHES` batches read with the checks and without, one right after the other
+    (which goes first alternates), :data:`PAIRS` times (round the epoch again where it is
+    short); each pair's CPU
+    time with the checks over without, less one. Two best-of rows measured a minute apart
+    moved the difference by ten points here; a pair shares the machine's state."""
+    out: dict[str, list[float]] = {}
+    for what, (on, off) in CHECKED.items():
+        ratios = []
+        runs = len(batches) // PAIR_BATCHES
+        for k in range(PAIRS if runs else 0):
+            at = k % runs * PAIR_BATCHES  # round the epoch again where it is short
+            part = batches[at : at + PAIR_BATCHES]
+            first, second = (on, off) if k % 2 == 0 else (off, on)
+            a, b = _epoch(part, rows[first])[1], _epoch(part, rows[second])[1]
+            with_checks, without = (a, b) if first == on else (b, a)
+            ratios.append(without / with_checks - 1)  # samples per CPU-second: time ratio
+        out[what] = ratios
+    return out
+
+
+PAIR_BATCHES = 40  # batches per pair of the paired checks' cost
+PAIRS = 60  # pairs
+
+
 def _rows(
     kind: str, folder: Path, rounds: int, workers: tuple[int, ...], batches_max: int
-) -> tuple[dict[str, float], dict[str, float]]:
-    """Each row's best samples/s by wall-clock time, and by CPU time (in-process rows only)."""
+) -> tuple[dict[str, float], dict[str, float], dict[str, list[float]]]:
+    """Each row's best samples/s by wall-clock time, and by CPU time (in-process rows only),
+    and the checks' cost in pairs (:func:`_paired`)."""
     naive = _naive(folder)
     ds = PickleDataset(folder, jobs=1)
     unchecked = PickleDataset(folder, jobs=1)
@@ -168,6 +198,7 @@ def _rows(
         for name in names:
             wall, cpu = _epoch(batches, rows[name])
             best[name], best_cpu[name] = max(best[name], wall), max(best_cpu[name], cpu)
+    paired = _paired(rows, batches)
     sampler = order[: len(batches) * BATCH].tolist()
     for w in workers:
         ours = DataLoader(
@@ -191,7 +222,7 @@ def _rows(
         ):
             _loader_epoch(loader)  # workers started, pages warm: start-up is in no row
             best[name] = max(_loader_epoch(loader) for _ in range(max(1, rounds - 1)))
-    return best, best_cpu
+    return best, best_cpu, paired
 
 
 # -- cold ---------------------------------------------------------------------------------------
@@ -281,16 +312,27 @@ CHECKED = {
 }
 
 
-def _checks_cost(best: dict[str, float], cpu: dict[str, float]) -> list[str]:
+def _checks_cost(
+    best: dict[str, float], cpu: dict[str, float], paired: dict[str, list[float]]
+) -> list[str]:
     """The checks' cost (framing, identity): the time a row takes with them over the time
-    without, less one, by CPU time and by wall-clock time."""
+    without, less one: in pairs (median and quartiles, CPU time), and from the best rows, by
+    CPU time and by wall-clock time."""
     out = []
     for what, (on, off) in CHECKED.items():
         by_cpu = cpu[off] / cpu[on] - 1
         by_wall = best[off] / best[on] - 1
+        pairs = paired.get(what) or []
+        in_pairs = (
+            f"{float(np.median(pairs)):+.1%} in {len(pairs)} pairs of {PAIR_BATCHES} batches "
+            f"(CPU time; quartiles {float(np.percentile(pairs, 25)):+.1%} to "
+            f"{float(np.percentile(pairs, 75)):+.1%}); "
+            if pairs
+            else ""
+        )
         out.append(
-            f"- the checks' cost {what}: {by_cpu:+.1%} of the time by CPU time, "
-            f"{by_wall:+.1%} by wall-clock time"
+            f"- the checks' cost {what}: {in_pairs}from the best rows {by_cpu:+.1%} of the "
+            f"time by CPU time, {by_wall:+.1%} by wall-clock time"
         )
     return out
 
@@ -322,8 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     lines = report_head("Batch-first reads: a shuffled batch of 64, read and collated", machine)
     for kind, (files, per_file) in sizes.items():
         folder = _write(args.data / f"{kind}-{files}x{per_file}", files, per_file, kind)
-        best, cpu = _rows(kind, folder, rounds, workers, 10_000 if kind != "400KB" else 100)
+        best, cpu, paired = _rows(kind, folder, rounds, workers, 10_000 if kind != "400KB" else 100)
         raw["datasets"][kind], raw["datasets_cpu"][kind] = best, cpu
+        raw.setdefault("checks_paired", {})[kind] = paired
         ceiling = best.get("memmap fancy index (ceiling)")
         naive = best["naive list + default_collate"]
         ceiling_cpu = cpu.get("memmap fancy index (ceiling)")
@@ -344,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
                 vs_cc = f"{c / ceiling_cpu:.2f}x" if ceiling_cpu else "-"
                 by_cpu = f"| {c:,.0f} | {vs_cc} | {c / naive_cpu:.2f}x"
             lines.append(f"| {name} | {rate:,.0f} | {vs_c} | {rate / naive:.2f}x {by_cpu} |")
-        lines += ["", *_checks_cost(best, cpu)]
+        lines += ["", *_checks_cost(best, cpu, paired)]
     if args.cold:
         folder = args.data / f"12KB-{sizes['12KB'][0]}x{sizes['12KB'][1]}"
         cold = _cold(folder, 10_000)
