@@ -13,6 +13,7 @@ import mmap
 import os
 import pickle
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -340,3 +341,38 @@ def test_the_fill_thread_holds_its_buffer_until_waited_for(tmp_path: Path) -> No
         out.append(0)
     finally:
         os.close(fd)
+
+
+def test_a_forked_child_neither_uses_nor_joins_its_parents_fill_thread(tmp_path: Path) -> None:
+    path = tmp_path / "a.pkl"
+    data = _arrays_file(path, 200)
+    filler = _cscan.FillThread()
+    fd = os.open(path, os.O_RDONLY)
+    out = bytearray(len(data))
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: a copy of the struct, no thread
+            code = 1
+            try:
+                filler.submit(fd, out, len(data), 0, WINDOW, MOST, SKIP)
+            except ValueError as exc:
+                code = 0 if "forked" in str(exc) else 2
+            filler.close()  # returns: nothing to join here
+            del filler
+            os._exit(code)
+        deadline = time.monotonic() + 30
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                pytest.fail("the child hung on its parent's fill thread")
+            time.sleep(0.01)
+        assert os.waitstatus_to_exitcode(status) == 0
+        filler.submit(fd, out, len(data), 0, WINDOW, MOST, SKIP)  # the parent's still works
+        assert filler.wait() > 0
+    finally:
+        os.close(fd)
+        filler.close()

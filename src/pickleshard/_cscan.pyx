@@ -340,6 +340,7 @@ cdef extern from *:
         int64_t got;                    /* its result */
         int err;
         long tid;                       /* the thread's id (for /proc/self/task/TID/io) */
+        pid_t owner;                    /* the process that started it (a fork has no thread) */
         int (*run)(struct ps_filler *);
     } ps_filler;
     static void *ps_filler_main(void *arg) {
@@ -371,6 +372,7 @@ cdef extern from *:
         int err;
         f->run = run;
         f->tid = 0;
+        f->owner = getpid();
         if (pthread_mutex_init(&f->mu, NULL) != 0) return -1;
         if (pthread_cond_init(&f->cv, NULL) != 0) { pthread_mutex_destroy(&f->mu); return -1; }
         err = pthread_create(&f->th, NULL, ps_filler_main, f);
@@ -397,7 +399,11 @@ cdef extern from *:
         f->busy = 0;
         pthread_mutex_unlock(&f->mu);
     }
+    /* whether this process started the thread: a forked child holds a copy of the struct (its
+       mutex perhaps locked) and no thread, and must neither wait on it nor join it */
+    static int ps_filler_ours(ps_filler *f) { return f->owner == getpid(); }
     static void ps_filler_stop(ps_filler *f) {
+        if (!ps_filler_ours(f)) return;
         pthread_mutex_lock(&f->mu);
         f->stop = 1;
         pthread_cond_broadcast(&f->cv);
@@ -423,6 +429,7 @@ cdef extern from *:
     void ps_filler_submit(ps_filler* f) nogil
     void ps_filler_wait(ps_filler* f) nogil
     void ps_filler_stop(ps_filler* f) nogil
+    int ps_filler_ours(ps_filler* f) nogil
 
 
 from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
@@ -488,6 +495,8 @@ cdef class FillThread:
     ):
         if not self.running:
             raise ValueError("the fill thread is closed")
+        if not ps_filler_ours(self.f):
+            raise ValueError("the fill thread belongs to the process this one was forked from")
         if self.holding:
             raise ValueError("a fill is in flight: wait() for it first")
         if size < 0 or window < 16 or most < window or mode not in (0, 1):
@@ -505,6 +514,8 @@ cdef class FillThread:
     def wait(self):
         if not self.holding:
             raise ValueError("no fill in flight")
+        if not ps_filler_ours(self.f):  # (a fork while a fill was in flight: never done here)
+            raise ValueError("the fill thread belongs to the process this one was forked from")
         with nogil:
             ps_filler_wait(self.f)
         self.holding = False

@@ -24,7 +24,9 @@ fault per sample's page, is most of a first file's read). What was read is used 
 and the same device, inode, size, mtime and ctime at the caller's ``fstat`` as when the read
 began. Anything else (a file replaced between the two, a failed read, a file the caller does not
 take in order) leaves the caller to read it itself, as without this module: errors are always
-the caller's to raise.
+the caller's to raise. Memory: two scratches of at most ``budget`` resident bytes each (the
+caller's own scratch is then left untouched). A forked child holds a copy of the thread's
+record but no thread: there the thread refuses work and is never joined.
 """
 
 from __future__ import annotations
