@@ -3,30 +3,34 @@
 A scan through a :class:`~pickleshard.scan.scratch.ScanScratch` has two halves: the reads that
 fill the scratch (a ``pread`` a sample; a dense file storage must deliver: read whole) and the
 walk over it (compiled, but building Python objects: the GIL held). One after another, the
-first open of 8 files of 2,500 12 KB arrays spent about a third of its time in the reads. :class:`ScanAhead` runs them a
-file ahead of the caller, in the compiled core's :class:`~pickleshard._cscan.FillThread`: while
-the caller walks file ``k``, that thread fills file ``k + 1`` into the other of two scratches,
-and the caller's scan of ``k + 1`` (:meth:`ScanAhead.take`, from
-:func:`~pickleshard.scan.access.scan_view`) finds it there.
+first open of 8 files of 2,500 12 KB arrays spent about a third of its time in the reads.
+:class:`ScanAhead` runs them a file ahead of the caller, in the compiled core's
+:class:`~pickleshard._cscan.FillThread`: while the caller walks file ``k``, that thread fills
+file ``k + 1`` into the other of two scratches, and the caller's scan of ``k + 1``
+(:meth:`ScanAhead.take`, from :func:`~pickleshard.scan.access.scan_view`) finds it there. The
+first file of all the caller reads itself while the thread reads the second, so that both
+scratches' pages are faulted in at once (a scratch's first touch, a fault per sample's page,
+is most of a first file's read).
 
 The thread is a C thread that never holds the GIL. A Python thread was tried first and gained
 nothing: it needs the GIL to start each fill and to return from it, and with the caller's walk
 holding it, each of those waits for the interpreter's switch interval (5 ms), longer than the
 fill itself (8 fresh first opens each way: 0.056-0.078 s against 0.050-0.080 s without it).
-The C thread: medians of 8 fresh first opens each, 0.079 against 0.092 s without it (8 x 2,500
-12 KB arrays, protocol 4, files just written), 0.071 against 0.078 s (the same at protocol 5).
+Medians of 8-10 fresh first opens of 8 x 2,500 12 KB arrays, on a loaded 2-core machine:
+0.092 s without the C thread, 0.079 s with it, 0.063 s with the caller reading the first file
+(protocol 4, files just written); 0.078, 0.071 and 0.055 s at protocol 5.
 
-The file to come is opened, its access pattern chosen (:func:`~pickleshard.scan.access.choose_pattern`)
-and its scratch sized in the caller's thread, when it takes the file before it; only the reads
-run in the C thread. The first file of all the caller reads itself while the thread reads the
-second, so that both scratches' pages are faulted in at once (the first touch of a scratch, a
-fault per sample's page, is most of a first file's read). What was read is used only for the same file: the path the caller opens,
-and the same device, inode, size, mtime and ctime at the caller's ``fstat`` as when the read
-began. Anything else (a file replaced between the two, a failed read, a file the caller does not
-take in order) leaves the caller to read it itself, as without this module: errors are always
-the caller's to raise. Memory: two scratches of at most ``budget`` resident bytes each (the
-caller's own scratch is then left untouched). A forked child holds a copy of the thread's
-record but no thread: there the thread refuses work and is never joined.
+The file to come is opened, its access pattern chosen
+(:func:`~pickleshard.scan.access.choose_pattern`) and its scratch sized in the caller's thread,
+when it takes the file before it; only the reads run in the C thread. What was read is used
+only for the same file: the path the caller opens, and the same device, inode, size, mtime and
+ctime at the caller's ``fstat`` as when the read began. Anything else (a file replaced between
+the two, a failed read, a file the caller does not take in order) leaves the caller to read it
+itself, as without this module: errors are always the caller's to raise.
+
+Memory: two scratches of at most ``budget`` resident bytes each (the caller's own scratch is
+then left untouched). A forked child holds a copy of the thread's record but no thread: there
+the thread refuses work and is never joined.
 """
 
 from __future__ import annotations
