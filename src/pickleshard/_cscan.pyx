@@ -524,23 +524,23 @@ cdef class FillThread:
         return self.f.got
 
     def close(self):
+        self._stop()
+
+    def __dealloc__(self):
+        self._stop()
+
+    cdef void _stop(self) noexcept:
+        """Stop the thread (a fill in flight ends first), let the buffer go, free the record."""
         if not self.running:
             return
         with nogil:
-            ps_filler_stop(self.f)  # a fill in flight ends first
+            ps_filler_stop(self.f)
         self.running = False
         if self.holding:
             self.holding = False
             PyBuffer_Release(&self.view)
         free(self.f)
         self.f = NULL
-
-    def __dealloc__(self):
-        if self.running:
-            ps_filler_stop(self.f)
-            if self.holding:
-                PyBuffer_Release(&self.view)
-            free(self.f)
 
 
 cdef inline uint64_t _le(const unsigned char[:] b, Py_ssize_t p, int n):

@@ -24,7 +24,7 @@ from ..io import AccessPattern, ByteSource, storage_read_bytes
 from ..picklekit import opcodes as oc
 from ..picklekit.compiled import CORE
 from ..picklekit.extent import extent
-from .scratch import current_scratch
+from .scratch import ScanScratch, current_scratch
 from .sparse import sparse_buffer
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "SPARSE_PAGES",
     "choose_pattern",
     "fetched_since",
+    "fits_scratch",
     "scan_buffer",
     "scan_view",
 ]
@@ -121,8 +122,12 @@ def scan_view(source: ByteSource) -> tuple[Any, bool, int | None]:
             source.advise(taken.pattern)
             return taken.buffer, False, taken.fetched
     pattern = choose_pattern(source)
-    examined = source.size // SPARSE_PAGES if pattern == "random" else source.size
-    if fd is not None and scratch is not None and CORE is not None and scratch.fits(examined):
+    if (
+        fd is not None
+        and scratch is not None
+        and CORE is not None
+        and fits_scratch(scratch, source.size, pattern)
+    ):
         # read, not mapped (pickleshard.scan.scratch): the file's pages are never mapped here
         # no WILLNEED here: a dense file storage must deliver is read whole, in large reads
         # that readahead follows (asking for it all first measured slower, 0.29 s against
@@ -130,6 +135,13 @@ def scan_view(source: ByteSource) -> tuple[Any, bool, int | None]:
         source.advise(pattern)
         return scratch.read(fd, source.size, dense=pattern == "sequential"), False, None
     return scan_buffer(source, pattern), pattern != "random", None
+
+
+def fits_scratch(scratch: ScanScratch, size: int, pattern: AccessPattern) -> bool:
+    """Whether a scan of a file of ``size`` bytes read with ``pattern`` may read into
+    ``scratch``: the bytes it examines (all of a dense file, at most a page in
+    :data:`SPARSE_PAGES` of a sparse one) fit its budget."""
+    return scratch.fits(size // SPARSE_PAGES if pattern == "random" else size)
 
 
 def fetched_since(before: int | None, thread: bool = False) -> int | None:

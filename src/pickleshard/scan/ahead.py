@@ -40,9 +40,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..io import ByteSource, storage_read_bytes
 from ..io.local import LocalFile
 from ..picklekit.compiled import CORE
-from .access import SPARSE_PAGES, choose_pattern
+from .access import choose_pattern, fits_scratch
 from .scratch import MOST, WINDOW, ScanScratch
 from .sparse import SKIP
 
@@ -74,20 +75,6 @@ def _stamp(st: os.stat_result) -> tuple[int, ...]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _task_read_bytes(tid: int | None) -> int | None:
-    """``read_bytes`` of thread ``tid`` of this process, or None."""
-    if tid is None:
-        return None
-    try:
-        with open(f"/proc/self/task/{tid}/io", "rb") as fh:
-            for line in fh:
-                if line.startswith(b"read_bytes:"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
 class ScanAhead:
     """Reads ``paths``' examined bytes a file ahead of :meth:`take` (in this order), into two
     scratches of ``budget`` bytes each; :meth:`close` stops the thread and unmaps them. Without
@@ -114,13 +101,12 @@ class ScanAhead:
             stamp = _stamp(os.fstat(fd))
             pattern = choose_pattern(source)
             scratch = self._scratches[k % 2]
-            examined = source.size // SPARSE_PAGES if pattern == "random" else source.size
-            if not scratch.fits(examined):
+            if not fits_scratch(scratch, source.size, pattern):
                 source.close()
                 return
             source.advise(pattern)
             buf, how = scratch.prepare(fd, source.size, dense=pattern == "sequential")
-            before = _task_read_bytes(self._filler.tid)
+            before = storage_read_bytes(self._filler.tid)
             self._filler.submit(fd, buf, source.size, how, WINDOW, MOST, SKIP)
         except Exception:
             source.close()
@@ -139,12 +125,12 @@ class ScanAhead:
             return None
         finally:
             pending.source.close()
-        after = _task_read_bytes(self._filler.tid)
+        after = storage_read_bytes(self._filler.tid)
         pending.scratch.filled(got)
         fetched = None if pending.before is None or after is None else after - pending.before
         return pending, fetched
 
-    def take(self, source: LocalFile | Any) -> Taken | None:
+    def take(self, source: ByteSource) -> Taken | None:
         """What was read ahead of ``source`` (the caller's open file), waiting for the read
         while it runs; None when it was not (the caller reads the file). Starts the next file's
         read before it returns. Where the thread is already reading the next file (the first
@@ -171,13 +157,12 @@ class ScanAhead:
             return None
         return Taken(pending.buffer, pending.pattern, fetched)
 
-    def _read_here(self, k: int, source: Any, fd: int) -> Taken | None:
+    def _read_here(self, k: int, source: ByteSource, fd: int) -> Taken | None:
         """File ``k`` read in the caller's thread into scratch ``k % 2`` (the thread's read of
         file ``k + 1`` is in the other), or None where the scratch would not take it."""
         pattern = choose_pattern(source)
         scratch = self._scratches[k % 2]
-        examined = source.size // SPARSE_PAGES if pattern == "random" else source.size
-        if not scratch.fits(examined):
+        if not fits_scratch(scratch, source.size, pattern):
             return None
         source.advise(pattern)
         buf = scratch.read(fd, source.size, dense=pattern == "sequential")
