@@ -230,9 +230,10 @@ def _scan(
     # no collection may walk them in between (nothing here makes a cycle).
     with paused_gc():
         rows = walk_rows(buf, size, name, engine, layout, release)
-        w, cands = (rows[0], [rows[1]]) if rows is not None else (None, None)
-        if w is None:  # not one list of flat rows (see pickleshard.scan.rows): the nodes' walk
-            w = walk_opcodes(buf, size, name, engine=engine, release=release)
+        if rows is not None:  # one list of flat rows: no nodes (see pickleshard.scan.rows)
+            w, cands = rows[0], [rows[1]]
+        else:
+            w, cands = walk_opcodes(buf, size, name, engine=engine, release=release), None
         # the audit's facts from this walk (no second walk of the file to list its globals),
         # taken before the match lets go of the walk's GETs (a global's operand may be a GET of
         # a stored string: numpy's second global in every protocol-4 pickle of an array)

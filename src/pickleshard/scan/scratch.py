@@ -11,6 +11,12 @@ lands, one per sample of an array file) into a :class:`ScanScratch`: an anonymou
 from one file to the next, whose pages are faulted in once. The scan then walks the scratch as
 it would the file's map; bytes it never examines hold whatever an earlier file left there.
 
+Only inside :func:`scratch_scope` (an index build in the caller's thread opens one), for a
+local file whose examined bytes fit :data:`SCRATCH_BYTES` of memory: a dense file (every page
+examined) up to that size, a sparse one (one page in :data:`~pickleshard.scan.access.SPARSE_PAGES`
+or fewer) up to that many times it. Elsewhere a scan maps the file as before: the results are
+the same (the scan tests compare both against ``pickle.load``).
+
 Reading a dense file's examined bytes out of a map populated at once (``MAP_POPULATE``, then
 copied under a SIGBUS guard) was measured and is not used: it depends on how the page cache
 holds the file. For 8 files of 2,500 12 KB arrays it took 3.3 ms of maps plus the copies after
