@@ -8,12 +8,12 @@ element that defines them. Anything it cannot evaluate is :data:`UNKNOWN`.
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import numpy as np
 
 from ..errors import CorruptPickleError, NotSpanIndexableError
+from ..io.handles import WeakMethod
 from ..picklekit import opcodes as oc
 from ..picklekit.compiled import require
 from ..picklekit.externals import ExternalMemos, MemoShifts
@@ -45,10 +45,10 @@ class Inspector:
         self.release = release  # drop the pages behind each gather (see scan.access.scan_view)
         self.shifts = MemoShifts.of_records(w.records)
         self.failed: set[int] = set()  # elements whose replay failed: not tried again
-        # callbacks that hold the inspector weakly: bound methods made a cycle that kept every
-        # file's inspector (its walk, tables and buffer) alive until a collection freed them
-        me = weakref.proxy(self)
-        self.externals = ExternalMemos(lambda k: me._element_of(k), lambda e: me._replay(e))
+        # callbacks that hold the inspector weakly (io.handles.WeakMethod): bound methods made
+        # a cycle that kept every file's inspector (its walk, tables and buffer) alive until a
+        # collection freed them
+        self.externals = ExternalMemos(WeakMethod(self, "_element_of"), WeakMethod(self, "_replay"))
         self.consts: dict[int, str] = {}
         self.bytes_read = 0
         self.window = WINDOW  # bytes per read of a span
