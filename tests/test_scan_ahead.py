@@ -24,7 +24,8 @@ from picklegen import build, datasets, write
 from pickleshard.errors import PickleshardError
 from pickleshard.scan import ScanResult, scan_file
 from pickleshard.scan import ahead as ahead_module
-from pickleshard.scan.ahead import ScanAhead
+from pickleshard.scan import scratch as scratch_module
+from pickleshard.scan.ahead import DEEPEST, ScanAhead
 from pickleshard.scan.scratch import scratch_scope
 
 
@@ -40,11 +41,17 @@ def _outcome(path: Path) -> tuple[Any, ...]:
 
 
 class _Counted(ScanAhead):
-    """A ScanAhead that counts the files it handed over."""
+    """A ScanAhead that counts the files it handed over, and the most reads it had in flight."""
 
     def __init__(self, paths: list[str], budget: int) -> None:
         self.handed: list[str] = []
+        self.deepest = 0
         super().__init__(paths, budget)
+
+    def _start(self, k: int) -> bool:
+        started = super()._start(k)
+        self.deepest = max(self.deepest, len(self._pending))
+        return started
 
     def take(self, source: Any) -> Any:
         got = super().take(source)
@@ -91,6 +98,24 @@ def test_any_order_of_scans_gives_the_scans_without_it(
         with _scope(paths):
             got = [_outcome(paths[k]) for k in taken]
         assert got == [want[k] for k in taken]
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_files_read_whole_from_storage_are_read_two_ahead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cached: bool
+) -> None:
+    paths = [_arrays(tmp_path / f"p{k}.pkl", 300 + 50 * k, k) for k in range(6)]
+    want = [_outcome(p) for p in paths]
+    # a file the page cache does not hold is read whole: here every file (tmpfs keeps them all)
+    monkeypatch.setattr(scratch_module, "_cached", lambda fd, size: cached)
+    with _scope(paths) as scratch:
+        got = [_outcome(p) for p in paths]
+        ahead = scratch.ahead
+        assert ahead.handed == [os.fspath(p) for p in paths]
+        assert ahead.deepest == (1 if cached else DEEPEST)
+        assert len(ahead._fillers) == ahead.deepest
+        assert len(ahead._scratches) == ahead.deepest + 1
+    assert got == want
 
 
 def test_a_file_replaced_after_its_read_ahead_is_read_again(tmp_path: Path) -> None:

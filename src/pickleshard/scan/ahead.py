@@ -28,9 +28,15 @@ ctime at the caller's ``fstat`` as when the read began. Anything else (a file re
 the two, a failed read, a file the caller does not take in order) leaves the caller to read it
 itself, as without this module: errors are always the caller's to raise.
 
-Memory: two scratches of at most ``budget`` resident bytes each (the caller's own scratch is
-then left untouched). A forked child holds a copy of the thread's record but no thread: there
-the thread refuses work and is never joined.
+A dense file that storage must deliver (not in the page cache) is read whole, and its read
+waits on the device, not on the CPU: there a second thread reads the file after next as well,
+so that the device always has a request queued (8 files of 2,500 12 KB arrays, evicted, 14
+fresh first opens each way: median 0.165 s against 0.181 s with one file ahead).
+
+Memory: a scratch of at most ``budget`` resident bytes for each file in flight and one for the
+caller's (the caller's own scratch is then left untouched): two, three while files are read
+whole. A forked child holds a copy of the threads' records but no threads: there a thread
+refuses work and is never joined.
 """
 
 from __future__ import annotations
@@ -44,10 +50,12 @@ from ..io import ByteSource, storage_read_bytes
 from ..io.local import LocalFile
 from ..picklekit.compiled import CORE
 from .access import choose_pattern, fits_scratch
-from .scratch import MOST, WINDOW, ScanScratch
+from .scratch import FILL_WHOLE, MOST, WINDOW, ScanScratch
 from .sparse import SKIP
 
-__all__ = ["ScanAhead", "Taken"]
+__all__ = ["DEEPEST", "ScanAhead", "Taken"]
+
+DEEPEST = 2  # files read ahead at most (two only while they are read whole from storage)
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,8 @@ class _Pending:
     scratch: ScanScratch
     buffer: Any
     before: int | None
+    filler: Any  # the FillThread reading it
+    how: int  # FILL_READ or FILL_WHOLE
 
 
 def _stamp(st: os.stat_result) -> tuple[int, ...]:
@@ -76,64 +86,102 @@ def _stamp(st: os.stat_result) -> tuple[int, ...]:
 
 
 class ScanAhead:
-    """Reads ``paths``' examined bytes a file ahead of :meth:`take` (in this order), into two
-    scratches of ``budget`` bytes each; :meth:`close` stops the thread and unmaps them. Without
-    the compiled core it reads nothing ahead (every :meth:`take` is None)."""
+    """Reads ``paths``' examined bytes ahead of :meth:`take` (in this order): a file ahead, two
+    while the files are read whole from storage, each file into scratch ``k`` modulo three of
+    ``budget`` bytes (the third only used with two files in flight); :meth:`close` stops the
+    threads and unmaps the scratches. Without the compiled core it reads nothing ahead (every
+    :meth:`take` is None)."""
 
     def __init__(self, paths: Sequence[str], budget: int) -> None:
         self._paths = list(paths)
         self._where = {p: k for k, p in enumerate(self._paths)}
-        self._scratches = (ScanScratch(budget), ScanScratch(budget))
-        self._filler: Any = CORE.FillThread() if CORE is not None else None
-        self._pending: _Pending | None = None
+        self._budget = budget
+        self._scratches: list[ScanScratch] = []  # made as first needed
+        self._held: ScanScratch | None = None  # the caller's (its file's), till its next take
+        self._fillers: list[Any] = []  # FillThreads, the second started when first needed
+        self._pending: list[_Pending] = []  # the reads in flight, in file order
         self._taken = -1  # the caller's last file taken
         # the thread reads the second file while the caller reads the first itself (into the
         # first scratch): the two scratches' pages are faulted in at once, on two cores
-        self._start(1)
+        self._refill(0)
 
-    def _start(self, k: int) -> None:
-        """Start reading file ``k`` (when there is one and it may be read ahead)."""
-        if self._filler is None or k >= len(self._paths):
+    def _free_scratch(self) -> ScanScratch:
+        """A scratch neither a read in flight nor the caller holds (made when there is none)."""
+        busy = [p.scratch for p in self._pending] + [self._held]
+        for scratch in self._scratches:
+            if all(scratch is not b for b in busy):
+                return scratch
+        scratch = ScanScratch(self._budget)
+        self._scratches.append(scratch)
+        return scratch
+
+    def _idle_filler(self) -> Any:
+        """A fill thread with no read in flight (one is started when every one has)."""
+        busy = [p.filler for p in self._pending]
+        for filler in self._fillers:
+            if all(filler is not b for b in busy):
+                return filler
+        assert CORE is not None  # _refill starts nothing without it
+        filler = CORE.FillThread()
+        self._fillers.append(filler)
+        return filler
+
+    def _refill(self, k: int) -> None:
+        """With the caller at file ``k``: keep file ``k + 1`` in flight, and ``k + 2`` too when
+        ``k + 1`` is read whole from storage (a read that waits on the device, not the CPU: a
+        second one keeps a request queued while the first's data is copied, and the caller's
+        walks are short beside either)."""
+        if CORE is None:
             return
+        while len(self._pending) < DEEPEST:
+            last = self._pending[-1] if self._pending else None
+            if last is not None and last.how != FILL_WHOLE:
+                return  # read a window a sample, from memory: one file ahead keeps up
+            k = k + 1 if last is None else last.k + 1
+            if k >= len(self._paths) or not self._start(k):
+                return
+
+    def _start(self, k: int) -> bool:
+        """Start reading file ``k``; False where it is not read ahead."""
         source = LocalFile(self._paths[k])
         try:
             fd = source.fileno()
             stamp = _stamp(os.fstat(fd))
             pattern = choose_pattern(source)
-            scratch = self._scratches[k % 2]
+            scratch = self._free_scratch()
             if not fits_scratch(scratch, source.size, pattern):
                 source.close()
-                return
+                return False
             source.advise(pattern)
             buf, how = scratch.prepare(fd, source.size, dense=pattern == "sequential")
-            before = storage_read_bytes(self._filler.tid)
-            self._filler.submit(fd, buf, source.size, how, WINDOW, MOST, SKIP)
+            filler = self._idle_filler()
+            before = storage_read_bytes(filler.tid)
+            filler.submit(fd, buf, source.size, how, WINDOW, MOST, SKIP)
         except Exception:
             source.close()
-            return
-        self._pending = _Pending(k, source, stamp, pattern, scratch, buf, before)
+            return False
+        self._pending.append(_Pending(k, source, stamp, pattern, scratch, buf, before, filler, how))
+        return True
 
     def _finish(self) -> tuple[_Pending, int | None] | None:
-        """Wait for the read in flight: it and the bytes storage delivered for it, or None when
-        there was none or it failed."""
-        pending, self._pending = self._pending, None
-        if pending is None:
-            return None
+        """Wait for the first read in flight: it and the bytes storage delivered for it, or
+        None when it failed."""
+        pending = self._pending.pop(0)
         try:
-            got = int(self._filler.wait())
+            got = int(pending.filler.wait())
         except OSError:
             return None
         finally:
             pending.source.close()
-        after = storage_read_bytes(self._filler.tid)
+        after = storage_read_bytes(pending.filler.tid)
         pending.scratch.filled(got)
         fetched = None if pending.before is None or after is None else after - pending.before
         return pending, fetched
 
     def take(self, source: ByteSource) -> Taken | None:
         """What was read ahead of ``source`` (the caller's open file), waiting for the read
-        while it runs; None when it was not (the caller reads the file). Starts the next file's
-        read before it returns. Where the thread is already reading the next file (the first
+        while it runs; None when it was not (the caller reads the file). Starts the next files'
+        reads before it returns. Where the thread is already reading the next file (the first
         file of all), the caller reads this one here, into its scratch. The scratch handed out
         is the caller's until its next :meth:`take` or :meth:`close`."""
         k = self._where.get(source.name)
@@ -141,13 +189,16 @@ class ScanAhead:
         if k is None or k <= self._taken or fd is None:
             return None
         self._taken = k
-        if self._pending is not None and self._pending.k == k + 1:
+        if self._pending and self._pending[0].k == k + 1:
             return self._read_here(k, source, fd)
-        if self._pending is not None and self._pending.k > k:
-            return None
-        finished = self._finish()  # ours, or one the caller passed over: its scratch is free
-        self._start(k + 1)
-        if finished is None or finished[0].k != k:
+        finished = None
+        while self._pending and self._pending[0].k <= k:  # ours, and any the caller passed over
+            finished = self._finish()
+        if finished is not None and finished[0].k != k:
+            finished = None
+        self._held = None if finished is None else finished[0].scratch
+        self._refill(k)
+        if finished is None:
             return None
         pending, fetched = finished
         try:
@@ -158,21 +209,22 @@ class ScanAhead:
         return Taken(pending.buffer, pending.pattern, fetched)
 
     def _read_here(self, k: int, source: ByteSource, fd: int) -> Taken | None:
-        """File ``k`` read in the caller's thread into scratch ``k % 2`` (the thread's read of
-        file ``k + 1`` is in the other), or None where the scratch would not take it."""
+        """File ``k`` read in the caller's thread into its scratch (the reads of the files
+        after it are in flight in the others), or None where the scratch would not take it."""
         pattern = choose_pattern(source)
-        scratch = self._scratches[k % 2]
+        scratch = self._held = self._free_scratch()
         if not fits_scratch(scratch, source.size, pattern):
+            self._held = None
             return None
         source.advise(pattern)
         buf = scratch.read(fd, source.size, dense=pattern == "sequential")
         return Taken(buf, pattern, None)  # its reads are the caller's thread's: counted there
 
     def close(self) -> None:
-        """Wait for a read in flight, stop the thread, unmap the scratches."""
-        if self._pending is not None:
+        """Wait for the reads in flight, stop the threads, unmap the scratches."""
+        while self._pending:
             self._finish()
-        if self._filler is not None:
-            self._filler.close()
+        for filler in self._fillers:
+            filler.close()
         for scratch in self._scratches:
             scratch.close()
