@@ -17,6 +17,7 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
 from pickleshard import Loader, PickleDataset, ShuffleSampler
+from pickleshard.io.remote.staging import staged_ranges
 from pickleshard.testing.resume import check_loader_resume, write_id_files
 from pickleshard.testing.servers import RangeHTTPServer, S3Server
 
@@ -105,6 +106,30 @@ def test_over_the_latency_server_reads_overlap(
         print(f"read ahead: {gets} GETs for {len(ds)} samples, {sent} bytes")
         assert gets < 0.9 * len(ds) + 2 * len(files), gets
         assert stats.read_s < 12 * LATENCY, stats
+
+
+def test_a_pass_left_before_its_end_leaves_nothing_staged(
+    http: RangeHTTPServer, files: list[Path], local: PickleDataset
+) -> None:
+    ds = PickleDataset([f"{http.url}/ids/{p.name}" for p in files])
+    stage = staged_ranges()
+    stage.clear()
+    loader = Loader(ds, 8, sampler=ShuffleSampler(ds, seed=4), prefetch=6, read_ahead=True)
+    it = iter(loader)
+    first = next(it)
+    _check([first], _want(local, 4, 8)[:1])
+    for slot in it.ahead.window:  # the window's fetches done: their ranges staged
+        for fetched in slot.fetches:
+            fetched.result()
+    assert stage.stats.held > 0, "the next batches' samples were staged"
+    it.close()
+    assert stage.stats.held == 0
+    rest = list(loader)  # the next pass: every sample, its bytes fetched again where needed
+    ids = torch.cat([y for _, y in rest]).tolist()
+    assert sorted(ids) == list(range(len(local)))
+    for x, y in rest:
+        for row, i in zip(x, y.tolist(), strict=True):
+            assert torch.equal(row, torch.as_tensor(local[i][0]))
 
 
 def test_over_s3_equal_and_resumable(s3: S3Server, local: PickleDataset) -> None:

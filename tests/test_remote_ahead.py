@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pickleshard.io.base import COALESCE_GAP, coalesce
-from pickleshard.io.remote.staging import StagedRanges
+from pickleshard.io.remote.staging import StagedRanges, StageOwner, staging_for
 from pickleshard.loading.ahead import FIRST_CHUNK, PULL, ReadAhead, after_prefetch, pulled_forward
 
 ranges_st = st.lists(st.tuples(st.integers(0, 50_000), st.integers(0, 3000)), max_size=40)
@@ -62,6 +62,29 @@ def test_stage_serves_one_read_and_keeps_its_budget() -> None:
     assert stage.stats.held == 50
     assert stage.stats.taken == 2
     assert stage.stats.dropped == 1
+
+
+def test_a_released_owner_s_ranges_go_and_it_stages_no_more() -> None:
+    stage = StagedRanges(budget=1000)
+    mine, theirs = StageOwner(), StageOwner()
+    with staging_for(mine):
+        stage.put("a#1", [(0, b"x" * 10), (20, b"y" * 10)])
+    with staging_for(theirs):
+        stage.put("a#1", [(40, b"z" * 10)])
+    stage.put("b#1", [(0, b"w" * 10)])  # no owner
+    assert stage.take("a#1", 0, 10) == b"x" * 10  # taken: no longer the owner's
+    assert stage.release(mine) == 1
+    assert stage.stats.held == 20
+    assert not stage.holds("a#1", 20, 10)
+    assert stage.holds("a#1", 40, 10)
+    assert stage.holds("b#1", 0, 10)
+    with staging_for(mine):  # a fetch that was under way when its pass ended
+        stage.put("a#1", [(60, b"v" * 10)])
+    assert not stage.holds("a#1", 60, 10)
+    stage.put("a#1", [(60, b"v" * 10)])  # outside the block: no owner, staged
+    assert stage.holds("a#1", 60, 10)
+    assert stage.release(theirs) == 1
+    assert stage.stats.held == 20
 
 
 @given(

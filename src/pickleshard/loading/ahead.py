@@ -33,6 +33,8 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from ..io.remote.staging import StageOwner, staged_ranges, staging_for
+
 __all__ = [
     "FETCH_THREADS",
     "FIRST_CHUNK",
@@ -107,6 +109,7 @@ class ReadAhead:
         self.pulled = 0  # samples pulled forward into an earlier chunk's fetch
         self.exhausted = False
         self._pool: ThreadPoolExecutor | None = None
+        self._owner = StageOwner()  # what the fetches stage is this pass's (released at close)
 
     def next(self) -> Ahead | None:
         """The next batch and the fetches of its samples, or None at the end of the pass."""
@@ -164,11 +167,17 @@ class ReadAhead:
             owners[id(owner)] = owner
         if not own:
             return
-        fetched: Future[None] = self._pool_here().submit(self.prefetch, own + extra)
+        fetched: Future[None] = self._pool_here().submit(self._fetch, own + extra)
         for owner in owners.values():
             owner.fetches.append(fetched)
         self.chunks += 1
         self.pulled += len(extra)
+
+    def _fetch(self, indices: list[int]) -> None:
+        """The dataset's prefetch of ``indices``, what it stages this pass's."""
+        assert self.prefetch is not None
+        with staging_for(self._owner):
+            self.prefetch(indices)
 
     def _pool_here(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -176,7 +185,8 @@ class ReadAhead:
         return self._pool
 
     def close(self) -> None:
-        """Drop the batches drawn and not handed out; stop the fetching threads."""
+        """Drop the batches drawn and not handed out, and what was fetched for them and not
+        read yet (a fetch still under way stages nothing); stop the fetching threads."""
         for slot in self.window:
             for fetched in slot.fetches:
                 fetched.cancel()
@@ -186,6 +196,7 @@ class ReadAhead:
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+            staged_ranges().release(self._owner)
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):

@@ -10,6 +10,7 @@ follow; a local file does nothing). Files read whole are left to their own loads
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -50,7 +51,8 @@ def prefetch_samples(
         for run in runs:
             fetch(run)
         return
-    # the files at once: each waits on its own round trips (the GIL is free meanwhile)
+    # the files at once: each waits on its own round trips (the GIL is free meanwhile), in the
+    # caller's context (a Loader pass's stage owner: io.remote.staging.staging_for)
     pool = _POOL.get()
-    for done in [pool.submit(fetch, run) for run in runs]:
+    for done in [pool.submit(contextvars.copy_context().run, fetch, run) for run in runs]:
         done.result()

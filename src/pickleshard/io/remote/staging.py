@@ -8,19 +8,56 @@ and every object of this process (a Loader's reading threads take what its read-
 fetched), and bounded: at most ``budget`` bytes are held, the oldest dropped first when a new
 range would pass it (a dropped range is fetched again by its read). :attr:`StagedRanges.stats`
 counts ranges staged, taken (hits), dropped, and bytes held. A forked worker starts empty.
+
+Ranges staged inside :func:`staging_for` (a :class:`~pickleshard.Loader` pass's read-ahead) are
+its owner's: :meth:`StagedRanges.release` drops the ones no read took, so a pass left before
+its end does not leave its window staged until later fetches push it out.
 """
 
 from __future__ import annotations
 
 import threading
 from bisect import bisect_right, insort
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 from ..handles import ProcessLocal
 
-__all__ = ["STAGE_BYTES", "StageStats", "StagedRanges", "staged_ranges"]
+__all__ = [
+    "STAGE_BYTES",
+    "StageOwner",
+    "StageStats",
+    "StagedRanges",
+    "staged_ranges",
+    "staging_for",
+]
 
 STAGE_BYTES = 512 << 20  # this process's stage holds at most this many bytes
+
+
+class StageOwner:
+    """Who staged a range (a Loader pass's read-ahead); once released, what it stages later (a
+    fetch that was under way) is not kept."""
+
+    __slots__ = ("released",)
+
+    def __init__(self) -> None:
+        self.released = False
+
+
+_OWNER: ContextVar[StageOwner | None] = ContextVar("pickleshard_stage_owner", default=None)
+
+
+@contextmanager
+def staging_for(owner: StageOwner) -> Iterator[None]:
+    """Ranges staged in this block (this thread or task) are ``owner``'s, for
+    :meth:`StagedRanges.release`."""
+    token = _OWNER.set(owner)
+    try:
+        yield
+    finally:
+        _OWNER.reset(token)
 
 
 class StageStats:
@@ -49,6 +86,7 @@ class StagedRanges:
         self._lock = threading.Lock()
         self._data: dict[tuple[str, int], bytes] = {}  # insertion order: oldest first
         self._starts: dict[str, list[int]] = {}  # per key, the staged offsets, sorted
+        self._owners: dict[tuple[str, int], StageOwner] = {}  # a range staged by an owner
 
     def holds(self, key: str, offset: int, n: int) -> bool:
         """Whether ``[offset, offset + n)`` lies in one staged range of ``key``."""
@@ -56,15 +94,22 @@ class StagedRanges:
             return self._find(key, offset, offset + n) is not None
 
     def put(self, key: str, staged: Iterable[tuple[int, bytes]]) -> None:
-        """Stage each ``(offset, bytes)`` of ``key``, dropping the oldest past the budget."""
+        """Stage each ``(offset, bytes)`` of ``key``, dropping the oldest past the budget; in
+        :func:`staging_for`, as its owner's."""
+        owner = _OWNER.get()
         with self._lock:
+            if owner is not None and owner.released:
+                return  # its reads are over
             for offset, data in staged:
                 old = self._data.pop((key, offset), None)
                 if old is not None:
                     self.stats.held -= len(old)
+                    self._owners.pop((key, offset), None)
                 else:
                     insort(self._starts.setdefault(key, []), offset)
                 self._data[(key, offset)] = data
+                if owner is not None:
+                    self._owners[(key, offset)] = owner
                 self.stats.held += len(data)
                 self.stats.staged += 1
             while self.stats.held > self.budget and self._data:
@@ -82,6 +127,16 @@ class StagedRanges:
             self.stats.dropped -= 1  # taken, not dropped
             self.stats.taken += 1
         return data if (lo, hi) == (start, start + len(data)) else data[lo - start : hi - start]
+
+    def release(self, owner: StageOwner) -> int:
+        """Drop the ranges ``owner`` staged that no read took, and keep none it stages later;
+        how many were dropped."""
+        with self._lock:
+            owner.released = True
+            mine = [where for where, who in self._owners.items() if who is owner]
+            for where in mine:
+                self._drop(where)
+            return len(mine)
 
     def clear(self) -> None:
         """Drop everything staged (the counters stay)."""
@@ -101,6 +156,7 @@ class StagedRanges:
 
     def _drop(self, where: tuple[str, int]) -> None:
         data = self._data.pop(where)
+        self._owners.pop(where, None)
         self.stats.held -= len(data)
         self.stats.dropped += 1
         starts = self._starts[where[0]]
