@@ -87,10 +87,10 @@ def _stamp(st: os.stat_result) -> tuple[int, ...]:
 
 class ScanAhead:
     """Reads ``paths``' examined bytes ahead of :meth:`take` (in this order): a file ahead, two
-    while the files are read whole from storage, each file into scratch ``k`` modulo three of
-    ``budget`` bytes (the third only used with two files in flight); :meth:`close` stops the
-    threads and unmaps the scratches. Without the compiled core it reads nothing ahead (every
-    :meth:`take` is None)."""
+    while the files are read whole from storage, each into a scratch of ``budget`` bytes that
+    neither a read in flight nor the caller holds (two scratches; three with two files in
+    flight); :meth:`close` stops the threads and unmaps the scratches. Without the compiled core
+    it reads nothing ahead (every :meth:`take` is None)."""
 
     def __init__(self, paths: Sequence[str], budget: int) -> None:
         self._paths = list(paths)
