@@ -101,8 +101,8 @@ class ScanAhead:
         self._fillers: list[Any] = []  # FillThreads, the second started when first needed
         self._pending: list[_Pending] = []  # the reads in flight, in file order
         self._taken = -1  # the caller's last file taken
-        # the thread reads the second file while the caller reads the first itself (into the
-        # first scratch): the two scratches' pages are faulted in at once, on two cores
+        # the threads read the next files while the caller reads the first itself (into a
+        # scratch of its own): their scratches' pages are faulted in at once, on two cores
         self._refill(0)
 
     def _free_scratch(self) -> ScanScratch:
