@@ -14,6 +14,8 @@ import os
 import pickle
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -272,6 +274,18 @@ def _arrays_file(path: Path, n: int = 200) -> bytes:
     return data
 
 
+@contextmanager
+def _fill_thread(path: Path) -> Iterator[tuple[Any, int]]:
+    """A new FillThread and a descriptor of ``path``, both closed when the block ends."""
+    filler = _cscan.FillThread()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        yield filler, fd
+    finally:
+        os.close(fd)
+        filler.close()
+
+
 @pytest.mark.parametrize("mode", [scratch_module.FILL_READ, scratch_module.FILL_WHOLE])
 def test_the_fill_thread_fills_as_the_caller_would(tmp_path: Path, mode: int) -> None:
     assert (_cscan.FILL_READ, _cscan.FILL_WHOLE) == (
@@ -280,9 +294,7 @@ def test_the_fill_thread_fills_as_the_caller_would(tmp_path: Path, mode: int) ->
     )
     path = tmp_path / "a.pkl"
     data = _arrays_file(path, 3000)
-    filler = _cscan.FillThread()
-    fd = os.open(path, os.O_RDONLY)
-    try:
+    with _fill_thread(path) as (filler, fd):
         assert filler.tid > 0
         out = bytearray(b"\xab" * len(data))
         filler.submit(fd, out, len(data), mode, WINDOW, MOST, SKIP)
@@ -293,9 +305,6 @@ def test_the_fill_thread_fills_as_the_caller_would(tmp_path: Path, mode: int) ->
         assert fill_examined_py(fd, want, len(data), WINDOW, MOST, SKIP) == (
             len(data) if mode == scratch_module.FILL_WHOLE else got
         )
-    finally:
-        os.close(fd)
-        filler.close()
     if mode == scratch_module.FILL_WHOLE:
         assert got == len(data)
         assert out == data
@@ -312,9 +321,7 @@ def test_the_fill_thread_reports_a_file_cut_short(tmp_path: Path, mode: int) -> 
     path = tmp_path / "cut.pkl"
     size = len(_arrays_file(path, 2000))
     os.truncate(path, 4096)
-    filler = _cscan.FillThread()
-    fd = os.open(path, os.O_RDONLY)
-    try:
+    with _fill_thread(path) as (filler, fd):
         out = bytearray(size)
         filler.submit(fd, out, size, mode, WINDOW, MOST, SKIP)  # the size it had
         with pytest.raises(OSError, match="ended before byte"):
@@ -322,34 +329,25 @@ def test_the_fill_thread_reports_a_file_cut_short(tmp_path: Path, mode: int) -> 
         with pytest.raises(ValueError, match="no fill"):
             filler.wait()
         out.append(0)  # no longer held: it may be resized
-    finally:
-        os.close(fd)
-        filler.close()
 
 
 def test_the_fill_thread_holds_its_buffer_until_waited_for(tmp_path: Path) -> None:
     path = tmp_path / "a.pkl"
     data = _arrays_file(path, 500)
-    filler = _cscan.FillThread()
-    fd = os.open(path, os.O_RDONLY)
     out = bytearray(len(data))
-    try:
+    with _fill_thread(path) as (filler, fd):
         filler.submit(fd, out, len(data), 0, WINDOW, MOST, SKIP)
         with pytest.raises(BufferError):
             out.append(0)
         filler.close()  # waits for the fill in flight, then lets the buffer go
         out.append(0)
-    finally:
-        os.close(fd)
 
 
 def test_a_forked_child_neither_uses_nor_joins_its_parents_fill_thread(tmp_path: Path) -> None:
     path = tmp_path / "a.pkl"
     data = _arrays_file(path, 200)
-    filler = _cscan.FillThread()
-    fd = os.open(path, os.O_RDONLY)
     out = bytearray(len(data))
-    try:
+    with _fill_thread(path) as (filler, fd):
         pid = os.fork()
         if pid == 0:  # the child: a copy of the struct, no thread
             code = 1
@@ -373,6 +371,3 @@ def test_a_forked_child_neither_uses_nor_joins_its_parents_fill_thread(tmp_path:
         assert os.waitstatus_to_exitcode(status) == 0
         filler.submit(fd, out, len(data), 0, WINDOW, MOST, SKIP)  # the parent's still works
         assert filler.wait() > 0
-    finally:
-        os.close(fd)
-        filler.close()
