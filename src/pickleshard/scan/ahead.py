@@ -42,9 +42,9 @@ refuses work and is never joined.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ..io import ByteSource, storage_read_bytes
 from ..io.local import LocalFile
@@ -55,6 +55,7 @@ from .sparse import SKIP
 
 __all__ = ["DEEPEST", "ScanAhead", "Taken"]
 
+T = TypeVar("T")
 DEEPEST = 2  # files read ahead at most (two only while they are read whole from storage)
 
 
@@ -85,6 +86,16 @@ def _stamp(st: os.stat_result) -> tuple[int, ...]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+def _free(pool: list[T], busy: list[Any], make: Callable[[], T]) -> T:
+    """The first of ``pool`` that is none of ``busy``, else a new one ``make`` gives (kept)."""
+    for item in pool:
+        if all(item is not b for b in busy):
+            return item
+    item = make()
+    pool.append(item)
+    return item
+
+
 class ScanAhead:
     """Reads ``paths``' examined bytes ahead of :meth:`take` (in this order): a file ahead, two
     while the files are read whole from storage, each into a scratch of ``budget`` bytes that
@@ -108,23 +119,12 @@ class ScanAhead:
     def _free_scratch(self) -> ScanScratch:
         """A scratch neither a read in flight nor the caller holds (made when there is none)."""
         busy = [p.scratch for p in self._pending] + [self._held]
-        for scratch in self._scratches:
-            if all(scratch is not b for b in busy):
-                return scratch
-        scratch = ScanScratch(self._budget)
-        self._scratches.append(scratch)
-        return scratch
+        return _free(self._scratches, busy, lambda: ScanScratch(self._budget))
 
     def _idle_filler(self) -> Any:
         """A fill thread with no read in flight (one is started when every one has)."""
-        busy = [p.filler for p in self._pending]
-        for filler in self._fillers:
-            if all(filler is not b for b in busy):
-                return filler
         assert CORE is not None  # _refill starts nothing without it
-        filler = CORE.FillThread()
-        self._fillers.append(filler)
-        return filler
+        return _free(self._fillers, [p.filler for p in self._pending], CORE.FillThread)
 
     def _refill(self, k: int) -> None:
         """With the caller at file ``k``: keep file ``k + 1`` in flight, and ``k + 2`` too when
